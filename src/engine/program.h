@@ -1,0 +1,111 @@
+// A fused group as a function of mx::arrays: translated once per input signature, run through
+// mx::compile (one compiled function per signature, LRU-bounded), eager only as the fallback.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "graph/view.h"
+#include "ops/registry.h"
+
+namespace ortmlx::engine {
+
+namespace mx = mlx::core;
+
+struct Options {
+  bool compile = true;          // use mx::compile when the graph allows it
+  size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
+  int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
+  bool gpu = false;             // run on MLX's GPU device
+  int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
+};
+
+struct Stats {
+  std::atomic<uint64_t> runs{0}, compiled_runs{0}, eager_runs{0}, traces{0}, compile_fallbacks{0};
+};
+
+// Raw bytes of one fused-node input or output (owned by ORT).
+struct HostTensor {
+  graph::DType dtype = graph::DType::Undefined;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+};
+
+class Program {
+ public:
+  // `g` holds the group's nodes (topological order) and its constant initializers; their data
+  // is copied into MLX arrays here, because ORT may free initializers after Compile.
+  Program(std::string name, const graph::Graph& g, std::vector<std::string> input_names,
+          std::vector<std::string> output_names, Options opt);
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  // One evaluation. Returns evaluated, row-contiguous arrays in the declared output dtypes.
+  std::vector<mx::array> run(const std::vector<HostTensor>& inputs);
+
+  const std::string& name() const { return name_; }
+  size_t num_inputs() const { return input_names_.size(); }
+  size_t num_outputs() const { return output_names_.size(); }
+  const Stats& stats() const { return stats_; }
+  mx::Device device() const { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
+
+  // Builds an MLX array that owns a copy of `t`.
+  static mx::array to_array(const HostTensor& t);
+  // Copies an evaluated array into `dst` (nbytes = size * itemsize).
+  static void copy_out(const mx::array& a, void* dst);
+
+ private:
+  struct StepIO {
+    std::vector<int> in;   // value slot per node input, -1 = absent
+    std::vector<int> out;  // value slot per node output, -1 = unused
+  };
+  // Host values a translator read, recorded so a compiled replay sees the same numbers.
+  using HostRecord = std::map<std::pair<size_t, size_t>, mx::array>;
+  enum class Mode { Probe, Eager, Replay };
+  struct Signature;
+  struct Entry {
+    bool eager_only = false;
+    int hits = 0;
+    HostRecord record;
+    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
+  };
+
+  std::vector<mx::array> translate(const std::vector<mx::array>& args, Mode mode,
+                                   HostRecord* record, std::vector<int>* host_deps,
+                                   mx::Stream s) const;
+  std::string signature_of(const std::vector<mx::array>& inputs,
+                           const std::vector<HostTensor>& raw) const;
+  std::string describe_failure(size_t node_index, const std::vector<mx::array>& args,
+                               const std::string& what) const;
+
+  std::string name_;
+  graph::Graph graph_;  // nodes + value infos (constants' data are not kept here)
+  std::vector<std::string> input_names_, output_names_;
+  Options opt_;
+  std::vector<const ops::OpEntry*> entries_;
+  std::vector<StepIO> steps_;
+  std::vector<int> output_slots_;
+  std::vector<graph::DType> output_dtypes_;
+  size_t num_slots_ = 0;
+  std::vector<mx::array> constants_;  // slots [num_inputs, num_inputs + constants)
+  // Fused inputs whose *values* feed host reads (shape tensors computed outside the group):
+  // they become part of the signature. Guarded by mu_.
+  std::vector<bool> keyed_inputs_;
+
+  std::mutex mu_;
+  std::list<std::string> lru_;
+  std::unordered_map<std::string, std::pair<Entry, std::list<std::string>::iterator>> cache_;
+  Stats stats_;
+  bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
+};
+
+}  // namespace ortmlx::engine

@@ -1,0 +1,257 @@
+#include "ep/ep.h"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <mlx/mlx.h>
+
+#include "ep/error_wall.h"
+#include "ep/graph_reader.h"
+#include "partition/partition.h"
+
+namespace ortmlx::ep {
+
+namespace mx = mlx::core;
+
+namespace {
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
+    o += c;
+  }
+  return o;
+}
+
+// One fused node's runtime: the engine program plus the OrtNodeComputeInfo ORT calls.
+// Allocated in Compile, freed in ReleaseNodeComputeInfos.
+struct FusedNodeCompute : OrtNodeComputeInfo {
+  std::unique_ptr<engine::Program> program;
+
+  explicit FusedNodeCompute(std::unique_ptr<engine::Program> p) : OrtNodeComputeInfo{}, program(std::move(p)) {
+    ort_version_supported = g_api_version;
+    CreateState = CreateStateImpl;
+    Compute = ComputeImpl;
+    ReleaseState = ReleaseStateImpl;
+  }
+
+  static OrtStatus* ORT_API_CALL CreateStateImpl(OrtNodeComputeInfo* self, OrtNodeComputeContext*,
+                                                 void** state) noexcept {
+    *state = static_cast<FusedNodeCompute*>(self)->program.get();  // state is not owned
+    return nullptr;
+  }
+  static void ORT_API_CALL ReleaseStateImpl(OrtNodeComputeInfo*, void*) noexcept {}
+
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo*, void* state,
+                                             OrtKernelContext* ctx) noexcept {
+    auto* program = static_cast<engine::Program*>(state);
+    return guard("Compute of fused node '" + program->name() + "'", [&] {
+      size_t n_in = 0, n_out = 0;
+      check(g_ort->KernelContext_GetInputCount(ctx, &n_in));
+      check(g_ort->KernelContext_GetOutputCount(ctx, &n_out));
+      if (n_in != program->num_inputs() || n_out != program->num_outputs())
+        throw std::runtime_error("ORT passed " + std::to_string(n_in) + " inputs/" +
+                                 std::to_string(n_out) + " outputs, compiled for " +
+                                 std::to_string(program->num_inputs()) + "/" +
+                                 std::to_string(program->num_outputs()));
+      std::vector<engine::HostTensor> inputs(n_in);
+      for (size_t i = 0; i < n_in; ++i) {
+        const OrtValue* v = nullptr;
+        check(g_ort->KernelContext_GetInput(ctx, i, &v));
+        if (!v) throw std::invalid_argument("input " + std::to_string(i) + " is missing");
+        OrtTensorTypeAndShapeInfo* raw = nullptr;
+        check(g_ort->GetTensorTypeAndShape(v, &raw));
+        TypeShapePtr info(raw);
+        ONNXTensorElementDataType et;
+        check(g_ort->GetTensorElementType(info.get(), &et));
+        size_t rank = 0;
+        check(g_ort->GetDimensionsCount(info.get(), &rank));
+        inputs[i].shape.resize(rank);
+        check(g_ort->GetDimensions(info.get(), inputs[i].shape.data(), rank));
+        inputs[i].dtype = static_cast<graph::DType>(et);
+        check(g_ort->GetTensorData(v, &inputs[i].data));
+      }
+      auto outputs = program->run(inputs);
+      for (size_t i = 0; i < n_out; ++i) {
+        const auto& a = outputs[i];
+        std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
+        OrtValue* out = nullptr;
+        check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
+        void* dst = nullptr;
+        check(g_ort->GetTensorMutableData(out, &dst));
+        engine::Program::copy_out(a, dst);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+MlxEp::MlxEp(MlxEpFactory& factory, EpOptions options, bool gpu, const OrtLogger* logger)
+    : OrtEp{}, factory_(factory), options_(std::move(options)), gpu_(gpu), logger_(logger) {
+  options_.engine.gpu = gpu_;
+  ort_version_supported = g_api_version;
+  GetName = GetNameImpl;
+  GetCapability = GetCapabilityImpl;
+  Compile = CompileImpl;
+  ReleaseNodeComputeInfos = ReleaseNodeComputeInfosImpl;
+  GetPreferredDataLayout = GetPreferredDataLayoutImpl;
+  ShouldConvertDataLayoutForOp = ShouldConvertDataLayoutForOpImpl;
+  SetDynamicOptions = SetDynamicOptionsImpl;
+  OnRunStart = OnRunStartImpl;
+  OnRunEnd = OnRunEndImpl;
+  CreateAllocator = CreateAllocatorImpl;
+  CreateSyncStreamForDevice = CreateSyncStreamForDeviceImpl;
+  GetCompiledModelCompatibilityInfo = GetCompiledModelCompatibilityInfoImpl;
+  if (g_api_version >= 24) {
+    GetKernelRegistry = GetKernelRegistryImpl;
+    IsConcurrentRunSupported = IsConcurrentRunSupportedImpl;
+  }
+  if (g_api_version >= 25) Sync = SyncImpl;
+  if (g_api_version >= 27) {
+    OnSessionInitializationEnd = OnSessionInitializationEndImpl;
+    GetDefaultMemoryDevice = GetDefaultMemoryDeviceImpl;
+  }
+  // Left null (optional, ORT checks): CreateProfiler, graph capture, GetAvailableResource,
+  // ReleaseCapturedGraph.
+  compat_info_ = std::string(kEpName) + ";version=" + kEpVersion + ";mlx=" + mx::version() +
+                 ";device=" + (gpu_ ? "gpu" : "cpu");
+}
+
+const char* MlxEp::GetNameImpl(const OrtEp*) noexcept { return kEpName; }
+
+OrtStatus* MlxEp::GetCapabilityImpl(OrtEp* self, const OrtGraph* graph,
+                                    OrtEpGraphSupportInfo* info) noexcept {
+  return guard("GetCapability", [&] { static_cast<MlxEp*>(self)->get_capability(graph, info); });
+}
+
+void MlxEp::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
+  GraphRead read = read_graph(graph);
+  const auto& g = read.graph;
+  partition::Result result;
+  if (g.is_subgraph) {
+    // Control-flow bodies are not claimed node by node: a fused node inside a nested body
+    // breaks ORT ("no opset import for domain"), and If/Loop/Scan are not translated yet.
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      result.declined.push_back({i, "inside a control-flow subgraph (not claimed yet)"});
+  } else {
+    result = partition::partition(g, partition::Options{gpu_});
+  }
+  OrtNodeFusionOptions fusion{};
+  fusion.ort_version_supported = g_api_version;
+  // Constant initializers are copied into MLX arrays at Compile, so ORT need not feed them.
+  fusion.drop_constant_initializers = true;
+  size_t claimed = 0;
+  for (const auto& group : result.groups) {
+    std::vector<const OrtNode*> nodes;
+    for (size_t i : group) nodes.push_back(read.ort_nodes[i]);
+    check(g_ep_api->EpGraphSupportInfo_AddNodesToFuse(info, nodes.data(), nodes.size(), &fusion));
+    claimed += nodes.size();
+  }
+  if (options_.engine.log_level >= 1) {
+    std::cerr << "[MLX EP] GetCapability: claimed " << claimed << " of " << g.nodes.size()
+              << " nodes in " << result.groups.size() << " group(s)\n";
+    if (options_.engine.log_level >= 2)
+      for (const auto& d : result.declined)
+        std::cerr << "[MLX EP]   declined " << g.nodes[d.node].describe() << ": " << d.reason << "\n";
+  }
+  if (!options_.report_path.empty()) {
+    std::lock_guard<std::mutex> lock(report_mu_);
+    std::ofstream f(options_.report_path, std::ios::app);
+    for (const auto& d : result.declined) {
+      const auto& n = g.nodes[d.node];
+      f << "{\"node\":\"" << json_escape(n.name) << "\",\"op\":\"" << json_escape(n.op_type)
+        << "\",\"domain\":\"" << json_escape(n.domain) << "\",\"reason\":\""
+        << json_escape(d.reason) << "\"}\n";
+    }
+  }
+}
+
+OrtStatus* MlxEp::CompileImpl(OrtEp* self, const OrtGraph** graphs, const OrtNode** fused_nodes,
+                              size_t count, OrtNodeComputeInfo** infos,
+                              OrtNode** ep_context_nodes) noexcept {
+  for (size_t i = 0; i < count; ++i) {
+    infos[i] = nullptr;
+    if (ep_context_nodes) ep_context_nodes[i] = nullptr;
+  }
+  OrtStatus* st = guard("Compile", [&] {
+    static_cast<MlxEp*>(self)->compile(graphs, fused_nodes, count, infos);
+  });
+  if (st) {  // free what was built before the failure
+    for (size_t i = 0; i < count; ++i) {
+      delete static_cast<FusedNodeCompute*>(infos[i]);
+      infos[i] = nullptr;
+    }
+  }
+  return st;
+}
+
+void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t count,
+                    OrtNodeComputeInfo** infos) {
+  for (size_t i = 0; i < count; ++i) {
+    const char* name = nullptr;
+    check(g_ort->Node_GetName(fused_nodes[i], &name));
+    std::string fused_name = name ? name : "";
+    // The OrtGraph is valid only during Compile: the view's constants are copied into MLX
+    // arrays by the Program constructor, before we return.
+    GraphRead read = read_graph(graphs[i]);
+    auto program = std::make_unique<engine::Program>(
+        fused_name, read.graph, node_input_names(fused_nodes[i]),
+        node_output_names(fused_nodes[i]), options_.engine);
+    infos[i] = new FusedNodeCompute(std::move(program));  // freed in ReleaseNodeComputeInfos
+  }
+}
+
+void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp*, OrtNodeComputeInfo** infos, size_t count) noexcept {
+  for (size_t i = 0; i < count; ++i) delete static_cast<FusedNodeCompute*>(infos[i]);
+}
+
+OrtStatus* MlxEp::GetPreferredDataLayoutImpl(OrtEp*, OrtEpDataLayout* layout) noexcept {
+  *layout = OrtEpDataLayout::OrtEpDataLayout_NCHW;
+  return nullptr;
+}
+OrtStatus* MlxEp::ShouldConvertDataLayoutForOpImpl(OrtEp*, const char*, const char*,
+                                                   OrtEpDataLayout, int* should_convert) noexcept {
+  *should_convert = -1;  // let ORT decide
+  return nullptr;
+}
+OrtStatus* MlxEp::SetDynamicOptionsImpl(OrtEp*, const char* const*, const char* const*,
+                                        size_t n) noexcept {
+  if (n == 0) return nullptr;
+  return g_ort->CreateStatus(ORT_INVALID_ARGUMENT, "[MLX EP] no dynamic options are supported");
+}
+OrtStatus* MlxEp::OnRunStartImpl(OrtEp*, const OrtRunOptions*) noexcept { return nullptr; }
+OrtStatus* MlxEp::OnRunEndImpl(OrtEp*, const OrtRunOptions*, bool) noexcept { return nullptr; }
+OrtStatus* MlxEp::CreateAllocatorImpl(OrtEp*, const OrtMemoryInfo*, OrtAllocator** a) noexcept {
+  *a = nullptr;
+  return nullptr;
+}
+OrtStatus* MlxEp::CreateSyncStreamForDeviceImpl(OrtEp*, const OrtMemoryDevice*,
+                                                OrtSyncStreamImpl** s) noexcept {
+  *s = nullptr;
+  return nullptr;
+}
+const char* MlxEp::GetCompiledModelCompatibilityInfoImpl(OrtEp* self, const OrtGraph*) noexcept {
+  return static_cast<MlxEp*>(self)->compat_info_.c_str();
+}
+OrtStatus* MlxEp::GetKernelRegistryImpl(OrtEp*, const OrtKernelRegistry** reg) noexcept {
+  *reg = nullptr;  // compile-based EP
+  return nullptr;
+}
+OrtStatus* MlxEp::IsConcurrentRunSupportedImpl(OrtEp*, bool* out) noexcept {
+  *out = true;  // each fused node serialises its own runs; MLX streams are per thread
+  return nullptr;
+}
+OrtStatus* MlxEp::SyncImpl(OrtEp*) noexcept {
+  return guard("Sync", [] { mx::synchronize(); });
+}
+OrtStatus* MlxEp::OnSessionInitializationEndImpl(OrtEp*) noexcept { return nullptr; }
+OrtStatus* MlxEp::GetDefaultMemoryDeviceImpl(const OrtEp*, const OrtMemoryDevice** d) noexcept {
+  *d = nullptr;  // ORT's CPU memory
+  return nullptr;
+}
+
+}  // namespace ortmlx::ep

@@ -1,0 +1,231 @@
+#include <cctype>
+#include <map>
+
+#include <mlx/mlx.h>
+
+#include "ep/ep.h"
+#include "ep/error_wall.h"
+
+namespace ortmlx::ep {
+
+namespace mx = mlx::core;
+
+const OrtApi* g_ort = nullptr;
+const OrtEpApi* g_ep_api = nullptr;
+uint32_t g_api_version = ORT_API_VERSION;
+
+namespace {
+
+bool mlx_has_gpu() {
+  try {
+    return mx::is_available(mx::Device::gpu);
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The session's provider options for this EP: config entries "ep.<ep name>.<key>" (ORT lower-
+// cases the EP name in practice; accept either spelling).
+std::map<std::string, std::string> provider_options(const OrtSessionOptions* so) {
+  std::map<std::string, std::string> out;
+  if (!so) return out;
+  OrtKeyValuePairs* raw = nullptr;
+  check(g_ort->GetSessionOptionsConfigEntries(so, &raw));
+  KeyValuePairsPtr kv(raw);
+  const char* const* keys = nullptr;
+  const char* const* values = nullptr;
+  size_t n = 0;
+  g_ort->GetKeyValuePairs(kv.get(), &keys, &values, &n);
+  const std::string prefix = "ep." + lower(kEpName) + ".";
+  for (size_t i = 0; i < n; ++i) {
+    std::string k = keys[i] ? keys[i] : "";
+    if (lower(k).rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = values[i] ? values[i] : "";
+  }
+  return out;
+}
+
+}  // namespace
+
+MlxEpFactory::MlxEpFactory(const OrtLogger* default_logger)
+    : OrtEpFactory{}, default_logger_(default_logger) {
+  // Every pointer of the declared version is filled: ORT 1.31 calls some of the 1.23+ ones
+  // without a null check (a null one crashed get_ep_devices(), setup.md).
+  ort_version_supported = g_api_version;
+  GetName = GetNameImpl;
+  GetVendor = GetVendorImpl;
+  GetSupportedDevices = GetSupportedDevicesImpl;
+  CreateEp = CreateEpImpl;
+  ReleaseEp = ReleaseEpImpl;
+  GetVendorId = GetVendorIdImpl;
+  GetVersion = GetVersionImpl;
+  ValidateCompiledModelCompatibilityInfo = ValidateCompiledModelCompatibilityInfoImpl;
+  CreateAllocator = CreateAllocatorImpl;
+  ReleaseAllocator = ReleaseAllocatorImpl;
+  CreateDataTransfer = CreateDataTransferImpl;
+  IsStreamAware = IsStreamAwareImpl;
+  CreateSyncStreamForDevice = CreateSyncStreamForDeviceImpl;
+  GetHardwareDeviceIncompatibilityDetails = GetHardwareDeviceIncompatibilityDetailsImpl;
+  CreateExternalResourceImporterForDevice = CreateExternalResourceImporterForDeviceImpl;
+  GetNumCustomOpDomains = GetNumCustomOpDomainsImpl;
+  GetCustomOpDomains = GetCustomOpDomainsImpl;
+  InitGraphicsInterop = InitGraphicsInteropImpl;
+  DeinitGraphicsInterop = DeinitGraphicsInteropImpl;
+}
+
+const char* MlxEpFactory::GetNameImpl(const OrtEpFactory*) noexcept { return kEpName; }
+const char* MlxEpFactory::GetVendorImpl(const OrtEpFactory*) noexcept { return kEpVendor; }
+uint32_t MlxEpFactory::GetVendorIdImpl(const OrtEpFactory*) noexcept { return 0; }
+const char* MlxEpFactory::GetVersionImpl(const OrtEpFactory*) noexcept { return kEpVersion; }
+
+OrtStatus* MlxEpFactory::GetSupportedDevicesImpl(OrtEpFactory* self,
+                                                 const OrtHardwareDevice* const* devices,
+                                                 size_t num_devices, OrtEpDevice** ep_devices,
+                                                 size_t max_ep_devices,
+                                                 size_t* num_ep_devices) noexcept {
+  return guard("GetSupportedDevices", [&] {
+    *num_ep_devices = 0;
+    const bool gpu_backend = mlx_has_gpu();
+    bool cpu_done = false, gpu_done = false;
+    for (size_t i = 0; i < num_devices && *num_ep_devices < max_ep_devices; ++i) {
+      auto type = g_ort->HardwareDevice_Type(devices[i]);
+      // MLX's CPU backend serves ORT's CPU device; a GPU backend (CUDA/Metal) serves the GPU.
+      bool take = (type == OrtHardwareDeviceType_CPU && !cpu_done) ||
+                  (type == OrtHardwareDeviceType_GPU && gpu_backend && !gpu_done);
+      if (!take) continue;
+      OrtKeyValuePairs* raw_meta = nullptr;
+      g_ort->CreateKeyValuePairs(&raw_meta);
+      KeyValuePairsPtr meta(raw_meta);
+      const char* backend = type == OrtHardwareDeviceType_GPU ? "gpu" : "cpu";
+      g_ort->AddKeyValuePair(meta.get(), "mlx.device", backend);
+      g_ort->AddKeyValuePair(meta.get(), "mlx.version", mx::version());
+      OrtEpDevice* dev = nullptr;
+      // ORT copies the metadata; we release ours. ORT owns the returned OrtEpDevice.
+      check(g_ep_api->CreateEpDevice(self, devices[i], meta.get(), nullptr, &dev));
+      ep_devices[(*num_ep_devices)++] = dev;
+      (type == OrtHardwareDeviceType_GPU ? gpu_done : cpu_done) = true;
+    }
+  });
+}
+
+OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevice* const* devices,
+                                      const OrtKeyValuePairs* const*, size_t num_devices,
+                                      const OrtSessionOptions* session_options,
+                                      const OrtLogger* logger, OrtEp** ep) noexcept {
+  return guard("CreateEp", [&] {
+    *ep = nullptr;
+    // session_options is valid only during this call: parse everything now.
+    EpOptions opts = parse_options(provider_options(session_options));
+    bool any_gpu = false;
+    for (size_t i = 0; i < num_devices; ++i)
+      any_gpu |= g_ort->HardwareDevice_Type(devices[i]) == OrtHardwareDeviceType_GPU;
+    bool gpu = opts.device == "gpu" || (opts.device == "auto" && any_gpu);
+    if (gpu && !mlx_has_gpu())
+      throw std::invalid_argument("option device=gpu, but this MLX build has no GPU backend");
+    if (opts.memory_limit_mb) mx::set_memory_limit(opts.memory_limit_mb << 20);
+    if (opts.cache_limit_mb != SIZE_MAX) mx::set_cache_limit(opts.cache_limit_mb << 20);
+    auto* factory = static_cast<MlxEpFactory*>(self);
+    *ep = new MlxEp(*factory, std::move(opts), gpu, logger);  // released in ReleaseEpImpl
+  });
+}
+
+void MlxEpFactory::ReleaseEpImpl(OrtEpFactory*, OrtEp* ep) noexcept {
+  delete static_cast<MlxEp*>(ep);
+}
+
+OrtStatus* MlxEpFactory::ValidateCompiledModelCompatibilityInfoImpl(
+    OrtEpFactory*, const OrtHardwareDevice* const*, size_t, const char*,
+    OrtCompiledModelCompatibility* out) noexcept {
+  // No EPContext models are produced yet, so nothing compiled can be judged.
+  *out = OrtCompiledModelCompatibility_EP_NOT_APPLICABLE;
+  return nullptr;
+}
+
+OrtStatus* MlxEpFactory::CreateAllocatorImpl(OrtEpFactory*, const OrtMemoryInfo*,
+                                             const OrtKeyValuePairs*,
+                                             OrtAllocator** allocator) noexcept {
+  *allocator = nullptr;  // inputs/outputs live in ORT's CPU memory: use the default allocator
+  return nullptr;
+}
+void MlxEpFactory::ReleaseAllocatorImpl(OrtEpFactory*, OrtAllocator*) noexcept {}
+
+OrtStatus* MlxEpFactory::CreateDataTransferImpl(OrtEpFactory*, OrtDataTransferImpl** out) noexcept {
+  *out = nullptr;  // no device memory is registered, so ORT needs no copies from us
+  return nullptr;
+}
+
+bool MlxEpFactory::IsStreamAwareImpl(const OrtEpFactory*) noexcept { return false; }
+
+OrtStatus* MlxEpFactory::CreateSyncStreamForDeviceImpl(OrtEpFactory*, const OrtMemoryDevice*,
+                                                       const OrtKeyValuePairs*,
+                                                       OrtSyncStreamImpl** stream) noexcept {
+  *stream = nullptr;
+  return nullptr;
+}
+
+OrtStatus* MlxEpFactory::GetHardwareDeviceIncompatibilityDetailsImpl(
+    OrtEpFactory*, const OrtHardwareDevice*, OrtDeviceEpIncompatibilityDetails*) noexcept {
+  return nullptr;  // leaving details untouched reports the device as compatible
+}
+
+OrtStatus* MlxEpFactory::CreateExternalResourceImporterForDeviceImpl(
+    OrtEpFactory*, const OrtEpDevice*, OrtExternalResourceImporterImpl** out) noexcept {
+  *out = nullptr;
+  return nullptr;
+}
+
+OrtStatus* MlxEpFactory::GetNumCustomOpDomainsImpl(OrtEpFactory*, size_t* n) noexcept {
+  *n = 0;
+  return nullptr;
+}
+OrtStatus* MlxEpFactory::GetCustomOpDomainsImpl(OrtEpFactory*, OrtCustomOpDomain**,
+                                                size_t) noexcept {
+  return nullptr;
+}
+OrtStatus* MlxEpFactory::InitGraphicsInteropImpl(OrtEpFactory*, const OrtEpDevice*,
+                                                 const OrtGraphicsInteropConfig*) noexcept {
+  return g_ort->CreateStatus(ORT_NOT_IMPLEMENTED, "[MLX EP] graphics interop is not supported");
+}
+OrtStatus* MlxEpFactory::DeinitGraphicsInteropImpl(OrtEpFactory*, const OrtEpDevice*) noexcept {
+  return nullptr;
+}
+
+}  // namespace ortmlx::ep
+
+// ---- the two exported entry points ----
+
+extern "C" {
+
+__attribute__((visibility("default"))) OrtStatus* CreateEpFactories(
+    const char* /*registered_name*/, const OrtApiBase* api_base, const OrtLogger* default_logger,
+    OrtEpFactory** factories, size_t max_factories, size_t* num_factories) noexcept {
+  using namespace ortmlx::ep;
+  // Negotiate the newest API the host ORT offers, down to 1.23 (the compile-based EP ABI). The
+  // structs are append-only, so declaring the negotiated version hides newer fields from ORT.
+  const OrtApi* api = nullptr;
+  uint32_t version = ORT_API_VERSION;
+  for (; api_base && version >= 23 && !api; --version) api = api_base->GetApi(version);
+  if (!api) {
+    *num_factories = 0;
+    return nullptr;  // no usable API table: nothing to report an error through
+  }
+  g_api_version = version + 1;
+  g_ort = api;
+  g_ep_api = api->GetEpApi();
+  return guard("CreateEpFactories", [&] {
+    if (max_factories < 1) throw std::invalid_argument("no room for a factory");
+    factories[0] = new MlxEpFactory(default_logger);  // deleted in ReleaseEpFactory
+    *num_factories = 1;
+  });
+}
+
+__attribute__((visibility("default"))) OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) noexcept {
+  delete static_cast<ortmlx::ep::MlxEpFactory*>(factory);
+  return nullptr;
+}
+
+}  // extern "C"

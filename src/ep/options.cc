@@ -1,0 +1,63 @@
+#include "ep/options.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace ortmlx::ep {
+
+namespace {
+
+std::string lookup(const std::map<std::string, std::string>& entries, const std::string& key) {
+  if (auto it = entries.find(key); it != entries.end()) return it->second;
+  std::string env = "ORT_MLX_";
+  for (char c : key) env += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (const char* v = std::getenv(env.c_str())) return v;
+  return {};
+}
+
+long long to_int(const std::string& key, const std::string& v, long long lo, long long hi) {
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || x < lo || x > hi)
+    throw std::invalid_argument("option '" + key + "': '" + v + "' is not an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+}  // namespace
+
+EpOptions parse_options(const std::map<std::string, std::string>& entries) {
+  static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
+                                "report_path", "memory_limit_mb", "cache_limit_mb"};
+  for (const auto& [k, v] : entries) {
+    bool ok = false;
+    for (auto* n : known) ok |= k == n;
+    if (!ok) throw std::invalid_argument("unknown MLX EP option '" + k + "'");
+  }
+  EpOptions o;
+  if (auto v = lookup(entries, "device"); !v.empty()) {
+    if (v != "auto" && v != "cpu" && v != "gpu")
+      throw std::invalid_argument("option 'device': '" + v + "' is not auto, cpu or gpu");
+    o.device = v;
+  }
+  if (auto v = lookup(entries, "compile"); !v.empty()) o.engine.compile = to_int("compile", v, 0, 1);
+  if (auto v = lookup(entries, "cache_size"); !v.empty())
+    o.engine.cache_capacity = to_int("cache_size", v, 1, 1 << 20);
+  if (auto v = lookup(entries, "compile_after"); !v.empty())
+    o.engine.compile_after = static_cast<int>(to_int("compile_after", v, 1, 1 << 20));
+  if (auto v = lookup(entries, "log_level"); !v.empty())
+    o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));
+  o.report_path = lookup(entries, "report_path");
+  if (auto v = lookup(entries, "memory_limit_mb"); !v.empty())
+    o.memory_limit_mb = to_int("memory_limit_mb", v, 0, 1LL << 40);
+  if (auto v = lookup(entries, "cache_limit_mb"); !v.empty())
+    o.cache_limit_mb = to_int("cache_limit_mb", v, 0, 1LL << 40);
+  return o;
+}
+
+}  // namespace ortmlx::ep

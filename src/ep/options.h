@@ -1,0 +1,24 @@
+// EP options: provider options (session config entries "ep.mlxexecutionprovider.<key>") over
+// environment variables (ORT_MLX_<KEY>) over defaults. Documented in README "Options".
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "engine/program.h"
+
+namespace ortmlx::ep {
+
+struct EpOptions {
+  std::string device = "auto";     // auto | cpu | gpu
+  engine::Options engine;
+  std::string report_path;         // append claim decisions as JSON lines (Python reads it)
+  size_t memory_limit_mb = 0;      // mx::set_memory_limit (0 = MLX default)
+  size_t cache_limit_mb = SIZE_MAX;  // mx::set_cache_limit (SIZE_MAX = MLX default)
+};
+
+// `entries`: the session's provider options (keys without the "ep.<name>." prefix).
+// Throws std::invalid_argument naming the key for malformed values.
+EpOptions parse_options(const std::map<std::string, std::string>& entries);
+
+}  // namespace ortmlx::ep

@@ -1,0 +1,50 @@
+#include "ops/common.h"
+
+#include <algorithm>
+
+namespace ortmlx::ops {
+
+bool in_set(DType t, std::initializer_list<DType> set) {
+  return std::find(set.begin(), set.end(), t) != set.end();
+}
+bool is_numeric(DType t) { return graph::is_float(t) || graph::is_integer(t); }
+
+Support input_dtype_in(const NodeQuery& q, size_t i, std::initializer_list<DType> a,
+                       std::initializer_list<DType> b, std::initializer_list<DType> c,
+                       std::initializer_list<DType> d) {
+  if (!q.has_input(i)) return Support::yes();
+  DType t = q.input_dtype(i);
+  if (t == DType::Undefined || in_set(t, a) || in_set(t, b) || in_set(t, c) || in_set(t, d))
+    return Support::yes();
+  return Support::no("input " + std::to_string(i) + " dtype " + graph::dtype_name(t) +
+                     " is not supported");
+}
+Support float_input(const NodeQuery& q, size_t i) { return input_dtype_in(q, i, kFloat); }
+Support numeric_input(const NodeQuery& q, size_t i) {
+  return input_dtype_in(q, i, kFloat, kSignedInt, kUnsignedInt);
+}
+Support constant_input(const NodeQuery& q, size_t i, const char* what) {
+  if (!q.has_input(i)) return Support::no(std::string(what) + " input is missing");
+  if (!q.constant(i)) return Support::no(std::string(what) + " must be a constant initializer");
+  return Support::yes();
+}
+
+mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s) {
+  auto d = mlx_dtype(t);
+  return a.dtype() == d ? a : mx::astype(a, d, s);
+}
+
+bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
+  return s.device == mx::Device::cpu && (a.dtype() == mx::float16 || a.dtype() == mx::bfloat16);
+}
+
+mx::array scalar_like(double v, const mx::array& like) { return mx::array(v, like.dtype()); }
+
+std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank) {
+  std::vector<int> out;
+  out.reserve(axes.size());
+  for (auto a : axes) out.push_back(norm_axis(a, rank));
+  return out;
+}
+
+}  // namespace ortmlx::ops

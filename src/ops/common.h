@@ -1,0 +1,40 @@
+// Helpers shared by the op families: dtype sets for support checks and small MLX idioms.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "ops/registry.h"
+
+namespace ortmlx::ops {
+
+// dtype sets (ONNX names) used by support checks
+inline constexpr std::initializer_list<DType> kFloat = {DType::Float32, DType::Float16,
+                                                        DType::BFloat16, DType::Float64};
+inline constexpr std::initializer_list<DType> kSignedInt = {DType::Int8, DType::Int16,
+                                                            DType::Int32, DType::Int64};
+inline constexpr std::initializer_list<DType> kUnsignedInt = {DType::UInt8, DType::UInt16,
+                                                              DType::UInt32, DType::UInt64};
+
+bool in_set(DType t, std::initializer_list<DType> set);
+bool is_numeric(DType t);  // float or integer (not bool)
+
+// Declines unless input i's dtype is in one of the sets (Undefined passes: unknown here,
+// checked again at run time by MLX).
+Support input_dtype_in(const NodeQuery& q, size_t i, std::initializer_list<DType> a,
+                       std::initializer_list<DType> b = {}, std::initializer_list<DType> c = {},
+                       std::initializer_list<DType> d = {});
+Support float_input(const NodeQuery& q, size_t i = 0);    // kFloat
+Support numeric_input(const NodeQuery& q, size_t i = 0);  // kFloat + ints
+// Declines when input i is absent or not a constant initializer.
+Support constant_input(const NodeQuery& q, size_t i, const char* what);
+
+// MLX idioms
+mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s);
+// Computes in float32 when the input is fp16/bf16 on the CPU backend, where MLX's half
+// precision kernels are reference loops (setup.md measured 20-100x slower matmuls).
+bool compute_half_in_f32(const mx::array& a, mx::Stream s);
+mx::array scalar_like(double v, const mx::array& like);
+std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
+
+}  // namespace ortmlx::ops

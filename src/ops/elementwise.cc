@@ -1,0 +1,216 @@
+// Elementwise binary/unary math, comparisons and logic. MLX broadcasts multidirectionally like
+// numpy, which is exactly ONNX's rule, so binary ops need no shape handling of their own.
+#include <cmath>
+
+#include "ops/common.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+using BinaryFn = mx::array (*)(const mx::array&, const mx::array&, mx::StreamOrDevice);
+using UnaryFn = mx::array (*)(const mx::array&, mx::StreamOrDevice);
+
+template <BinaryFn F>
+Outputs binary(OpContext& c) {
+  return {F(c.in(0), c.in(1), c.s)};
+}
+
+template <UnaryFn F>
+Outputs unary(OpContext& c) {
+  return {F(c.in(0), c.s)};
+}
+
+// Variadic Sum/Max/Min/Mean (numpy broadcasting across all inputs).
+template <BinaryFn F>
+Outputs variadic(OpContext& c) {
+  mx::array acc = c.in(0);
+  for (size_t i = 1; i < c.num_inputs(); ++i)
+    if (c.has(i)) acc = F(acc, c.in(i), c.s);
+  return {acc};
+}
+
+Outputs translate_mean(OpContext& c) {
+  auto sum = variadic<mx::add>(c)[0];
+  return {mx::divide(sum, mx::array(static_cast<float>(c.num_inputs()), sum.dtype()), c.s)};
+}
+
+// ONNX Div on integers truncates toward zero (C semantics); MLX's divide on ints returns float
+// (true division), and floor_divide floors. Truncate explicitly for signed ints.
+Outputs translate_div(OpContext& c) {
+  const auto& a = c.in(0);
+  const auto& b = c.in(1);
+  if (mx::issubdtype(a.dtype(), mx::integer)) {
+    auto q = mx::floor_divide(a, b, c.s);
+    if (mx::issubdtype(a.dtype(), mx::signedinteger)) {
+      // floor -> trunc: add one where the signs differ and the division is inexact
+      auto r = mx::remainder(a, b, c.s);
+      auto zero = mx::array(0, a.dtype());
+      auto fix = mx::logical_and(mx::not_equal(r, zero, c.s),
+                                 mx::not_equal(mx::less(a, zero, c.s), mx::less(b, zero, c.s), c.s), c.s);
+      q = mx::where(fix, mx::add(q, mx::array(1, a.dtype()), c.s), q, c.s);
+    }
+    return {q};
+  }
+  return {mx::divide(a, b, c.s)};
+}
+
+// Mod: fmod=0 is Python-style (sign of divisor) for integers; fmod=1 is C fmod (sign of dividend).
+Outputs translate_mod(OpContext& c) {
+  const auto& a = c.in(0);
+  const auto& b = c.in(1);
+  if (c.node.attr_int("fmod", 0) == 0) return {mx::remainder(a, b, c.s)};
+  // fmod(a, b) = a - trunc(a / b) * b
+  if (mx::issubdtype(a.dtype(), mx::floating)) {
+    auto r = mx::remainder(a, b, c.s);
+    auto zero = mx::array(0, a.dtype());
+    auto fix = mx::logical_and(mx::not_equal(r, zero, c.s),
+                               mx::not_equal(mx::less(a, zero, c.s), mx::less(b, zero, c.s), c.s), c.s);
+    return {mx::where(fix, mx::subtract(r, b, c.s), r, c.s)};
+  }
+  auto r = mx::remainder(a, b, c.s);
+  auto zero = mx::array(0, a.dtype());
+  auto fix = mx::logical_and(mx::not_equal(r, zero, c.s),
+                             mx::not_equal(mx::less(a, zero, c.s), mx::less(b, zero, c.s), c.s), c.s);
+  return {mx::where(fix, mx::subtract(r, b, c.s), r, c.s)};
+}
+
+Outputs translate_pow(OpContext& c) {
+  const auto& base = c.in(0);
+  auto expo = c.in(1);
+  // ONNX: output dtype = base dtype; the exponent may have another numeric type.
+  if (mx::issubdtype(base.dtype(), mx::integer)) {
+    auto r = mx::power(mx::astype(base, mx::float64 == base.dtype() ? mx::float64 : mx::float32, c.s),
+                       mx::astype(expo, mx::float32, c.s), c.s);
+    return {mx::astype(mx::round(r, 0, c.s), base.dtype(), c.s)};
+  }
+  return {mx::power(base, mx::astype(expo, base.dtype(), c.s), c.s)};
+}
+
+// Min/Max propagate NaN in ONNX (like numpy); MLX's minimum/maximum do too.
+Outputs translate_where(OpContext& c) {
+  return {mx::where(mx::astype(c.in(0), mx::bool_, c.s), c.in(1), c.in(2), c.s)};
+}
+
+Outputs translate_not(OpContext& c) { return {mx::logical_not(c.in(0), c.s)}; }
+Outputs translate_xor(OpContext& c) { return {mx::not_equal(c.in(0), c.in(1), c.s)}; }
+
+Outputs translate_sign(OpContext& c) { return {mx::sign(c.in(0), c.s)}; }
+Outputs translate_reciprocal(OpContext& c) { return {mx::reciprocal(c.in(0), c.s)}; }
+Outputs translate_round(OpContext& c) { return {mx::round(c.in(0), 0, c.s)}; }  // half to even
+
+Outputs translate_isnan(OpContext& c) { return {mx::isnan(c.in(0), c.s)}; }
+Outputs translate_isinf(OpContext& c) {
+  const auto& x = c.in(0);
+  bool pos = c.node.attr_int("detect_positive", 1), neg = c.node.attr_int("detect_negative", 1);
+  if (pos && neg) return {mx::isinf(x, c.s)};
+  if (pos) return {mx::isposinf(x, c.s)};
+  if (neg) return {mx::isneginf(x, c.s)};
+  return {mx::zeros(x.shape(), mx::bool_, c.s)};
+}
+
+// Clip: min/max as inputs (opset 11+) or attributes (< 11); absent bound = no bound.
+Outputs translate_clip(OpContext& c) {
+  mx::array x = c.in(0);
+  if (c.node.since_version < 11) {
+    float lo = c.node.attr_float("min", -INFINITY), hi = c.node.attr_float("max", INFINITY);
+    if (std::isfinite(lo)) x = mx::maximum(x, mx::array(lo, x.dtype()), c.s);
+    if (std::isfinite(hi)) x = mx::minimum(x, mx::array(hi, x.dtype()), c.s);
+    return {x};
+  }
+  if (c.has(1)) x = mx::maximum(x, mx::astype(c.in(1), x.dtype(), c.s), c.s);
+  if (c.has(2)) x = mx::minimum(x, mx::astype(c.in(2), x.dtype(), c.s), c.s);
+  return {x};
+}
+
+Outputs translate_bitshift(OpContext& c) {
+  bool left = c.node.attr_string("direction", "") == "LEFT";
+  return {left ? mx::left_shift(c.in(0), c.in(1), c.s) : mx::right_shift(c.in(0), c.in(1), c.s)};
+}
+
+Support check_numeric(const NodeQuery& q) { return numeric_input(q, 0); }
+Support check_float(const NodeQuery& q) { return float_input(q, 0); }
+Support check_signed(const NodeQuery& q) {
+  return input_dtype_in(q, 0, kFloat, kSignedInt);
+}
+Support check_bool(const NodeQuery& q) { return input_dtype_in(q, 0, {DType::Bool}); }
+Support check_integer(const NodeQuery& q) { return input_dtype_in(q, 0, kSignedInt, kUnsignedInt); }
+Support check_compare(const NodeQuery& q) {
+  return input_dtype_in(q, 0, kFloat, kSignedInt, kUnsignedInt, {DType::Bool});
+}
+Support check_mod(const NodeQuery& q) {
+  if (auto s = numeric_input(q, 0); !s) return s;
+  // Python-style modulo on floats is undefined by ONNX (fmod must be 1 for floats).
+  if (graph::is_float(q.input_dtype(0)) && q.node.attr_int("fmod", 0) == 0)
+    return Support::no("Mod with fmod=0 on floats is invalid ONNX");
+  return Support::yes();
+}
+Support check_pow(const NodeQuery& q) {
+  if (auto s = input_dtype_in(q, 0, kFloat, {DType::Int32, DType::Int64}); !s) return s;
+  return numeric_input(q, 1);
+}
+Support check_isinf(const NodeQuery& q) { return float_input(q, 0); }
+Support check_bitshift(const NodeQuery& q) { return input_dtype_in(q, 0, kUnsignedInt); }
+Support check_where(const NodeQuery& q) { return input_dtype_in(q, 0, {DType::Bool}); }
+
+const OpEntry kOps[] = {
+    // arithmetic (numpy broadcasting)
+    {"", "Add", 1, kAnyOpset, check_numeric, binary<mx::add>},
+    {"", "Sub", 1, kAnyOpset, check_numeric, binary<mx::subtract>},
+    {"", "Mul", 1, kAnyOpset, check_numeric, binary<mx::multiply>},
+    {"", "Div", 1, kAnyOpset, check_numeric, translate_div},
+    {"", "Pow", 1, kAnyOpset, check_pow, translate_pow},
+    {"", "Mod", 10, kAnyOpset, check_mod, translate_mod},
+    {"", "Max", 1, kAnyOpset, check_numeric, variadic<mx::maximum>},
+    {"", "Min", 1, kAnyOpset, check_numeric, variadic<mx::minimum>},
+    {"", "Sum", 1, kAnyOpset, check_numeric, variadic<mx::add>},
+    {"", "Mean", 1, kAnyOpset, check_float, translate_mean},
+    // unary math
+    {"", "Neg", 1, kAnyOpset, check_signed, unary<mx::negative>},
+    {"", "Abs", 1, kAnyOpset, check_numeric, unary<mx::abs>},
+    {"", "Sqrt", 1, kAnyOpset, check_float, unary<mx::sqrt>},
+    {"", "Exp", 1, kAnyOpset, check_float, unary<mx::exp>},
+    {"", "Log", 1, kAnyOpset, check_float, unary<mx::log>},
+    {"", "Reciprocal", 1, kAnyOpset, check_float, translate_reciprocal},
+    {"", "Floor", 1, kAnyOpset, check_float, unary<mx::floor>},
+    {"", "Ceil", 1, kAnyOpset, check_float, unary<mx::ceil>},
+    {"", "Round", 11, kAnyOpset, check_float, translate_round},
+    {"", "Sign", 9, kAnyOpset, check_numeric, translate_sign},
+    {"", "Erf", 9, kAnyOpset, check_float, unary<mx::erf>},
+    {"", "Sin", 7, kAnyOpset, check_float, unary<mx::sin>},
+    {"", "Cos", 7, kAnyOpset, check_float, unary<mx::cos>},
+    {"", "Tan", 7, kAnyOpset, check_float, unary<mx::tan>},
+    {"", "Asin", 7, kAnyOpset, check_float, unary<mx::arcsin>},
+    {"", "Acos", 7, kAnyOpset, check_float, unary<mx::arccos>},
+    {"", "Atan", 7, kAnyOpset, check_float, unary<mx::arctan>},
+    {"", "Sinh", 9, kAnyOpset, check_float, unary<mx::sinh>},
+    {"", "Cosh", 9, kAnyOpset, check_float, unary<mx::cosh>},
+    {"", "Asinh", 9, kAnyOpset, check_float, unary<mx::arcsinh>},
+    {"", "Acosh", 9, kAnyOpset, check_float, unary<mx::arccosh>},
+    {"", "Atanh", 9, kAnyOpset, check_float, unary<mx::arctanh>},
+    {"", "IsNaN", 9, kAnyOpset, check_float, translate_isnan},
+    {"", "IsInf", 10, kAnyOpset, check_isinf, translate_isinf},
+    {"", "Clip", 6, kAnyOpset, check_numeric, translate_clip},
+    // comparison and logic
+    {"", "Equal", 1, kAnyOpset, check_compare, binary<mx::equal>},
+    {"", "Less", 1, kAnyOpset, check_numeric, binary<mx::less>},
+    {"", "LessOrEqual", 12, kAnyOpset, check_numeric, binary<mx::less_equal>},
+    {"", "Greater", 1, kAnyOpset, check_numeric, binary<mx::greater>},
+    {"", "GreaterOrEqual", 12, kAnyOpset, check_numeric, binary<mx::greater_equal>},
+    {"", "And", 1, kAnyOpset, check_bool, binary<mx::logical_and>},
+    {"", "Or", 1, kAnyOpset, check_bool, binary<mx::logical_or>},
+    {"", "Xor", 1, kAnyOpset, check_bool, translate_xor},
+    {"", "Not", 1, kAnyOpset, check_bool, translate_not},
+    {"", "Where", 9, kAnyOpset, check_where, translate_where},
+    {"", "BitwiseAnd", 18, kAnyOpset, check_integer, binary<mx::bitwise_and>},
+    {"", "BitwiseOr", 18, kAnyOpset, check_integer, binary<mx::bitwise_or>},
+    {"", "BitwiseXor", 18, kAnyOpset, check_integer, binary<mx::bitwise_xor>},
+    {"", "BitwiseNot", 18, kAnyOpset, check_integer, unary<mx::bitwise_invert>},
+    {"", "BitShift", 11, kAnyOpset, check_bitshift, translate_bitshift},
+};
+
+}  // namespace
+
+std::span<const OpEntry> elementwise_ops() { return kOps; }
+
+}  // namespace ortmlx::ops

@@ -1,0 +1,48 @@
+// The op registry: one flat table, {domain, op type, opset range} -> {support check, translator}.
+//
+// How to add an op:
+//   1. In the family file (src/ops/<family>.cc) write `Support check_x(const NodeQuery&)` that
+//      decides with the node's real attributes, dtypes and shapes (say *why* when declining),
+//      and `Outputs translate_x(OpContext&)` that builds MLX ops (always pass ctx.s).
+//   2. Add one line `{"", "X", first_opset, last_opset, check_x, translate_x}` to that family's
+//      table. registry.cc concatenates the family tables into the flat table.
+//   3. Add a case to tests/python/test_ops_*.py; the oracle runs it against ORT's CPU EP.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/op_context.h"
+
+namespace ortmlx::ops {
+
+inline constexpr int kAnyOpset = 1 << 20;
+
+struct OpEntry {
+  std::string_view domain;  // "" = ai.onnx; "com.microsoft"; "ai.onnx.ml"
+  std::string_view op_type;
+  int min_opset;  // the node's since_version must lie in [min_opset, max_opset]
+  int max_opset;
+  Check check;          // claim-time decision (may be nullptr: only the common checks apply)
+  Translate translate;  // builds MLX ops
+};
+
+// The whole flat table (every family's entries, in family order).
+const std::vector<OpEntry>& registry();
+// The entry for a node, or nullptr. `domain` "ai.onnx" is treated as "".
+const OpEntry* find_op(std::string_view domain, std::string_view op_type, int since_version);
+
+// Each family file exports its part of the table.
+std::span<const OpEntry> elementwise_ops();
+std::span<const OpEntry> activation_ops();
+std::span<const OpEntry> math_ops();
+std::span<const OpEntry> reduce_ops();
+std::span<const OpEntry> shape_ops();
+std::span<const OpEntry> index_ops();
+std::span<const OpEntry> nn_ops();
+std::span<const OpEntry> normalization_ops();
+std::span<const OpEntry> matmul_ops();
+
+}  // namespace ortmlx::ops
