@@ -27,6 +27,7 @@ struct OpEntry {
   int max_opset;
   Check check;          // claim-time decision (may be nullptr: only the common checks apply)
   Translate translate;  // builds MLX ops
+  std::string_view notes = {};  // constraints shown in docs/ops.md (what is declined and why)
 };
 
 // The whole flat table (every family's entries, in family order).
@@ -44,5 +45,8 @@ std::span<const OpEntry> index_ops();
 std::span<const OpEntry> nn_ops();
 std::span<const OpEntry> normalization_ops();
 std::span<const OpEntry> matmul_ops();
+std::span<const OpEntry> quantize_ops();
+std::span<const OpEntry> contrib_ops();  // com.microsoft
+std::span<const OpEntry> ml_ops();       // ai.onnx.ml
 
 }  // namespace ortmlx::ops

@@ -1,0 +1,132 @@
+"""The op oracle: build a small ONNX model, run it on the MLX EP with
+session.disable_cpu_ep_fallback=1 (so the session fails unless every node runs on MLX) and on
+ORT's CPU EP, and compare outputs within a per-dtype tolerance.
+
+    from oracle import check_node
+    check_node("Add", {"a": x, "b": y})                    # one node, inputs from numpy
+    check_node("Gemm", {"a": a, "b": b}, attrs={"transB": 1}, initializers={"c": c})
+    check_model(model, feeds)                              # any model
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+import onnxruntime_mlx as om
+
+# (rtol, atol) per output dtype; integers and bool must match exactly.
+TOLERANCE = {
+    np.dtype(np.float32): (1e-4, 1e-5),
+    np.dtype(np.float64): (1e-7, 1e-9),
+    np.dtype(np.float16): (1e-2, 1e-3),
+}
+BF16_TOL = (2e-2, 1e-2)
+
+DEFAULT_OPSET = 21
+
+
+def tensor_type(arr: np.ndarray) -> int:
+    return helper.np_dtype_to_tensor_dtype(arr.dtype)
+
+
+def make_node_model(op_type: str, inputs: dict, outputs: int | list = 1, attrs: dict | None = None,
+                    initializers: dict | None = None, opset: int = DEFAULT_OPSET,
+                    domain: str = "", output_types: list | None = None,
+                    input_order: list | None = None) -> onnx.ModelProto:
+    """One-node model. `inputs`/`initializers` map names to numpy arrays (None = omitted input);
+    `input_order` fixes the node's input order when both dicts are used."""
+    initializers = initializers or {}
+    order = input_order or (list(inputs) + list(initializers))
+    graph_inputs = [helper.make_tensor_value_info(n, tensor_type(a), list(a.shape))
+                    for n, a in inputs.items() if a is not None]
+    inits = [numpy_helper.from_array(a, n) for n, a in initializers.items() if a is not None]
+    out_names = outputs if isinstance(outputs, list) else [f"out{i}" for i in range(outputs)]
+    node_inputs = [n if (inputs.get(n) is not None or initializers.get(n) is not None) else ""
+                   for n in order]
+    node = helper.make_node(op_type, node_inputs, out_names, domain=domain, **(attrs or {}))
+    graph_outputs = [helper.make_tensor_value_info(n, (output_types or [0] * len(out_names))[i], None)
+                     for i, n in enumerate(out_names)]
+    g = helper.make_graph([node], f"{op_type}_test", graph_inputs, graph_outputs, inits)
+    opsets = [helper.make_opsetid("", opset)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, 1))
+    m = helper.make_model(g, opset_imports=opsets)
+    m.ir_version = 10
+    # Let ONNX fill the output types (shape inference), so ORT sees a valid model.
+    try:
+        m = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+        inferred = {v.name: v for v in m.graph.value_info}
+        for o in m.graph.output:
+            if o.type.tensor_type.elem_type == 0 and o.name in inferred:
+                o.CopyFrom(inferred[o.name])
+    except Exception:
+        pass
+    return m
+
+
+def run_cpu(model: onnx.ModelProto, feeds: dict) -> list:
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: int = 3,
+            **options) -> tuple[list, dict]:
+    """Runs `runs` times (the engine compiles on the 2nd run: both paths are checked) and
+    returns the last outputs and ORT's placement. Every run's result must agree."""
+    so = om.record_assignment(om.session_options("cpu", fallback=fallback, **options))
+    s = ort.InferenceSession(model.SerializeToString(), sess_options=so)
+    first = None
+    for _ in range(runs):
+        outs = s.run(None, feeds)
+        if first is None:
+            first = outs
+        else:
+            for a, b in zip(first, outs):
+                np.testing.assert_array_equal(a, b, err_msg="eager and compiled runs differ")
+    return outs, om.placement(s)
+
+
+def assert_close(actual, expected, name="output"):
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+    if actual.dtype.kind in "fc" or str(actual.dtype) == "bfloat16":
+        rtol, atol = TOLERANCE.get(actual.dtype, BF16_TOL)
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
+                                   rtol=rtol, atol=atol, equal_nan=True, err_msg=name)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=name)
+
+
+def check_model(model: onnx.ModelProto, feeds: dict, expected: list | None = None,
+                require_all_on_mlx: bool = True, **options) -> list:
+    """Compares the MLX EP with ORT's CPU EP (or `expected`). With require_all_on_mlx the
+    session is created with CPU fallback disabled, and placement must show only MLX."""
+    ref = expected if expected is not None else run_cpu(model, feeds)
+    outs, placed = run_mlx(model, feeds, fallback=not require_all_on_mlx, **options)
+    if require_all_on_mlx:
+        assert set(placed) == {om.EP_NAME}, f"nodes not on MLX: {placed}"
+        n_nodes = len(model.graph.node)
+        assert len(placed[om.EP_NAME]) == n_nodes, f"only {placed[om.EP_NAME]} of {n_nodes} on MLX"
+    assert len(outs) == len(ref)
+    for i, (a, e) in enumerate(zip(outs, ref)):
+        assert_close(a, e, name=f"output {i}")
+    return outs
+
+
+def check_node(op_type: str, inputs: dict, attrs: dict | None = None, *, outputs: int = 1,
+               initializers: dict | None = None, opset: int = DEFAULT_OPSET, domain: str = "",
+               expected: list | None = None, input_order: list | None = None, **options):
+    """One-node oracle test: the node must run on MLX and match the CPU EP (or `expected`)."""
+    model = make_node_model(op_type, inputs, outputs, attrs, initializers, opset, domain,
+                            input_order=input_order)
+    feeds = {k: v for k, v in inputs.items() if v is not None}
+    return check_model(model, feeds, expected=expected, **options)
+
+
+def placement_of(model: onnx.ModelProto, feeds: dict) -> dict:
+    """Runs with CPU fallback allowed and returns ORT's placement (for decline tests)."""
+    return run_mlx(model, feeds, fallback=True, runs=1)[1]

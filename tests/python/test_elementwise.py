@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+
+from oracle import check_node
+
+rng = np.random.default_rng(0)
+
+FLOATS = [np.float32, np.float16, np.float64]
+BROADCAST = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (5, 2)),
+             ((), (2, 3)), ((3, 1, 5), (1, 4, 1))]
+
+
+def rand(shape, dtype, lo=-2.0, hi=2.0):
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min"])
+@pytest.mark.parametrize("shapes", BROADCAST)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_binary_float_broadcast(op, shapes, dtype):
+    a = rand(shapes[0], dtype)
+    b = rand(shapes[1], dtype, 0.5, 2.0)
+    check_node(op, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Mod"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_binary_int(op, dtype):
+    a = rand((4, 5), dtype, -20, 20)
+    b = rand((5,), dtype, 1, 7) * np.where(rng.random(5) < 0.5, -1, 1).astype(dtype)
+    check_node(op, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_mod_fmod(dtype):
+    a = rand((4, 5), dtype, -20, 20)
+    b = rand((5,), dtype, 1, 7) * np.where(rng.random(5) < 0.5, -1, 1).astype(dtype)
+    check_node("Mod", {"a": a, "b": b}, {"fmod": 1})
+
+
+@pytest.mark.parametrize("op", ["Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Floor", "Ceil",
+                                "Round", "Sign", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
+                                "Sinh", "Cosh", "Asinh", "Atanh", "IsNaN", "IsInf"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_unary_float(op, dtype):
+    lo, hi = (0.1, 3.0) if op in ("Sqrt", "Log") else (-0.9, 0.9)
+    x = rand((3, 4), dtype, lo, hi)
+    if op in ("IsNaN", "IsInf"):
+        x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
+    check_node(op, {"x": x})
+
+
+def test_acosh():
+    check_node("Acosh", {"x": rand((3, 4), np.float32, 1.1, 4.0)})
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_compare(op, dtype):
+    a = rand((3, 4), dtype, -3, 3)
+    b = rand((4,), dtype, -3, 3)
+    check_node(op, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logic(op):
+    check_node(op, {"a": rng.random((3, 4)) > 0.5, "b": rng.random((4,)) > 0.5})
+
+
+def test_not_and_where():
+    check_node("Not", {"a": rng.random((3, 4)) > 0.5})
+    check_node("Where", {"c": rng.random((3, 1)) > 0.5, "x": rand((1, 4), np.float32),
+                         "y": rand((3, 4), np.float32)})
+
+
+def test_pow():
+    check_node("Pow", {"a": rand((3, 4), np.float32, 0.5, 2), "b": rand((4,), np.float32)})
+
+
+def test_clip_inputs_and_missing_bound():
+    x = rand((3, 4), np.float32, -3, 3)
+    check_node("Clip", {"x": x}, initializers={"lo": np.array(-1, np.float32)})
+    check_node("Clip", {"x": x, "lo": None}, initializers={"hi": np.array(0.5, np.float32)},
+               input_order=["x", "lo", "hi"])
+
+
+def test_clip_attributes_opset6():
+    check_node("Clip", {"x": rand((3, 4), np.float32, -3, 3)}, {"min": -0.5, "max": 0.5}, opset=6)
+
+
+def test_variadic_sum_mean():
+    xs = {f"x{i}": rand(s, np.float32) for i, s in enumerate([(2, 3), (3,), (1, 3)])}
+    check_node("Sum", xs)
+    check_node("Mean", xs)
+
+
+def test_scalar_and_empty():
+    check_node("Add", {"a": np.array(1.5, np.float32), "b": np.array(2.0, np.float32)})
+    check_node("Mul", {"a": np.zeros((0, 3), np.float32), "b": rand((3,), np.float32)})
