@@ -1,0 +1,92 @@
+"""Generates the small decoder-only LLMs the tests use, with onnxruntime-genai's own model
+builder (the graph form users actually run: MatMulNBits, GroupQueryAttention,
+SkipSimplifiedLayerNormalization, input_ids/attention_mask/past_key_values.N.* -> logits/present.N.*).
+
+Runs in a separate venv (torch + transformers + onnxruntime-genai are ~5 GB and pull another
+onnxruntime): scripts/gen_llm_models creates it. Weights are randomly initialised from a fixed
+seed; nothing is downloaded. Output: tests/models/llm/<family>-<precision>/.
+
+    .deps/llm-venv/bin/python tools/gen_llm_models.py [--out DIR] [--families llama,qwen2,gemma]
+"""
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+VOCAB = 512
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+              rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+
+def configs():
+    from transformers import GemmaConfig, LlamaConfig, Qwen2Config, Phi3Config
+    return {
+        "llama": (LlamaConfig(**COMMON, head_dim=16), "LlamaForCausalLM"),
+        "qwen2": (Qwen2Config(**COMMON), "Qwen2ForCausalLM"),
+        "gemma": (GemmaConfig(**COMMON, head_dim=16), "GemmaForCausalLM"),
+        # original_max_position_embeddings == max_position_embeddings keeps the builder off its
+        # LongRoPE path (which needs rope_scaling factors a random config lacks: KeyError
+        # 'multi_cache' otherwise).
+        "phi3": (Phi3Config(**{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+                            original_max_position_embeddings=COMMON["max_position_embeddings"],
+                            pad_token_id=0, bos_token_id=1, eos_token_id=2), "Phi3ForCausalLM"),
+    }
+
+
+def save_tokenizer(d: pathlib.Path):
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
+                            eos_token="t2", pad_token="t0").save_pretrained(d)
+
+
+def build(family: str, precision: str, out: pathlib.Path) -> bool:
+    import transformers
+    cfg, cls_name = configs()[family]
+    torch.manual_seed(1234)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = pathlib.Path(tmp) / "hf"
+        model = getattr(transformers, cls_name)(cfg).eval()
+        model.save_pretrained(hf)
+        save_tokenizer(hf)
+        dest = out / f"{family}-{precision}"
+        shutil.rmtree(dest, ignore_errors=True)
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
+               str(dest), "-p", precision, "-e", "cpu", "-c", str(pathlib.Path(tmp) / "cache")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"[gen] {family}-{precision}: builder failed:\n{r.stderr[-2000:]}")
+            shutil.rmtree(dest, ignore_errors=True)
+            return False
+        # Keep the HF weights too: the benchmarks compare against the same checkpoint.
+        (dest / "source.json").write_text(json.dumps({"family": family, "class": cls_name,
+                                                       "config": cfg.to_dict()}, default=str))
+        for junk in dest.glob("tokenizer*"):
+            junk.unlink()
+        print(f"[gen] {family}-{precision}: ok")
+        return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "tests/models/llm"))
+    ap.add_argument("--families", default="llama,qwen2,gemma,phi3")
+    ap.add_argument("--precisions", default="fp32,int4")
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {f"{f}-{p}": build(f, p, out) for f in a.families.split(",") for p in a.precisions.split(",")}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
