@@ -158,6 +158,11 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mo
            << graph::dtype_name(ops::from_mlx_dtype(a.dtype()));
       }
       os << ")";
+      // Keep the category: invalid_argument (bad shapes/values from the caller) becomes
+      // ORT_INVALID_ARGUMENT at the error wall, anything else ORT_EP_FAIL. ORT's Python
+      // wrapper silently retries EP_FAIL runs on the CPU EP, which would hide input errors.
+      if (dynamic_cast<const std::invalid_argument*>(&e))
+        throw std::invalid_argument(describe_failure(k, args, os.str()));
       throw std::runtime_error(describe_failure(k, args, os.str()));
     }
     for (size_t j = 0; j < io.out.size(); ++j) {
