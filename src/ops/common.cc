@@ -1,6 +1,7 @@
 #include "ops/common.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ortmlx::ops {
 
@@ -45,6 +46,28 @@ std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank) {
   out.reserve(axes.size());
   for (auto a : axes) out.push_back(norm_axis(a, rank));
   return out;
+}
+
+
+mx::array exp_precise(const mx::array& x, mx::Stream s) {
+  if (x.dtype() != mx::float64) return mx::exp(x, s);
+  return mx::power(mx::array(M_E, mx::float64), x, s);
+}
+
+// max-shifted; a row whose max is infinite shifts by 0 so -inf rows give -inf, +inf gives +inf
+mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bool keepdims,
+                            mx::Stream s) {
+  if (x.dtype() != mx::float64) return mx::logsumexp(x, axes, keepdims, s);
+  auto m = mx::max(x, axes, true, s);
+  m = mx::where(mx::isfinite(m, s), m, mx::array(0.0, mx::float64), s);
+  auto r = mx::add(mx::log(mx::sum(exp_precise(mx::subtract(x, m, s), s), axes, true, s), s), m, s);
+  return keepdims ? r : mx::squeeze(r, axes, s);
+}
+
+mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s) {
+  if (x.dtype() != mx::float64) return mx::softmax(x, axis, /*precise=*/true, s);
+  auto e = exp_precise(mx::subtract(x, mx::max(x, axis, true, s), s), s);
+  return mx::divide(e, mx::sum(e, axis, true, s), s);
 }
 
 }  // namespace ortmlx::ops

@@ -37,4 +37,14 @@ bool compute_half_in_f32(const mx::array& a, mx::Stream s);
 mx::array scalar_like(double v, const mx::array& like);
 std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
 
+
+// exp / logsumexp / softmax that stay accurate for float64: MLX's CPU exp evaluates float64 with
+// a float32-accurate approximation (relative error ~3e-7, also inside logsumexp, softmax,
+// sigmoid and logaddexp). For float64 these go through pow(e, x) (std::pow); other dtypes use
+// MLX's kernels unchanged.
+mx::array exp_precise(const mx::array& x, mx::Stream s);
+mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bool keepdims,
+                            mx::Stream s);
+mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s);
+
 }  // namespace ortmlx::ops

@@ -1,7 +1,315 @@
+// MatMul, Gemm, MatMulInteger and QLinearMatMul.
+//
+// MLX's matmul takes floating types only. Floats go straight to it (fp16/bf16 through float32 on
+// the CPU backend, whose half-precision matmul is a reference loop). Integer products must be
+// exact, so they run in a float type whose mantissa holds every partial sum (`exact_matmul`):
+// float64 on the CPU (53 bits), float32 elsewhere (24 bits; MLX has no float64 on GPUs, and TF32
+// tensor cores still represent 8-bit operands exactly). Wide integers (int32/int64 MatMul) are
+// split into limbs small enough for that, and recombined modulo 2^width, which is what ORT's
+// wrap-around integer accumulation gives.
+#include <cmath>
+
 #include "ops/common.h"
 
 namespace ortmlx::ops {
 
-std::span<const OpEntry> matmul_ops() { return {}; }
+namespace {
+
+// ---- numpy matmul shape rules --------------------------------------------------------------
+
+// numpy treats a 1-D left operand as a row [1, K] and a 1-D right operand as a column [K, 1],
+// then drops the added axis. The helpers below work on the promoted (rank >= 2) operands.
+struct Promoted {
+  mx::array a, b;
+  bool row = false, col = false;
+};
+
+Promoted promote(mx::array a, mx::array b, mx::Stream s) {
+  if (a.ndim() == 0 || b.ndim() == 0) throw TranslateError("[MatMul] operands must not be scalars");
+  bool row = a.ndim() == 1, col = b.ndim() == 1;
+  if (row) a = mx::expand_dims(a, 0, s);
+  if (col) b = mx::expand_dims(b, 1, s);
+  return {a, b, row, col};
+}
+
+mx::array unpromote(mx::array y, const Promoted& p, mx::Stream s) {
+  if (p.col) y = mx::squeeze(y, -1, s);
+  if (p.row) y = mx::squeeze(y, p.col ? -1 : -2, s);
+  return y;
+}
+
+mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
+  if (compute_half_in_f32(a, s))
+    return mx::astype(mx::matmul(mx::astype(a, mx::float32, s), mx::astype(b, mx::float32, s), s),
+                      a.dtype(), s);
+  return mx::matmul(a, b, s);
+}
+
+// ---- exact integer matmul ------------------------------------------------------------------
+
+// The float type used for exact integer products on this stream, and its mantissa bits.
+mx::Dtype exact_float(mx::Stream s) { return s.device == mx::Device::cpu ? mx::float64 : mx::float32; }
+int mantissa_bits(mx::Dtype t) { return t == mx::float64 ? 53 : 24; }
+
+// a @ b (rank >= 2, numpy batch broadcasting) for integer-valued arrays with |a|, |b| < 2^bits,
+// returned exactly as int64. Every product is below 2^(2 bits); K is cut into chunks whose sums
+// stay below 2^mantissa, each chunk is one float matmul (exact), and the chunks are added in
+// int64.
+mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s) {
+  const auto ft = exact_float(s);
+  a = mx::astype(a, ft, s);
+  b = mx::astype(b, ft, s);
+  const int64_t chunk = int64_t{1} << (mantissa_bits(ft) - 2 * bits);
+  const int64_t k = a.shape(-1);
+  if (k <= chunk) return mx::astype(mx::matmul(a, b, s), mx::int64, s);
+
+  const int c = static_cast<int>(chunk);
+  const int n = static_cast<int>((k + chunk - 1) / chunk);
+  const int pad = n * c - static_cast<int>(k);
+  if (pad) {
+    std::vector<std::pair<int, int>> pa(a.ndim(), {0, 0}), pb(b.ndim(), {0, 0});
+    pa.back().second = pad;
+    pb[b.ndim() - 2].second = pad;
+    a = mx::pad(a, pa, mx::array(0, ft), "constant", s);
+    b = mx::pad(b, pb, mx::array(0, ft), "constant", s);
+  }
+  // a [..., M, n*c] -> [..., n, M, c];  b [..., n*c, N] -> [..., n, c, N]
+  auto sa = a.shape();
+  sa.back() = n;
+  sa.push_back(c);
+  a = mx::swapaxes(mx::reshape(a, sa, s), -3, -2, s);
+  auto sb = b.shape();
+  sb[sb.size() - 2] = c;
+  sb.insert(sb.end() - 2, n);
+  b = mx::reshape(b, sb, s);
+  return mx::sum(mx::astype(mx::matmul(a, b, s), mx::int64, s), -3, false, s);
+}
+
+mx::Dtype unsigned_of(mx::Dtype t) {
+  switch (t.size()) {
+    case 1: return mx::uint8;
+    case 2: return mx::uint16;
+    case 4: return mx::uint32;
+    default: return mx::uint64;
+  }
+}
+
+// a @ b for integer arrays of one dtype, modulo 2^width (C++ wrap-around, as ORT's Eigen
+// kernels give). Operands are viewed as unsigned and split into `lb`-bit limbs; only limb pairs
+// that land below bit `width` matter: a*b = sum_{i+j < width/lb} a_i*b_j << lb*(i+j) mod 2^width.
+mx::array integer_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
+  const int width = static_cast<int>(a.itemsize()) * 8;
+  // Limb products (< 2^(2 lb)) must leave room in the mantissa for long sums.
+  const int lb = std::min(width, exact_float(s) == mx::float64 ? 16 : 8);
+  const int limbs = width / lb;
+  const auto ut = unsigned_of(a.dtype());
+  auto ua = mx::view(a, ut, s), ub = mx::view(b, ut, s);
+  auto limb = [&](const mx::array& u, int i) {
+    auto x = i ? mx::right_shift(u, mx::array(i * lb, ut), s) : u;
+    return limbs > 1 ? mx::bitwise_and(x, mx::array((uint64_t{1} << lb) - 1, ut), s) : x;
+  };
+  std::vector<mx::array> al, bl;
+  for (int i = 0; i < limbs; ++i) {
+    al.push_back(limb(ua, i));
+    bl.push_back(limb(ub, i));
+  }
+  std::optional<mx::array> acc;
+  for (int i = 0; i < limbs; ++i)
+    for (int j = 0; i + j < limbs; ++j) {
+      // exact_matmul's operands must be below 2^bits in magnitude: limbs are in [0, 2^lb).
+      auto p = mx::astype(exact_matmul(al[i], bl[j], lb, s), mx::uint64, s);
+      if (i + j) p = mx::left_shift(p, mx::array(uint64_t((i + j) * lb), mx::uint64), s);
+      acc = acc ? mx::add(*acc, p, s) : p;
+    }
+  return mx::astype(*acc, a.dtype(), s);  // truncation = reduction mod 2^width
+}
+
+bool is_int(const mx::array& a) { return mx::issubdtype(a.dtype(), mx::integer); }
+
+// ---- MatMul --------------------------------------------------------------------------------
+
+Support check_matmul(const NodeQuery& q) {
+  for (size_t i = 0; i < 2; ++i) {
+    if (auto r = input_dtype_in(q, i, kFloat, {DType::Int32, DType::Int64, DType::UInt32,
+                                               DType::UInt64});
+        !r)
+      return r;
+    if (q.input_rank(i) == 0) return Support::no("MatMul operands must have rank >= 1");
+  }
+  return Support::yes();
+}
+
+Outputs translate_matmul(OpContext& c) {
+  auto p = promote(c.in(0), c.in(1), c.s);
+  auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s);
+  return {unpromote(y, p, c.s)};
+}
+
+// ---- Gemm ----------------------------------------------------------------------------------
+
+bool integral(double v, double limit) { return std::nearbyint(v) == v && std::fabs(v) < limit; }
+
+Support check_gemm(const NodeQuery& q) {
+  if (auto r = input_dtype_in(q, 0, kFloat, {DType::Int32, DType::Int64, DType::UInt32,
+                                             DType::UInt64});
+      !r)
+    return r;
+  for (size_t i = 0; i < 2; ++i)
+    if (int r = q.input_rank(i); r >= 0 && r != 2) return Support::no("Gemm needs 2-D A and B");
+  if (graph::is_integer(q.input_dtype(0))) {
+    // ONNX gives float alpha/beta no meaning on integers beyond plain scaling; accept the
+    // unambiguous case (whole numbers, applied in wrap-around integer arithmetic).
+    double alpha = q.node.attr_float("alpha", 1.f), beta = q.node.attr_float("beta", 1.f);
+    if (!integral(alpha, 2147483648.0) || !integral(beta, 2147483648.0))
+      return Support::no("integer Gemm with non-integral alpha/beta");
+  }
+  return Support::yes();
+}
+
+Outputs translate_gemm(OpContext& c) {
+  auto a = c.in(0), b = c.in(1);
+  if (a.ndim() != 2 || b.ndim() != 2) c.fail("A and B must be 2-D");
+  if (c.node.attr_int("transA", 0)) a = mx::transpose(a, c.s);
+  if (c.node.attr_int("transB", 0)) b = mx::transpose(b, c.s);
+  const float alpha = c.node.attr_float("alpha", 1.f), beta = c.node.attr_float("beta", 1.f);
+  // beta == 0 ignores C entirely (ORT does the same: no 0 * inf = NaN from C).
+  std::optional<mx::array> cc;
+  if (c.has(2) && beta != 0.f) cc = c.in(2);
+  // Opsets < 7 have a `broadcast` attribute; with broadcast=0 a valid C already has shape
+  // [M, N], so unidirectional broadcasting covers both settings.
+
+  if (is_int(a)) {
+    auto y = integer_matmul(a, b, c.s);
+    const auto dt = a.dtype();
+    if (alpha != 1.f) y = mx::multiply(y, mx::astype(mx::array(int64_t(alpha)), dt, c.s), c.s);
+    if (cc) {
+      auto bc = mx::astype(*cc, dt, c.s);
+      if (beta != 1.f) bc = mx::multiply(bc, mx::astype(mx::array(int64_t(beta)), dt, c.s), c.s);
+      y = mx::add(y, bc, c.s);
+    }
+    return {y};
+  }
+
+  const auto dt = a.dtype();
+  const bool f32 = compute_half_in_f32(a, c.s);
+  if (f32) {
+    a = mx::astype(a, mx::float32, c.s);
+    b = mx::astype(b, mx::float32, c.s);
+  }
+  mx::array y = [&] {
+    if (!cc) {
+      auto m = mx::matmul(a, b, c.s);
+      return alpha == 1.f ? m : mx::multiply(m, mx::array(alpha, m.dtype()), c.s);
+    }
+    auto bias = mx::astype(*cc, a.dtype(), c.s);
+    // addmm wants C broadcast to the output; BLAS then folds beta*C into the product.
+    bias = mx::broadcast_to(bias, {a.shape(0), b.shape(1)}, c.s);
+    return mx::addmm(bias, a, b, alpha, beta, c.s);
+  }();
+  return {f32 ? mx::astype(y, dt, c.s) : y};
+}
+
+// ---- MatMulInteger / QLinearMatMul ---------------------------------------------------------
+
+// Zero points / scales of A are scalar or per row: 1-D [M] or N-D [..., M, 1]. Returns a shape
+// that broadcasts against A (before 1-D promotion).
+mx::array per_row(const mx::array& v, const mx::array& a, mx::Stream s) {
+  if (v.size() == 1) return mx::reshape(v, {}, s);
+  if (v.ndim() == 1 && a.ndim() >= 2) return mx::expand_dims(v, -1, s);
+  return v;
+}
+// ... of B: scalar or per column: 1-D [N] or N-D [..., 1, N] (both broadcast as they are).
+mx::array per_col(const mx::array& v, mx::Stream s) {
+  return v.size() == 1 ? mx::reshape(v, {}, s) : v;
+}
+
+// (x - zero_point) in int32: both 8-bit, so the difference lies in [-255, 255].
+mx::array centered(const mx::array& x, const std::optional<mx::array>& zp, mx::Stream s) {
+  auto xi = mx::astype(x, mx::int32, s);
+  return zp ? mx::subtract(xi, mx::astype(*zp, mx::int32, s), s) : xi;
+}
+
+// The int32 accumulator of (a - za) @ (b - zb) on the promoted operands: exact, wrapping only
+// in 32 bits as the ONNX spec allows.
+mx::array int8_accumulate(const Promoted& p, mx::Stream s) {
+  return mx::astype(exact_matmul(p.a, p.b, 8, s), mx::int32, s);
+}
+
+Support check_8bit(const NodeQuery& q, std::initializer_list<size_t> idx) {
+  for (auto i : idx)
+    if (auto r = input_dtype_in(q, i, {DType::Int8, DType::UInt8}); !r) return r;
+  return Support::yes();
+}
+
+Support check_matmul_integer(const NodeQuery& q) {
+  for (size_t i = 0; i < 2; ++i)
+    if (q.input_rank(i) == 0) return Support::no("MatMulInteger operands must have rank >= 1");
+  return check_8bit(q, {0, 1, 2, 3});
+}
+
+Outputs translate_matmul_integer(OpContext& c) {
+  const auto& a = c.in(0);
+  const auto& b = c.in(1);
+  std::optional<mx::array> za, zb;
+  if (c.has(2)) za = per_row(c.in(2), a, c.s);
+  if (c.has(3)) zb = per_col(c.in(3), c.s);
+  auto p = promote(centered(a, za, c.s), centered(b, zb, c.s), c.s);
+  return {unpromote(int8_accumulate(p, c.s), p, c.s)};
+}
+
+Support check_qlinear_matmul(const NodeQuery& q) {
+  for (size_t i : {0, 3})
+    if (q.input_rank(i) == 0) return Support::no("QLinearMatMul operands must have rank >= 1");
+  if (auto r = check_8bit(q, {0, 2, 3, 5, 7}); !r) return r;
+  if (auto r = input_dtype_in(q, 1, {DType::Float32, DType::Float16, DType::BFloat16}); !r) return r;
+  DType st = q.input_dtype(1);
+  for (size_t i : {4, 6})
+    if (q.input_dtype(i) != st) return Support::no("scales of different dtypes");
+  // Half-precision scales (opset 21): ONNX's reference rounds the combined scale in that type
+  // and multiplies in double, which is exact; GPUs have no float64 to do the same.
+  if (q.gpu && st != DType::Float32) return Support::no("fp16/bf16 scales need float64 (CPU only)");
+  return Support::yes();
+}
+
+Outputs translate_qlinear_matmul(OpContext& c) {
+  const auto& a = c.in(0);
+  const auto& b = c.in(3);
+  auto za = per_row(c.in(2), a, c.s), zb = per_col(c.in(5), c.s);
+  auto p = promote(centered(a, za, c.s), centered(b, zb, c.s), c.s);
+  auto acc = int8_accumulate(p, c.s);
+
+  // Requantize like ORT/MLAS: float(acc) * (a_scale * b_scale / y_scale) in float32, rounded
+  // half to even, plus the output zero point, saturated. For fp16/bf16 scales (no ORT kernel)
+  // follow ONNX's reference: the combined scale is rounded in the scale type and the product is
+  // taken in float64, where it is exact.
+  const auto st = c.in(1).dtype();
+  const auto pt = st == mx::float32 ? mx::float32 : mx::float64;
+  auto sa = per_row(c.in(1), a, c.s);
+  if (p.row) sa = mx::reshape(sa, {}, c.s);  // a 1-D A has one row: its scale is a scalar
+  auto scale = mx::divide(mx::multiply(sa, per_col(c.in(4), c.s), c.s),
+                          mx::reshape(c.in(6), {}, c.s), c.s);
+  scale = mx::astype(scale, pt, c.s);
+  const auto& yzp = c.in(7);
+  const auto out = yzp.dtype();
+  const float lo = out == mx::int8 ? -128.f : 0.f, hi = out == mx::int8 ? 127.f : 255.f;
+  auto v = mx::round(mx::multiply(mx::astype(acc, pt, c.s), scale, c.s), 0, c.s);
+  v = mx::add(v, mx::reshape(mx::astype(yzp, pt, c.s), {}, c.s), c.s);
+  v = mx::clip(v, mx::array(lo, pt), mx::array(hi, pt), c.s);
+  return {unpromote(mx::astype(v, out, c.s), p, c.s)};
+}
+
+const OpEntry kOps[] = {
+    {"", "MatMul", 1, kAnyOpset, check_matmul, translate_matmul,
+     "integer types exact (limb-split float matmul, wrap-around mod 2^width)"},
+    {"", "Gemm", 1, kAnyOpset, check_gemm, translate_gemm,
+     "integer Gemm only with whole-number alpha/beta"},
+    {"", "MatMulInteger", 10, kAnyOpset, check_matmul_integer, translate_matmul_integer},
+    {"", "QLinearMatMul", 10, kAnyOpset, check_qlinear_matmul, translate_qlinear_matmul,
+     "int8/uint8 only (no float8); fp16/bf16 scales on the CPU only"},
+};
+
+}  // namespace
+
+std::span<const OpEntry> matmul_ops() { return kOps; }
 
 }  // namespace ortmlx::ops

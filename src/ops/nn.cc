@@ -1,7 +1,290 @@
-#include "ops/common.h"
+// Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc and
+// resizing in resize.cc. ONNX is channels-first with OIHW weights, MLX's conv_general is
+// channels-last with OHWI weights: inputs and weights are transposed in, the result back out.
+#include <algorithm>
+#include <string>
+
+#include "ops/nn_internal.h"
+
+namespace ortmlx::ops::nn {
+
+std::vector<int> channels_last_perm(int rank) {
+  std::vector<int> p{0};
+  for (int i = 2; i < rank; ++i) p.push_back(i);
+  p.push_back(1);
+  return p;
+}
+
+std::vector<int> channels_first_perm(int rank) {
+  std::vector<int> p{0, rank - 1};
+  for (int i = 1; i < rank - 1; ++i) p.push_back(i);
+  return p;
+}
+
+std::vector<int64_t> spatial_attr(const graph::Node& n, const char* name, size_t dims,
+                                  int64_t def) {
+  auto v = n.attr_ints(name);
+  if (v.empty()) return std::vector<int64_t>(dims, def);
+  if (v.size() != dims)
+    throw TranslateError(std::string("[") + n.op_type + "] attribute '" + name + "' has " +
+                         std::to_string(v.size()) + " values for " + std::to_string(dims) +
+                         " spatial dims");
+  return v;
+}
+
+std::vector<int64_t> pads_attr(const graph::Node& n, size_t dims) {
+  return spatial_attr(n, "pads", 2 * dims, 0);
+}
+
+Support check_auto_pad(const NodeQuery& q) {
+  auto a = q.node.attr_string("auto_pad", "NOTSET");
+  if (a == "NOTSET" || a == "VALID" || a == "SAME_UPPER" || a == "SAME_LOWER")
+    return Support::yes();
+  return Support::no("auto_pad '" + a + "' is not an ONNX value");
+}
+
+Support check_rank(const NodeQuery& q, size_t i, int min_rank, int max_rank) {
+  int r = q.input_rank(i);
+  if (r < 0 || (r >= min_rank && r <= max_rank)) return Support::yes();
+  return Support::no("input " + std::to_string(i) + " has rank " + std::to_string(r) +
+                     "; supported ranks are " + std::to_string(min_rank) + ".." +
+                     std::to_string(max_rank));
+}
+
+mx::Dtype compute_dtype(const mx::array& x, mx::Stream s) {
+  return compute_half_in_f32(x, s) ? mx::float32 : x.dtype();
+}
+
+}  // namespace ortmlx::ops::nn
 
 namespace ortmlx::ops {
 
-std::span<const OpEntry> nn_ops() { return {}; }
+namespace {
+
+using namespace nn;
+
+std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// The begin padding of an auto_pad SAME split: the odd one goes to the end for SAME_UPPER and
+// to the beginning for SAME_LOWER.
+int64_t same_begin(int64_t total, bool upper) { return upper ? total / 2 : total - total / 2; }
+
+// Runs conv_general, splitting the groups by hand for 3-D (MLX only groups 1-D and 2-D).
+// x: (N, D.., C) channels-last; w: (M, K.., C/groups).
+mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
+                       const std::vector<int>& lo, const std::vector<int>& hi,
+                       const std::vector<int>& dilation, const std::vector<int>& input_dilation,
+                       int groups, bool flip, mx::Stream s) {
+  int nd = x.ndim() - 2;
+  if (groups == 1 || nd < 3)
+    return mx::conv_general(x, w, stride, lo, hi, dilation, input_dilation, groups, flip, s);
+  int cg = x.shape(-1) / groups, mg = w.shape(0) / groups;
+  std::vector<mx::array> parts;
+  for (int g = 0; g < groups; ++g) {
+    auto xg = mx::slice(x, {0, 0, 0, 0, g * cg}, {x.shape(0), x.shape(1), x.shape(2), x.shape(3), (g + 1) * cg}, s);
+    auto wg = mx::slice(w, {g * mg, 0, 0, 0, 0}, {(g + 1) * mg, w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
+    parts.push_back(mx::conv_general(xg, wg, stride, lo, hi, dilation, input_dilation, 1, flip, s));
+  }
+  return mx::concatenate(parts, -1, s);
+}
+
+// Shared claim-time checks for Conv / ConvTranspose.
+Support check_conv_common(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  if (auto s = float_input(q, 1); !s) return s;
+  if (auto s = check_auto_pad(q); !s) return s;
+  if (auto s = check_rank(q, 0, 3, 5); !s) return s;
+  if (auto s = check_rank(q, 1, 3, 5); !s) return s;
+  if (q.node.attr_int("group", 1) < 1) return Support::no("group must be >= 1");
+  for (auto p : q.node.attr_ints("pads"))
+    if (p < 0) return Support::no("negative pads");
+  for (const char* a : {"strides", "dilations"})
+    for (auto v : q.node.attr_ints(a))
+      if (v < 1) return Support::no(std::string(a) + " must be >= 1");
+  return Support::yes();
+}
+
+Support check_conv(const NodeQuery& q) { return check_conv_common(q); }
+
+// Validates the weight against the input and returns the kernel's spatial shape.
+std::vector<int64_t> conv_kernel(OpContext& c, const mx::array& x, const mx::array& w) {
+  if (x.ndim() < 3 || x.ndim() > 5) c.fail("only 1-D, 2-D and 3-D convolutions are supported");
+  if (w.ndim() != x.ndim()) c.fail("weight rank differs from input rank");
+  std::vector<int64_t> k(w.shape().begin() + 2, w.shape().end());
+  auto ks = c.node.attr_ints("kernel_shape");
+  if (!ks.empty() && ks != k) c.fail("kernel_shape does not match the weight's shape");
+  return k;
+}
+
+Outputs translate_conv(OpContext& c) {
+  const auto& n = c.node;
+  const mx::array& x0 = c.in(0);
+  const mx::array& w0 = c.in(1);
+  auto kernel = conv_kernel(c, x0, w0);
+  const int rank = x0.ndim();
+  const size_t nd = rank - 2;
+  const int groups = static_cast<int>(n.attr_int("group", 1));
+  const int C = x0.shape(1), M = w0.shape(0);
+  if (C % groups || M % groups || w0.shape(1) * groups != C)
+    c.fail("input channels " + std::to_string(C) + " / weight " + std::to_string(w0.shape(1)) +
+           " do not match group " + std::to_string(groups));
+  auto strides = spatial_attr(n, "strides", nd, 1);
+  auto dil = spatial_attr(n, "dilations", nd, 1);
+  auto pads = pads_attr(n, nd);
+  auto auto_pad = n.attr_string("auto_pad", "NOTSET");
+
+  mx::Dtype cd = compute_dtype(x0, c.s);
+  mx::array x = mx::transpose(mx::astype(x0, cd, c.s), channels_last_perm(rank), c.s);
+  mx::array w = mx::transpose(mx::astype(w0, cd, c.s), channels_last_perm(rank), c.s);
+
+  std::vector<int> lo(nd), hi(nd);
+  mx::Shape out_shape{x0.shape(0), M};
+  mx::Shape crop_start(rank, 0), crop_stop = x.shape();
+  bool crop = false;
+  for (size_t d = 0; d < nd; ++d) {
+    int64_t in = x0.shape(2 + d), dk = (kernel[d] - 1) * dil[d] + 1;
+    int64_t b = pads[d], e = pads[nd + d];
+    if (auto_pad == "VALID") {
+      b = e = 0;
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      // output = ceil(in / stride); the padding that needs is split per ONNX's rule.
+      int64_t out = (in + strides[d] - 1) / strides[d];
+      int64_t total = (out - 1) * strides[d] + dk - in;
+      b = same_begin(total, auto_pad == "SAME_UPPER");
+      e = total - b;
+    }
+    // A negative SAME padding (kernel smaller than stride) drops input: crop it, since MLX's
+    // convolutions take non-negative padding on every backend.
+    if (b < 0) { crop_start[1 + d] = static_cast<int>(-b); b = 0; crop = true; }
+    if (e < 0) { crop_stop[1 + d] = static_cast<int>(in + e); e = 0; crop = true; }
+    int64_t padded = in + b + e;
+    if (padded < dk) c.fail("the dilated kernel is larger than the padded input");
+    lo[d] = static_cast<int>(b);
+    hi[d] = static_cast<int>(e);
+    out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
+  }
+  if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
+  if (x0.size() == 0 || w0.size() == 0) return {mx::zeros(out_shape, x0.dtype(), c.s)};
+
+  mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
+  if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);  // (M,) on the channel axis
+  y = mx::transpose(y, channels_first_perm(rank), c.s);
+  return {mx::astype(y, x0.dtype(), c.s)};
+}
+
+Support check_conv_transpose(const NodeQuery& q) { return check_conv_common(q); }
+
+// ConvTranspose as a convolution of the stride-dilated input with the flipped kernel:
+//   y = conv(dilate(x, stride), flip(w), padding (dk-1-pad_begin, dk-1-pad_end+output_padding))
+// where dk = (k-1)*dilation + 1. Padding may come out negative (large pads): then the
+// convolution runs with padding clamped at 0 and the result is sliced.
+Outputs translate_conv_transpose(OpContext& c) {
+  const auto& n = c.node;
+  const mx::array& x0 = c.in(0);
+  const mx::array& w0 = c.in(1);
+  auto kernel = conv_kernel(c, x0, w0);
+  const int rank = x0.ndim();
+  const size_t nd = rank - 2;
+  const int groups = static_cast<int>(n.attr_int("group", 1));
+  const int C = x0.shape(1);
+  if (C % groups || w0.shape(0) != C)
+    c.fail("weight's first dim must equal input channels and be divisible by group");
+  const int cg = C / groups, mg = w0.shape(1), M = mg * groups;
+  auto strides = spatial_attr(n, "strides", nd, 1);
+  auto dil = spatial_attr(n, "dilations", nd, 1);
+  auto out_pad = spatial_attr(n, "output_padding", nd, 0);
+  auto pads = pads_attr(n, nd);
+  auto auto_pad = n.attr_string("auto_pad", "NOTSET");
+  auto out_attr = n.attr_ints("output_shape");
+  if (out_attr.size() == nd + 2) out_attr.erase(out_attr.begin(), out_attr.begin() + 2);
+  if (!out_attr.empty() && out_attr.size() != nd) c.fail("output_shape has the wrong length");
+
+  std::vector<int> lo(nd), hi(nd), lo_c(nd), hi_c(nd);
+  mx::Shape out_shape{x0.shape(0), M};
+  mx::Shape start(rank, 0), stop;
+  bool slice_out = false;
+  for (size_t d = 0; d < nd; ++d) {
+    int64_t in = x0.shape(2 + d), s = strides[d], dk = (kernel[d] - 1) * dil[d] + 1;
+    int64_t full = s * (in - 1) + out_pad[d] + dk;  // output length with no padding
+    int64_t b = pads[d], e = pads[nd + d], out = 0;
+    bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+    if (!out_attr.empty() || same) {
+      // output_shape (or in*stride for SAME) fixes the output; pads are derived from it.
+      out = out_attr.empty() ? in * s : out_attr[d];
+      int64_t total = full - out;
+      // A larger output (by less than a stride, like output_padding) gets zeros at the end;
+      // ORT rejects anything more.
+      if (total <= -s && !out_attr.empty())
+        c.fail("output_shape is larger than the input and convolution parameters allow");
+      b = total < 0 ? 0 : same_begin(total, auto_pad == "SAME_UPPER");
+    } else {
+      if (auto_pad == "VALID") b = e = 0;
+      out = full - b - e;
+    }
+    if (out < 0) c.fail("pads exceed the output size");
+    int64_t dilated = s * (in - 1) + 1;
+    int64_t l = dk - 1 - b;
+    int64_t h = out - dilated - l + dk - 1;
+    lo[d] = static_cast<int>(l);
+    hi[d] = static_cast<int>(h);
+    lo_c[d] = static_cast<int>(std::max<int64_t>(l, 0));
+    hi_c[d] = static_cast<int>(std::max<int64_t>(h, 0));
+    if (l < 0 || h < 0) slice_out = true;
+    start[1 + d] = lo_c[d] - lo[d];
+    out_shape.push_back(static_cast<int>(out));
+  }
+  int64_t out_numel = 1;
+  for (auto d : out_shape) out_numel *= d;
+  if (x0.size() == 0 || w0.size() == 0 || out_numel == 0)
+    return {mx::zeros(out_shape, x0.dtype(), c.s)};
+
+  mx::Dtype cd = compute_dtype(x0, c.s);
+  mx::array x = mx::transpose(mx::astype(x0, cd, c.s), channels_last_perm(rank), c.s);
+  // (C, M/g, K..) -> (g, C/g, M/g, K..) -> (g, M/g, K.., C/g) -> (M, K.., C/g)
+  mx::Shape gshape{groups, cg, mg};
+  gshape.insert(gshape.end(), w0.shape().begin() + 2, w0.shape().end());
+  std::vector<int> perm{0, 2};
+  for (int i = 0; i < static_cast<int>(nd); ++i) perm.push_back(3 + i);
+  perm.push_back(1);
+  mx::Shape wshape{M};
+  wshape.insert(wshape.end(), w0.shape().begin() + 2, w0.shape().end());
+  wshape.push_back(cg);
+  mx::array w = mx::reshape(
+      mx::transpose(mx::reshape(mx::astype(w0, cd, c.s), gshape, c.s), perm, c.s), wshape, c.s);
+
+  mx::array y = grouped_conv(x, w, std::vector<int>(nd, 1), lo_c, hi_c, to_int(dil), to_int(strides),
+                             groups, /*flip=*/true, c.s);
+  if (slice_out) {
+    stop = y.shape();
+    for (size_t d = 0; d < nd; ++d) stop[1 + d] = start[1 + d] + out_shape[2 + d];
+    y = mx::slice(y, start, stop, c.s);
+  }
+  if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);
+  y = mx::transpose(y, channels_first_perm(rank), c.s);
+  return {mx::astype(y, x0.dtype(), c.s)};
+}
+
+constexpr const char* kPoolNotes = "1-D to 3-D";
+
+const OpEntry kOps[] = {
+    {"", "Conv", 1, kAnyOpset, check_conv, translate_conv,
+     "1-D to 3-D; 3-D grouped convolutions run one group at a time"},
+    {"", "ConvTranspose", 1, kAnyOpset, check_conv_transpose, translate_conv_transpose,
+     "1-D to 3-D; output_shape larger than the natural output is an error (as in ORT)"},
+    {"", "MaxPool", 1, kAnyOpset, check_max_pool, translate_max_pool,
+     "1-D to 3-D; the Indices output is supported"},
+    {"", "AveragePool", 1, kAnyOpset, check_avg_pool, translate_avg_pool, kPoolNotes},
+    {"", "LpPool", 1, kAnyOpset, check_lp_pool, translate_lp_pool, kPoolNotes},
+    {"", "GlobalAveragePool", 1, kAnyOpset, check_global_pool, translate_global_avg_pool},
+    {"", "GlobalMaxPool", 1, kAnyOpset, check_global_pool, translate_global_max_pool},
+    {"", "GlobalLpPool", 2, kAnyOpset, check_global_pool, translate_global_lp_pool},
+    {"", "Resize", 10, kAnyOpset, check_resize, translate_resize,
+     "linear/cubic on integer inputs declined"},
+    {"", "Upsample", 7, 9, check_upsample, translate_upsample},
+};
+
+}  // namespace
+
+std::span<const OpEntry> nn_ops() { return kOps; }
 
 }  // namespace ortmlx::ops

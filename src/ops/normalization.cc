@@ -1,7 +1,286 @@
+// Normalization: BatchNormalization (inference), LayerNormalization, RMSNormalization,
+// InstanceNormalization, GroupNormalization, LpNormalization, MeanVarianceNormalization, LRN.
+//
+// Whenever the normalized dims are contiguous and trailing (possibly after a reshape, as for
+// Instance/GroupNormalization), the statistics come from mx::fast::layer_norm / rms_norm over
+// the last axis: fused kernels on the GPU, float32 accumulation everywhere. float64 and the
+// optional Mean/InvStdDev outputs take the composed path. fp16/bf16 statistics are always
+// computed in float32.
+#include <cmath>
+#include <numeric>
+#include <string>
+
 #include "ops/common.h"
 
 namespace ortmlx::ops {
 
-std::span<const OpEntry> normalization_ops() { return {}; }
+namespace {
+
+// The dtype statistics are computed in: float32 for halves, float64 stays float64.
+mx::Dtype stat_dtype(const mx::array& x) {
+  return x.dtype() == mx::float64 ? mx::float64 : mx::float32;
+}
+
+bool fast_ok(const mx::array& x) { return x.dtype() != mx::float64; }
+
+// Reshapes x so that dims [axis, rank) form one trailing axis: (prod(lead), prod(trail)).
+mx::array fold_trailing(const mx::array& x, int axis, mx::Stream s) {
+  int64_t lead = 1, trail = 1;
+  for (int i = 0; i < static_cast<int>(x.ndim()); ++i) (i < axis ? lead : trail) *= x.shape(i);
+  return mx::reshape(x, {static_cast<int>(lead), static_cast<int>(trail)}, s);
+}
+
+// (x - mean) / sqrt(var + eps) over the last axis, statistics in float32 (float64 for f64).
+mx::array standardize_last(const mx::array& x, float eps, mx::Stream s) {
+  if (fast_ok(x)) {
+    // On the CPU backend fast::layer_norm is composed in x's dtype: widen halves first.
+    mx::array xf = compute_half_in_f32(x, s) ? mx::astype(x, mx::float32, s) : x;
+    return mx::astype(mx::fast::layer_norm(xf, std::nullopt, std::nullopt, eps, s), x.dtype(), s);
+  }
+  auto mean = mx::mean(x, -1, true, s);
+  auto d = mx::subtract(x, mean, s);
+  auto var = mx::mean(mx::square(d, s), -1, true, s);
+  return mx::multiply(d, mx::rsqrt(mx::add(var, mx::array(eps, x.dtype()), s), s), s);
+}
+
+// A per-channel parameter (C,) reshaped to broadcast against (N, C, D1..Dn).
+mx::array per_channel(const mx::array& p, int rank, mx::Dtype t, mx::Stream s) {
+  mx::Shape sh(rank - 1, 1);
+  sh[0] = -1;
+  return mx::reshape(mx::astype(p, t, s), sh, s);
+}
+
+Support check_float(const NodeQuery& q) { return float_input(q, 0); }
+
+// --- BatchNormalization ------------------------------------------------------------------
+
+Support check_batch_norm(const NodeQuery& q) {
+  for (size_t i = 0; i < 5; ++i)
+    if (auto s = float_input(q, i); !s) return s;
+  if (q.node.attr_int("training_mode", 0) != 0)
+    return Support::no("training_mode=1 (batch statistics) is not supported");
+  for (size_t i = 1; i < q.node.outputs.size(); ++i)
+    if (q.node.has_output(i)) return Support::no("training outputs (running mean/var) are not supported");
+  return Support::yes();
+}
+
+// y = (x - mean) / sqrt(var + eps) * scale + B. Parameters are (C,) or, for the old
+// spatial=0 form (opsets < 9), (C, D1..Dn): both broadcast after the batch dim.
+Outputs translate_batch_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const int rank = x.ndim();
+  if (rank < 2) c.fail("input must have rank >= 2");
+  mx::Dtype t = stat_dtype(x);
+  auto param = [&](size_t i) {
+    const mx::array& p = c.in(i);
+    if (p.ndim() == 1) return per_channel(p, rank, t, c.s);
+    mx::Shape sh = p.shape();
+    sh.insert(sh.begin(), 1);
+    return mx::reshape(mx::astype(p, t, c.s), sh, c.s);
+  };
+  float eps = c.node.attr_float("epsilon", 1e-5f);
+  auto inv = mx::multiply(mx::rsqrt(mx::add(param(4), mx::array(eps, t), c.s), c.s), param(1), c.s);
+  auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv, c.s), param(2), c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+// --- LayerNormalization / RMSNormalization ------------------------------------------------
+
+Support check_stash(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  auto st = static_cast<DType>(q.node.attr_int("stash_type", 1));
+  if (!graph::is_float(st)) return Support::no("stash_type must be a float type");
+  return Support::yes();
+}
+
+Outputs translate_layer_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const int rank = x.ndim();
+  const int axis = norm_axis(c.node.attr_int("axis", -1), rank);
+  const float eps = c.node.attr_float("epsilon", 1e-5f);
+  const bool want_stats = c.node.has_output(1) || c.node.has_output(2);
+  const mx::array& scale = c.in(1);
+  std::optional<mx::array> bias;
+  if (c.has(2)) bias = c.in(2);
+
+  // One fused call when the parameters are plain vectors over the last axis.
+  bool vec_params = axis == rank - 1 && scale.ndim() == 1 && scale.shape(0) == x.shape(-1) &&
+                    (!bias || (bias->ndim() == 1 && bias->shape(0) == x.shape(-1)));
+  if (!want_stats && fast_ok(x) && vec_params && !compute_half_in_f32(x, c.s))
+    return {mx::fast::layer_norm(x, scale, bias, eps, c.s)};
+
+  mx::Dtype t = stat_dtype(x);
+  mx::array xf = mx::astype(x, t, c.s);
+  mx::array y = x;
+  std::optional<mx::array> mean, inv;
+  if (!want_stats) {
+    y = mx::reshape(standardize_last(fold_trailing(xf, axis, c.s), eps, c.s), x.shape(), c.s);
+  } else {
+    std::vector<int> axes(rank - axis);
+    std::iota(axes.begin(), axes.end(), axis);
+    mean = mx::mean(xf, axes, true, c.s);
+    auto d = mx::subtract(xf, *mean, c.s);
+    inv = mx::rsqrt(mx::add(mx::mean(mx::square(d, c.s), axes, true, c.s), mx::array(eps, t), c.s), c.s);
+    y = mx::multiply(d, *inv, c.s);
+  }
+  y = mx::multiply(y, mx::astype(scale, t, c.s), c.s);
+  if (bias) y = mx::add(y, mx::astype(*bias, t, c.s), c.s);
+  Outputs out{mx::astype(y, x.dtype(), c.s)};
+  if (want_stats) {
+    // Mean / InvStdDev are of the stash type (the engine casts to the declared output type).
+    mx::Dtype u = mlx_dtype(static_cast<DType>(c.node.attr_int("stash_type", 1)));
+    out.push_back(mx::astype(*mean, u, c.s));
+    out.push_back(mx::astype(*inv, u, c.s));
+  }
+  return out;
+}
+
+Outputs translate_rms_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const mx::array& scale = c.in(1);
+  const int rank = x.ndim();
+  const int axis = norm_axis(c.node.attr_int("axis", -1), rank);
+  const float eps = c.node.attr_float("epsilon", 1e-5f);
+  // Y has the scale's type (V), which may differ from X's.
+  const mx::Dtype out_t = scale.dtype();
+  bool vec_scale = axis == rank - 1 && scale.ndim() == 1 && scale.shape(0) == x.shape(-1);
+  if (fast_ok(x) && vec_scale && !compute_half_in_f32(x, c.s) && scale.dtype() == x.dtype())
+    return {mx::fast::rms_norm(x, scale, eps, c.s)};
+
+  mx::Dtype t = stat_dtype(x);
+  mx::array xf = fold_trailing(mx::astype(x, t, c.s), axis, c.s);
+  mx::array y = fast_ok(x) ? mx::fast::rms_norm(xf, std::nullopt, eps, c.s)
+                           : mx::multiply(xf, mx::rsqrt(mx::add(mx::mean(mx::square(xf, c.s), -1, true, c.s),
+                                                                mx::array(eps, t), c.s), c.s), c.s);
+  y = mx::multiply(mx::reshape(y, x.shape(), c.s), mx::astype(scale, t, c.s), c.s);
+  return {mx::astype(y, out_t, c.s)};
+}
+
+// --- Instance / Group normalization -------------------------------------------------------
+
+Outputs translate_instance_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const int rank = x.ndim();
+  if (rank < 3) c.fail("input must have rank >= 3");
+  mx::Dtype t = stat_dtype(x);
+  float eps = c.node.attr_float("epsilon", 1e-5f);
+  // (N, C, D..) -> (N*C, prod(D)): each row is one instance-channel.
+  auto y = mx::reshape(standardize_last(fold_trailing(mx::astype(x, t, c.s), 2, c.s), eps, c.s), x.shape(), c.s);
+  y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s), per_channel(c.in(2), rank, t, c.s), c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+Support check_group_norm(const NodeQuery& q) {
+  if (auto s = check_stash(q); !s) return s;
+  if (q.node.attr_int("num_groups", 0) < 1) return Support::no("num_groups must be >= 1");
+  return Support::yes();
+}
+
+// GroupNormalization-18 has one scale/bias per group, -21 one per channel.
+Outputs translate_group_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const int rank = x.ndim();
+  if (rank < 2) c.fail("input must have rank >= 2");
+  const int groups = static_cast<int>(c.node.attr_int("num_groups", 1));
+  const int N = x.shape(0), C = x.shape(1);
+  if (C % groups) c.fail("channels are not divisible by num_groups");
+  float eps = c.node.attr_float("epsilon", 1e-5f);
+  mx::Dtype t = stat_dtype(x);
+  mx::array xg = mx::reshape(mx::astype(x, t, c.s), {N, groups, -1}, c.s);
+  mx::array y = standardize_last(xg, eps, c.s);
+  if (c.node.since_version < 21) {
+    // (N, G, C/G * prod(D)) * scale[g]
+    auto sc = mx::reshape(mx::astype(c.in(1), t, c.s), {groups, 1}, c.s);
+    auto b = mx::reshape(mx::astype(c.in(2), t, c.s), {groups, 1}, c.s);
+    y = mx::reshape(mx::add(mx::multiply(y, sc, c.s), b, c.s), x.shape(), c.s);
+  } else {
+    y = mx::reshape(y, x.shape(), c.s);
+    y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s), per_channel(c.in(2), rank, t, c.s), c.s);
+  }
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+// --- LpNormalization, MeanVarianceNormalization, LRN --------------------------------------
+
+Support check_lp_norm(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  auto p = q.node.attr_int("p", 2);
+  if (p != 1 && p != 2) return Support::no("p must be 1 or 2");
+  return Support::yes();
+}
+
+Outputs translate_lp_norm(OpContext& c) {
+  const mx::array& x = c.in(0);
+  int axis = norm_axis(c.node.attr_int("axis", -1), x.ndim());
+  mx::Dtype t = stat_dtype(x);
+  mx::array xf = mx::astype(x, t, c.s);
+  mx::array norm = c.node.attr_int("p", 2) == 1
+                       ? mx::sum(mx::abs(xf, c.s), axis, true, c.s)
+                       : mx::sqrt(mx::sum(mx::square(xf, c.s), axis, true, c.s), c.s);
+  // A zero norm leaves the (all-zero) slice as zeros instead of 0/0 = NaN, as ORT does.
+  auto zero = mx::array(0, t);
+  auto y = mx::where(mx::equal(norm, zero, c.s), zero, mx::divide(xf, norm, c.s), c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+// (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (ONNX's function body).
+Outputs translate_mvn(OpContext& c) {
+  const mx::array& x = c.in(0);
+  auto axes = to_axes(c.node.attr_ints("axes", {0, 2, 3}), x.ndim());
+  mx::Dtype t = stat_dtype(x);
+  mx::array xf = mx::astype(x, t, c.s);
+  auto mean = mx::mean(xf, axes, true, c.s);
+  auto var = mx::subtract(mx::mean(mx::square(xf, c.s), axes, true, c.s), mx::square(mean, c.s), c.s);
+  auto denom = mx::add(mx::sqrt(mx::maximum(var, mx::array(0, t), c.s), c.s), mx::array(1e-9, t), c.s);
+  auto y = mx::divide(mx::subtract(xf, mean, c.s), denom, c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+Support check_lrn(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  if (q.node.attr_int("size", 0) < 1) return Support::no("size must be >= 1");
+  if (int r = q.input_rank(0); r >= 0 && r < 3) return Support::no("input rank must be >= 3");
+  return Support::yes();
+}
+
+// y = x / (bias + alpha / size * sum of x^2 over the channel window)^beta, the window being
+// [c - floor((size-1)/2), c + ceil((size-1)/2)].
+Outputs translate_lrn(OpContext& c) {
+  const mx::array& x = c.in(0);
+  const int size = static_cast<int>(c.node.attr_int("size", 1));
+  const float alpha = c.node.attr_float("alpha", 1e-4f), beta = c.node.attr_float("beta", 0.75f),
+              bias = c.node.attr_float("bias", 1.0f);
+  mx::Dtype t = stat_dtype(x);
+  mx::array xf = mx::astype(x, t, c.s);
+  const int C = x.shape(1), lo = (size - 1) / 2, hi = size - 1 - lo;
+  auto sq = mx::pad(mx::square(xf, c.s), {1}, {lo}, {hi}, mx::array(0, t), "constant", c.s);
+  mx::Shape start(x.ndim(), 0), stop = sq.shape();
+  std::optional<mx::array> sum;
+  for (int k = 0; k < size; ++k) {
+    start[1] = k;
+    stop[1] = k + C;
+    auto part = mx::slice(sq, start, stop, c.s);
+    sum = sum ? mx::add(*sum, part, c.s) : part;
+  }
+  auto base = mx::add(mx::multiply(*sum, mx::array(alpha / size, t), c.s), mx::array(bias, t), c.s);
+  auto y = mx::divide(xf, mx::power(base, mx::array(beta, t), c.s), c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+const OpEntry kOps[] = {
+    {"", "BatchNormalization", 1, kAnyOpset, check_batch_norm, translate_batch_norm,
+     "inference only: training_mode=1 and the running-statistics outputs are declined"},
+    {"", "LayerNormalization", 17, kAnyOpset, check_stash, translate_layer_norm},
+    {"", "RMSNormalization", 23, kAnyOpset, check_stash, translate_rms_norm},
+    {"", "InstanceNormalization", 1, kAnyOpset, check_float, translate_instance_norm},
+    {"", "GroupNormalization", 18, kAnyOpset, check_group_norm, translate_group_norm},
+    {"", "LpNormalization", 1, kAnyOpset, check_lp_norm, translate_lp_norm, "p = 1 or 2"},
+    {"", "MeanVarianceNormalization", 9, kAnyOpset, check_float, translate_mvn},
+    {"", "LRN", 1, kAnyOpset, check_lrn, translate_lrn},
+};
+
+}  // namespace
+
+std::span<const OpEntry> normalization_ops() { return kOps; }
 
 }  // namespace ortmlx::ops

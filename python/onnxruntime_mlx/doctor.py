@@ -1,0 +1,137 @@
+"""`python -m onnxruntime_mlx doctor`: versions, the EP library and its devices, and the sgemm
+GFLOP/s that the EP actually gets.
+
+The benchmark matters because of a trap (docs/setup): the mlx-cpu wheel bundles the reference
+netlib BLAS (~4 GFLOP/s on a 2-core machine); scripts/setup repoints the venv's libmlx at
+OpenBLAS (>100 GFLOP/s). Timing a MatMul model *through ORT and the EP* proves which one the
+EP's libmlx really resolved, whatever the process loaded first.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+import onnxruntime_mlx as om
+
+
+def matmul_model(n: int) -> bytes:
+    """Y = A @ B, A and B [n, n] float32 graph inputs (fed every run, like real activations)."""
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["Y"], name="sgemm")], "sgemm",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [n, n]),
+         helper.make_tensor_value_info("B", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n, n])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def median_seconds(session: ort.InferenceSession, feeds: dict, runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sgemm(n: int = 1024, runs: int = 10, warmup: int = 3, device: str = "auto") -> dict:
+    """GFLOP/s of an n x n x n fp32 MatMul through the MLX EP (fallback disabled: it must run on
+    MLX) and through ORT's CPU EP."""
+    model = matmul_model(n)
+    rng = np.random.default_rng(0)
+    feeds = {"A": rng.standard_normal((n, n), dtype=np.float32),
+             "B": rng.standard_normal((n, n), dtype=np.float32)}
+    so = om.session_options(device, fallback=False)
+    so.log_severity_level = 4  # a refused session is reported by the caller, once
+    mlx = ort.InferenceSession(model, sess_options=so)
+    cpu = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(mlx.run(None, feeds)[0], cpu.run(None, feeds)[0],
+                               rtol=1e-3, atol=1e-3)
+    flops = 2.0 * n ** 3
+    t_mlx = median_seconds(mlx, feeds, runs, warmup)
+    t_cpu = median_seconds(cpu, feeds, runs, warmup)
+    return {"n": n, "mlx_gflops": flops / t_mlx / 1e9, "cpu_gflops": flops / t_cpu / 1e9,
+            "mlx_ms": t_mlx * 1e3, "cpu_ms": t_cpu * 1e3, "runs": runs}
+
+
+def sgemm_line(r: dict) -> str:
+    return (f"sgemm {r['n']}x{r['n']}x{r['n']} fp32: MLX EP {r['mlx_gflops']:.1f} GFLOP/s "
+            f"({r['mlx_ms']:.2f} ms), CPU EP {r['cpu_gflops']:.1f} GFLOP/s ({r['cpu_ms']:.2f} ms)"
+            f"  [median of {r['runs']} runs]")
+
+
+def loaded_blas() -> list[str]:
+    """The BLAS shared objects mapped into this process (Linux only; [] elsewhere)."""
+    libs = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                name = path.rsplit("/", 1)[-1]
+                if "blas" in name.lower() and path.startswith("/"):
+                    libs.add(path)
+    except OSError:
+        return []
+    return sorted(libs)
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlx.core as mx  # after ORT and the EP: the order must not matter (setup patches libmlx)
+
+    p = print
+    if not args.sgemm_only:
+        p(f"onnxruntime      {ort.__version__}")
+        p(f"onnx             {onnx.__version__}")
+        p(f"mlx              {mx.__version__} (default device {mx.default_device()})")
+        p(f"numpy            {np.__version__}")
+        p(f"EP library       {om.library_path()}")
+    om.register()
+    if not args.sgemm_only:
+        devs = [d for d in ort.get_ep_devices() if d.ep_name == om.EP_NAME]
+        for d in devs:
+            kind = str(d.device.type).rsplit(".", 1)[-1]
+            meta = dict(d.ep_metadata)
+            extra = ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
+            p(f"EP device        {d.ep_name} on {kind} (vendor {d.device.vendor or '?'})"
+              + (f" {extra}" if extra else ""))
+        if not devs:
+            p("EP device        none (the EP registered no devices)")
+    try:
+        r = sgemm(args.n, runs=args.runs, warmup=args.warmup, device=args.device)
+    except Exception as e:  # noqa: BLE001 - report, do not trace back
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        p(f"sgemm {args.n}x{args.n}x{args.n} fp32: FAILED to run a MatMul on the MLX EP: {msg}")
+        return 1
+    p(sgemm_line(r))
+    if not args.sgemm_only:
+        blas = loaded_blas()
+        p(f"BLAS loaded      {', '.join(blas) if blas else '(none found in /proc/self/maps)'}")
+        # Reference BLAS runs ~4 GFLOP/s where MLAS runs >100: a gap that load cannot explain.
+        if r["mlx_gflops"] < 0.2 * r["cpu_gflops"] and args.device != "gpu":
+            p("WARNING: the EP's sgemm is at reference-BLAS speed; run scripts/setup (it points "
+              "the venv's libmlx at OpenBLAS)")
+    return 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--sgemm-only", action="store_true", help="print only the benchmark line")
+    ap.add_argument("--n", type=int, default=1024, help="matrix size (default 1024)")
+    ap.add_argument("--runs", type=int, default=10, help="timed runs (default 10)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m onnxruntime_mlx.doctor")
+    add_arguments(ap)
+    sys.exit(run(ap.parse_args()))

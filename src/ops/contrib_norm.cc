@@ -1,0 +1,218 @@
+// Transformer normalizations and activations from com.microsoft: SkipLayerNormalization,
+// SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (also in the default domain,
+// where ORT registers it and exporters stamp it), EmbedLayerNormalization, FastGelu, BiasGelu,
+// Gelu, QuickGelu, BiasAdd and BiasSplitGelu.
+//
+// ORT's CPU kernels accumulate fp16/bf16 in float32; so do we on the CPU backend
+// (compute_dtype). The normalizations run through mx::fast::layer_norm / rms_norm over the last
+// axis; the statistics outputs (mean, inv_std_var) are composed and only evaluated when used.
+#include <cmath>
+
+#include "ops/contrib_internal.h"
+
+namespace ortmlx::ops::contrib {
+
+namespace {
+
+const std::initializer_list<DType> kHalfFloat = {DType::Float32, DType::Float16, DType::BFloat16};
+
+mx::array in_as(OpContext& c, size_t i, mx::Dtype t) { return mx::astype(c.in(i), t, c.s); }
+
+// Erf-based GELU, as ORT's Gelu/BiasGelu kernels compute it.
+mx::array gelu_erf(const mx::array& x, mx::Stream s) {
+  auto t = x.dtype();
+  auto inner = mx::erf(mx::multiply(x, mx::array(M_SQRT1_2, t), s), s);
+  return mx::multiply(mx::multiply(x, mx::array(0.5, t), s), mx::add(inner, mx::array(1.0, t), s), s);
+}
+
+// inv_std_var = 1 / sqrt(E[(x - mean)^2] + eps) (or E[x^2] when simplified), keepdims.
+mx::array inv_std(const mx::array& x, const mx::array& mean, bool simplified, float eps, mx::Stream s) {
+  auto d = simplified ? x : mx::subtract(x, mean, s);
+  auto var = mx::mean(mx::square(d, s), -1, true, s);
+  return mx::rsqrt(mx::add(var, mx::array(eps, var.dtype()), s), s);
+}
+
+// Shared by SkipLayerNormalization (beta at 3, bias at 4) and the simplified form (bias at 3).
+Outputs skip_norm(OpContext& c, bool simplified) {
+  const auto& x = c.in(0);
+  const float eps = c.node.attr_float("epsilon", 1e-12f);
+  const mx::Dtype ct = compute_dtype(x, c.s);
+  const int D = x.shape(-1);
+  auto sum = mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
+  const size_t bias_i = simplified ? 3 : 4;
+  if (c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
+  auto gamma = mx::reshape(in_as(c, 2, ct), {D}, c.s);
+  mx::array y = sum;
+  if (simplified) {
+    y = mx::fast::rms_norm(sum, gamma, eps, c.s);
+  } else {
+    std::optional<mx::array> beta;
+    if (c.has(3)) beta = mx::reshape(in_as(c, 3, ct), {D}, c.s);
+    y = mx::fast::layer_norm(sum, gamma, beta, eps, c.s);
+  }
+  auto sum32 = mx::astype(sum, mx::float32, c.s);
+  // The simplified kernel has no mean; ORT's CPU EP writes zeros to that output.
+  auto mean = simplified ? mx::zeros_like(mx::mean(sum32, -1, true, c.s), c.s)
+                         : mx::mean(sum32, -1, true, c.s);
+  auto isv = inv_std(sum32, mean, simplified, eps, c.s);
+  return {mx::astype(y, x.dtype(), c.s), mean, isv, mx::astype(sum, x.dtype(), c.s)};
+}
+
+}  // namespace
+
+// ---- SkipLayerNormalization / SkipSimplifiedLayerNormalization ------------------------------------
+
+Support check_skip_layer_norm(const NodeQuery& q) {
+  for (size_t i = 0; i < 5; ++i)
+    if (auto s = input_dtype_in(q, i, kHalfFloat); !s) return s;
+  return Support::yes();
+}
+
+Outputs translate_skip_layer_norm(OpContext& c) { return skip_norm(c, false); }
+Outputs translate_skip_simplified_layer_norm(OpContext& c) { return skip_norm(c, true); }
+
+// ---- SimplifiedLayerNormalization (RMS norm over axis..rank-1) ------------------------------------
+
+Support check_simplified_layer_norm(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  if (auto s = float_input(q, 1); !s) return s;
+  if (q.gpu && (q.input_dtype(0) == DType::Float64 || q.input_dtype(1) == DType::Float64))
+    return Support::no("float64 on the GPU");
+  return Support::yes();
+}
+
+Outputs translate_simplified_layer_norm(OpContext& c) {
+  const auto& x = c.in(0);
+  const int r = static_cast<int>(x.ndim());
+  const int axis = norm_axis(c.node.attr_int("axis", -1), r);
+  const float eps = c.node.attr_float("epsilon", 1e-5f);
+  // float64 stays float64; everything else is computed in float32 like ORT's kernel.
+  const mx::Dtype ct = x.dtype() == mx::float64 ? mx::float64 : mx::float32;
+  const auto out_t = c.in(1).dtype();  // Y has the scale's type (V)
+  auto xc = mx::astype(x, ct, c.s);
+  auto scale = in_as(c, 1, ct);
+  std::vector<int> axes;
+  for (int a = axis; a < r; ++a) axes.push_back(a);
+  auto ms = mx::mean(mx::square(xc, c.s), axes, true, c.s);
+  auto isv = mx::rsqrt(mx::add(ms, mx::array(eps, ct), c.s), c.s);
+  mx::array y = xc;
+  if (axis == r - 1 && scale.size() == static_cast<size_t>(x.shape(-1)) && ct == mx::float32)
+    y = mx::fast::rms_norm(xc, mx::reshape(scale, {x.shape(-1)}, c.s), eps, c.s);
+  else
+    y = mx::multiply(mx::multiply(xc, isv, c.s), scale, c.s);
+  auto isv_t = c.out_dtype(1) != DType::Undefined ? mlx_dtype(c.out_dtype(1)) : mx::float32;
+  return {mx::astype(y, out_t, c.s), mx::astype(isv, isv_t, c.s)};
+}
+
+// ---- EmbedLayerNormalization ----------------------------------------------------------------------
+// inputs: input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?, gamma,
+//         beta, mask?, position_ids?; outputs: output, mask_index, embedding_sum.
+
+Support check_embed_layer_norm(const NodeQuery& q) {
+  for (size_t i : {2, 3, 4, 5, 6})
+    if (auto s = input_dtype_in(q, i, {DType::Float32, DType::Float16}); !s) return s;
+  if (q.has_input(1) != q.has_input(4))
+    return Support::no("EmbedLayerNormalization needs segment_ids and segment_embedding together");
+  return Support::yes();
+}
+
+Outputs translate_embed_layer_norm(OpContext& c) {
+  const auto& ids = c.in(0);
+  if (ids.ndim() != 2) c.fail("input_ids must be [batch, sequence]");
+  const int B = ids.shape(0), S = ids.shape(1);
+  const auto t = c.in(2).dtype();
+  const mx::Dtype ct = compute_dtype(c.in(2), c.s);
+  const float eps = c.node.attr_float("epsilon", 1e-12f);
+  auto emb = mx::take(in_as(c, 2, ct), mx::astype(ids, mx::int32, c.s), 0, c.s);
+  mx::array pos = c.has(8) ? mx::astype(c.in(8), mx::int32, c.s)
+                           : mx::expand_dims(mx::arange(S, mx::int32, c.s), 0, c.s);
+  emb = mx::add(emb, mx::take(in_as(c, 3, ct), pos, 0, c.s), c.s);
+  if (c.has(1)) emb = mx::add(emb, mx::take(in_as(c, 4, ct), mx::astype(c.in(1), mx::int32, c.s), 0, c.s), c.s);
+  const int D = emb.shape(-1);
+  auto y = mx::fast::layer_norm(emb, mx::reshape(in_as(c, 5, ct), {D}, c.s),
+                                mx::reshape(in_as(c, 6, ct), {D}, c.s), eps, c.s);
+  // mask_index: the number of ones per row (what ORT's CPU kernel returns), zeros without a mask.
+  auto mask_index = c.has(7) ? mx::astype(mx::sum(mx::astype(c.in(7), mx::int32, c.s), 1, false, c.s), mx::int32, c.s)
+                             : mx::zeros({B}, mx::int32, c.s);
+  return {mx::astype(y, t, c.s), mask_index, mx::astype(emb, t, c.s)};
+}
+
+// ---- activations -----------------------------------------------------------------------------------
+
+Support check_float_activation(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  if (q.gpu && q.input_dtype(0) == DType::Float64) return Support::no("float64 on the GPU");
+  return Support::yes();
+}
+
+namespace {
+// x (+ optional bias input i) in the compute dtype.
+mx::array with_bias(OpContext& c, size_t bias_i, mx::Dtype ct) {
+  auto x = in_as(c, 0, ct);
+  return c.has(bias_i) ? mx::add(x, in_as(c, bias_i, ct), c.s) : x;
+}
+}  // namespace
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with an optional bias added first.
+Outputs translate_fast_gelu(OpContext& c) {
+  const auto t = c.in(0).dtype();
+  const auto ct = compute_dtype(c.in(0), c.s);
+  auto x = with_bias(c, 1, ct);
+  auto x3 = mx::multiply(mx::multiply(x, x, c.s), x, c.s);
+  auto inner = mx::multiply(mx::add(x, mx::multiply(x3, mx::array(0.044715, ct), c.s), c.s),
+                            mx::array(0.7978845608028654, ct), c.s);
+  auto y = mx::multiply(mx::multiply(x, mx::array(0.5, ct), c.s),
+                        mx::add(mx::tanh(inner, c.s), mx::array(1.0, ct), c.s), c.s);
+  return {mx::astype(y, t, c.s)};
+}
+
+Outputs translate_bias_gelu(OpContext& c) {
+  const auto ct = compute_dtype(c.in(0), c.s);
+  return {mx::astype(gelu_erf(with_bias(c, 1, ct), c.s), c.in(0).dtype(), c.s)};
+}
+
+Outputs translate_gelu_ms(OpContext& c) {
+  const auto ct = compute_dtype(c.in(0), c.s);
+  return {mx::astype(gelu_erf(in_as(c, 0, ct), c.s), c.in(0).dtype(), c.s)};
+}
+
+// x * sigmoid(alpha x)
+Outputs translate_quick_gelu(OpContext& c) {
+  const auto ct = compute_dtype(c.in(0), c.s);
+  auto x = in_as(c, 0, ct);
+  const float alpha = c.node.attr_float("alpha", 1.702f);
+  auto y = mx::multiply(x, mx::sigmoid(mx::multiply(x, mx::array(alpha, ct), c.s), c.s), c.s);
+  return {mx::astype(y, c.in(0).dtype(), c.s)};
+}
+
+Support check_bias_add(const NodeQuery& q) {
+  for (size_t i = 0; i < 3; ++i)
+    if (auto s = input_dtype_in(q, i, {DType::Float32, DType::Float16}); !s) return s;
+  return Support::yes();
+}
+
+// X + bias + skip
+Outputs translate_bias_add(OpContext& c) {
+  const auto ct = compute_dtype(c.in(0), c.s);
+  auto y = mx::add(with_bias(c, 1, ct), in_as(c, 2, ct), c.s);
+  return {mx::astype(y, c.in(0).dtype(), c.s)};
+}
+
+Support check_bias_split_gelu(const NodeQuery& q) {
+  for (size_t i = 0; i < 2; ++i)
+    if (auto s = input_dtype_in(q, i, {DType::Float32, DType::Float16}); !s) return s;
+  return Support::yes();
+}
+
+// (X + bias) split in halves along the last axis: left * gelu(right).
+Outputs translate_bias_split_gelu(OpContext& c) {
+  const auto ct = compute_dtype(c.in(0), c.s);
+  auto x = with_bias(c, 1, ct);
+  const int D = x.shape(-1);
+  if (D % 2 != 0) c.fail("the last dimension must be even");
+  auto halves = mx::split(x, 2, -1, c.s);
+  auto y = mx::multiply(halves[0], gelu_erf(halves[1], c.s), c.s);
+  return {mx::astype(y, c.in(0).dtype(), c.s)};
+}
+
+}  // namespace ortmlx::ops::contrib

@@ -1,0 +1,53 @@
+// Shared by the nn family files: nn.cc (Conv, ConvTranspose and the family table), pool.cc
+// (the pooling ops) and resize.cc (Resize, Upsample, GridSample). ONNX lays images out
+// channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace ortmlx::ops::nn {
+
+// (N, C, D1..Dn) -> (N, D1..Dn, C) and back.
+std::vector<int> channels_last_perm(int rank);
+std::vector<int> channels_first_perm(int rank);
+
+// An int-list attribute with one value per spatial dim; `def` fills it when absent or empty.
+// Throws (-> decline / ORT error) when present with the wrong length.
+std::vector<int64_t> spatial_attr(const graph::Node& n, const char* name, size_t dims,
+                                  int64_t def);
+// pads: [begin_1..begin_n, end_1..end_n], zeros when absent.
+std::vector<int64_t> pads_attr(const graph::Node& n, size_t dims);
+
+// Declines an auto_pad value ONNX does not define.
+Support check_auto_pad(const NodeQuery& q);
+// Declines input 0 when its rank is known and outside [min_rank, max_rank].
+Support check_rank(const NodeQuery& q, size_t i, int min_rank, int max_rank);
+
+// fp16/bf16 on the CPU backend are computed in float32 (see common.h); this is the dtype the
+// math runs in for `x`.
+mx::Dtype compute_dtype(const mx::array& x, mx::Stream s);
+
+// pool.cc
+Support check_max_pool(const NodeQuery& q);
+Support check_avg_pool(const NodeQuery& q);
+Support check_lp_pool(const NodeQuery& q);
+Support check_global_pool(const NodeQuery& q);
+Outputs translate_max_pool(OpContext& c);
+Outputs translate_avg_pool(OpContext& c);
+Outputs translate_lp_pool(OpContext& c);
+Outputs translate_global_avg_pool(OpContext& c);
+Outputs translate_global_max_pool(OpContext& c);
+Outputs translate_global_lp_pool(OpContext& c);
+
+// resize.cc
+Support check_resize(const NodeQuery& q);
+Support check_upsample(const NodeQuery& q);
+Outputs translate_resize(OpContext& c);
+Outputs translate_upsample(OpContext& c);
+Support check_grid_sample(const NodeQuery& q);
+Outputs translate_grid_sample(OpContext& c);
+
+}  // namespace ortmlx::ops::nn

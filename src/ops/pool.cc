@@ -1,0 +1,303 @@
+// Pooling: MaxPool (with its Indices output), AveragePool, LpPool and the Global* forms.
+//
+// MLX has no pooling primitive. The input is padded (with the value that cannot win: -inf /
+// the dtype's lowest for max, 0 for sums), then viewed with as_strided as
+// (N, C, out_1..out_n, k_1..k_n) windows and reduced over the window axes. Window geometry
+// follows ORT's CPU kernels (auto_pad SAME sizes use the undilated kernel; with ceil_mode a
+// last window that would start in the end padding is dropped, as in PyTorch).
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "ops/nn_internal.h"
+
+namespace ortmlx::ops::nn {
+
+namespace {
+
+struct Window {
+  size_t nd = 0;
+  std::vector<int64_t> kernel, stride, dil, lo, hi, in, out;  // lo/hi: explicit pads
+  bool empty() const {
+    for (auto o : out)
+      if (o <= 0) return true;
+    return false;
+  }
+};
+
+Window make_window(OpContext& c, const mx::array& x) {
+  const auto& n = c.node;
+  if (x.ndim() < 3 || x.ndim() > 5) c.fail("only 1-D, 2-D and 3-D pooling is supported");
+  Window w;
+  w.nd = x.ndim() - 2;
+  w.kernel = n.attr_ints("kernel_shape");
+  if (w.kernel.size() != w.nd) c.fail("kernel_shape must have one value per spatial dim");
+  w.stride = spatial_attr(n, "strides", w.nd, 1);
+  w.dil = spatial_attr(n, "dilations", w.nd, 1);
+  auto pads = pads_attr(n, w.nd);
+  bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
+  auto auto_pad = n.attr_string("auto_pad", "NOTSET");
+  for (size_t d = 0; d < w.nd; ++d) {
+    int64_t in = x.shape(2 + d), k = w.kernel[d], s = w.stride[d];
+    int64_t lo = pads[d], hi = pads[w.nd + d];
+    if (auto_pad == "VALID") {
+      lo = hi = 0;
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      int64_t target = (in + s - 1) / s;
+      int64_t need = (target - 1) * s + k - in;
+      lo = auto_pad == "SAME_LOWER" ? (need + 1) / 2 : need / 2;
+      hi = need - lo;
+    }
+    int64_t span = in + lo + hi - w.dil[d] * (k - 1) - 1;
+    int64_t out;
+    if (ceil_mode) {
+      out = static_cast<int64_t>(std::ceil(static_cast<double>(span) / s)) + 1;
+      if (out > 0 && (out - 1) * s >= in + lo) --out;  // window would start in the end padding
+    } else {
+      out = static_cast<int64_t>(std::floor(static_cast<double>(span) / s)) + 1;
+    }
+    w.in.push_back(in);
+    w.lo.push_back(lo);
+    w.hi.push_back(hi);
+    w.out.push_back(std::max<int64_t>(out, 0));
+  }
+  return w;
+}
+
+mx::Shape pooled_shape(const mx::array& x, const Window& w) {
+  mx::Shape s{x.shape(0), x.shape(1)};
+  for (auto o : w.out) s.push_back(static_cast<int>(o));
+  return s;
+}
+
+// (N, C, D..) -> (N, C, out.., k..): every window as a strided view of the padded input.
+mx::array windows(const mx::array& x, const Window& w, const mx::array& pad_value, mx::Stream s) {
+  const int rank = x.ndim();
+  mx::array xp = x;
+  mx::Shape start(rank, 0), stop = x.shape();
+  std::vector<int> axes;
+  mx::Shape lo, hi;
+  bool crop = false;
+  for (size_t d = 0; d < w.nd; ++d) {
+    int64_t extent = (w.out[d] - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dil[d] + 1;
+    int64_t b = w.lo[d], e = extent - w.in[d] - w.lo[d];  // e: what the last window needs
+    if (b < 0) { start[2 + d] = static_cast<int>(-b); b = 0; crop = true; }
+    if (e < 0) { stop[2 + d] = static_cast<int>(w.in[d] + e); e = 0; crop = true; }
+    axes.push_back(2 + static_cast<int>(d));
+    lo.push_back(static_cast<int>(b));
+    hi.push_back(static_cast<int>(e));
+  }
+  if (crop) xp = mx::slice(xp, start, stop, s);
+  xp = mx::contiguous(mx::pad(xp, axes, lo, hi, pad_value, "constant", s), false, s);
+  // Row-major element strides of the padded array.
+  mx::Strides st(rank);
+  int64_t acc = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= xp.shape(i);
+  }
+  mx::Shape shape{xp.shape(0), xp.shape(1)};
+  mx::Strides strides{st[0], st[1]};
+  for (size_t d = 0; d < w.nd; ++d) {
+    shape.push_back(static_cast<int>(w.out[d]));
+    strides.push_back(st[2 + d] * w.stride[d]);
+  }
+  for (size_t d = 0; d < w.nd; ++d) {
+    shape.push_back(static_cast<int>(w.kernel[d]));
+    strides.push_back(st[2 + d] * w.dil[d]);
+  }
+  return mx::as_strided(xp, shape, strides, 0, s);
+}
+
+std::vector<int> window_axes(const Window& w) {
+  std::vector<int> a;
+  for (size_t d = 0; d < w.nd; ++d) a.push_back(static_cast<int>(2 + w.nd + d));
+  return a;
+}
+
+// The value that never wins a max: -inf for floats, the lowest integer otherwise.
+mx::array lowest(mx::Dtype t) {
+  if (mx::issubdtype(t, mx::floating)) return mx::array(-INFINITY, t);
+  return mx::array(mx::iinfo(t).min, t);
+}
+
+// How many window taps of each output position fall in [first, last) of a padded axis: the
+// divisor of AveragePool. Separable over axes, so built as an outer product on the host.
+mx::array tap_counts(const Window& w, bool include_pad, mx::Dtype t) {
+  std::vector<float> counts{1.f};
+  mx::Shape shape;
+  for (size_t d = 0; d < w.nd; ++d) {
+    int64_t first = include_pad ? -w.lo[d] : 0, last = include_pad ? w.in[d] + w.hi[d] : w.in[d];
+    std::vector<float> next;
+    next.reserve(counts.size() * w.out[d]);
+    for (float prev : counts)
+      for (int64_t o = 0; o < w.out[d]; ++o) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < w.kernel[d]; ++j) {
+          int64_t p = o * w.stride[d] - w.lo[d] + j * w.dil[d];
+          n += (p >= first && p < last);
+        }
+        next.push_back(prev * static_cast<float>(n));
+      }
+    counts.swap(next);
+    shape.push_back(static_cast<int>(w.out[d]));
+  }
+  return mx::astype(mx::array(counts.begin(), shape, mx::float32), t);
+}
+
+Support check_pool_common(const NodeQuery& q, bool has_kernel) {
+  if (auto s = check_rank(q, 0, 3, 5); !s) return s;
+  if (!has_kernel) return Support::yes();
+  if (auto s = check_auto_pad(q); !s) return s;
+  if (q.node.attr_ints("kernel_shape").empty()) return Support::no("kernel_shape is required");
+  for (auto k : q.node.attr_ints("kernel_shape"))
+    if (k < 1) return Support::no("kernel_shape must be >= 1");
+  for (const char* a : {"strides", "dilations"})
+    for (auto v : q.node.attr_ints(a))
+      if (v < 1) return Support::no(std::string(a) + " must be >= 1");
+  return Support::yes();
+}
+
+// The flat input index of every element of x (N, C, D..), as ORT's MaxPool reports it:
+// (n*C + c) * prod(D) + the spatial offset, row-major (storage_order 0) or column-major (1).
+mx::array flat_indices(const mx::array& x, bool column_major, mx::Stream s) {
+  const int rank = x.ndim();
+  int64_t spatial = 1;
+  for (int i = 2; i < rank; ++i) spatial *= x.shape(i);
+  mx::Shape bshape(rank, 1);
+  bshape[0] = x.shape(0);
+  bshape[1] = x.shape(1);
+  mx::array idx = mx::multiply(mx::reshape(mx::arange(0, x.shape(0) * x.shape(1), mx::int64, s), bshape, s),
+                               mx::array(spatial, mx::int64), s);
+  int64_t step = 1;
+  for (int k = 0; k < rank - 2; ++k) {
+    int i = column_major ? 2 + k : rank - 1 - k;  // fastest-varying spatial axis first
+    mx::Shape sh(rank, 1);
+    sh[i] = x.shape(i);
+    auto a = mx::multiply(mx::arange(0, x.shape(i), mx::int64, s), mx::array(step, mx::int64), s);
+    idx = mx::add(idx, mx::reshape(a, sh, s), s);
+    step *= x.shape(i);
+  }
+  return mx::broadcast_to(idx, x.shape(), s);
+}
+
+}  // namespace
+
+Support check_max_pool(const NodeQuery& q) {
+  if (auto s = input_dtype_in(q, 0, kFloat, {DType::Int8, DType::UInt8}); !s) return s;
+  if (auto so = q.node.attr_int("storage_order", 0); so != 0 && so != 1)
+    return Support::no("storage_order must be 0 or 1");
+  return check_pool_common(q, true);
+}
+
+Support check_avg_pool(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  return check_pool_common(q, true);
+}
+
+Support check_lp_pool(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  return check_pool_common(q, true);
+}
+
+Support check_global_pool(const NodeQuery& q) {
+  if (auto s = float_input(q, 0); !s) return s;
+  if (int r = q.input_rank(0); r >= 0 && r < 2) return Support::no("input rank must be >= 2");
+  return Support::yes();
+}
+
+Outputs translate_max_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  Window w = make_window(c, x);
+  bool want_indices = c.node.has_output(1);
+  if (w.empty() || x.size() == 0) {
+    Outputs out{mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
+    if (want_indices) out.push_back(mx::zeros(pooled_shape(x, w), mx::int64, c.s));
+    return out;
+  }
+  mx::array v = windows(x, w, lowest(x.dtype()), c.s);
+  if (!want_indices) return {mx::max(v, window_axes(w), false, c.s)};
+  // Indices: argmax over the flattened window (first maximum, like ORT), then read the flat
+  // input index stored at that window position (padding carries -1 and never wins).
+  bool column_major = c.node.attr_int("storage_order", 0) == 1;
+  mx::array iv = windows(flat_indices(x, column_major, c.s), w, mx::array(-1, mx::int64), c.s);
+  mx::Shape flat = pooled_shape(x, w);
+  flat.push_back(-1);
+  mx::array vf = mx::reshape(v, flat, c.s);
+  mx::array am = mx::argmax(vf, -1, true, c.s);
+  mx::array idx = mx::take_along_axis(mx::reshape(iv, flat, c.s), am, -1, c.s);
+  mx::array y = mx::take_along_axis(vf, am, -1, c.s);
+  return {mx::squeeze(y, -1, c.s), mx::squeeze(idx, -1, c.s)};
+}
+
+Outputs translate_avg_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  Window w = make_window(c, x);
+  if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
+  mx::Dtype cd = compute_dtype(x, c.s);
+  mx::array xc = mx::astype(x, cd, c.s);
+  mx::array sum = mx::sum(windows(xc, w, mx::array(0, cd), c.s), window_axes(w), false, c.s);
+  bool include_pad = c.node.attr_int("count_include_pad", 0) != 0;
+  mx::array y = mx::divide(sum, tap_counts(w, include_pad, cd), c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+namespace {
+double lp_p(const graph::Node& n) {
+  // LpPool-1 / GlobalLpPool-1 had a float p; later versions an int.
+  const auto* a = n.attr("p");
+  if (!a) return 2.0;
+  return a->type == graph::AttrType::Float ? a->f : static_cast<double>(a->i);
+}
+
+// (sum |x|^p)^(1/p) over `axes`.
+mx::array lp_reduce(const mx::array& x, const std::vector<int>& axes, double p, bool keepdims,
+                    mx::Stream s) {
+  mx::array a = mx::abs(x, s);
+  mx::array sum = p == 2.0 ? mx::sum(mx::square(a, s), axes, keepdims, s)
+                           : mx::sum(mx::power(a, mx::array(p, x.dtype()), s), axes, keepdims, s);
+  if (p == 2.0) return mx::sqrt(sum, s);
+  return mx::power(sum, mx::array(1.0 / p, x.dtype()), s);
+}
+}  // namespace
+
+Outputs translate_lp_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  Window w = make_window(c, x);
+  if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
+  mx::Dtype cd = compute_dtype(x, c.s);
+  mx::array v = windows(mx::astype(x, cd, c.s), w, mx::array(0, cd), c.s);
+  return {mx::astype(lp_reduce(v, window_axes(w), lp_p(c.node), false, c.s), x.dtype(), c.s)};
+}
+
+namespace {
+std::vector<int> spatial_axes(const mx::array& x) {
+  std::vector<int> a(x.ndim() - 2);
+  std::iota(a.begin(), a.end(), 2);
+  return a;
+}
+}  // namespace
+
+Outputs translate_global_avg_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  if (x.ndim() == 2) return {x};
+  mx::Dtype cd = compute_dtype(x, c.s);
+  auto y = mx::mean(mx::astype(x, cd, c.s), spatial_axes(x), true, c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+Outputs translate_global_max_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  if (x.ndim() == 2) return {x};
+  return {mx::max(x, spatial_axes(x), true, c.s)};
+}
+
+Outputs translate_global_lp_pool(OpContext& c) {
+  const mx::array& x = c.in(0);
+  if (x.ndim() == 2) return {mx::abs(x, c.s)};
+  mx::Dtype cd = compute_dtype(x, c.s);
+  auto y = lp_reduce(mx::astype(x, cd, c.s), spatial_axes(x), lp_p(c.node), true, c.s);
+  return {mx::astype(y, x.dtype(), c.s)};
+}
+
+}  // namespace ortmlx::ops::nn

@@ -1,0 +1,131 @@
+// Rotary position embeddings: com.microsoft RotaryEmbedding, ai.onnx RotaryEmbedding (opset 23),
+// and the rotation GroupQueryAttention applies with do_rotary.
+//
+// The caches are arbitrary tables (scaled, LongRoPE, ...), so the rotation is composed from
+// gathered cos/sin rows rather than mx::fast::rope, which derives its own frequencies.
+#include "ops/contrib_internal.h"
+
+namespace ortmlx::ops::contrib {
+
+mx::array apply_rotary(const mx::array& x, const mx::array& cos, const mx::array& sin,
+                       int rotary_dim, bool interleaved, mx::Stream s) {
+  const int H = x.shape(-1), half = rotary_dim / 2, r = static_cast<int>(x.ndim());
+  const mx::Dtype ct = compute_dtype(x, s);
+  auto xc = mx::astype(x, ct, s);
+  auto c = mx::astype(cos, ct, s), sn = mx::astype(sin, ct, s);
+  auto slice_last = [&](const mx::array& a, int lo, int hi) {
+    mx::Shape start(a.ndim(), 0), stop = a.shape();
+    start.back() = lo;
+    stop.back() = hi;
+    return mx::slice(a, start, stop, s);
+  };
+  auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim);
+  mx::array out = rot;
+  if (interleaved) {
+    // pairs (2i, 2i+1) rotate together
+    auto shp = rot.shape();
+    shp.back() = half;
+    shp.push_back(2);
+    auto pairs = mx::reshape(rot, shp, s);
+    auto x1 = mx::take(pairs, 0, r, s), x2 = mx::take(pairs, 1, r, s);
+    auto o1 = mx::subtract(mx::multiply(x1, c, s), mx::multiply(x2, sn, s), s);
+    auto o2 = mx::add(mx::multiply(x2, c, s), mx::multiply(x1, sn, s), s);
+    out = mx::reshape(mx::stack({o1, o2}, -1, s), rot.shape(), s);
+  } else {
+    // halves (i, i + dim/2) rotate together
+    auto x1 = slice_last(rot, 0, half), x2 = slice_last(rot, half, rotary_dim);
+    auto o1 = mx::subtract(mx::multiply(x1, c, s), mx::multiply(x2, sn, s), s);
+    auto o2 = mx::add(mx::multiply(x2, c, s), mx::multiply(x1, sn, s), s);
+    out = mx::concatenate({o1, o2}, -1, s);
+  }
+  if (rotary_dim != H) out = mx::concatenate({out, slice_last(xc, rotary_dim, H)}, -1, s);
+  return mx::astype(out, x.dtype(), s);
+}
+
+namespace {
+
+// Rotates x given as [B, S, hidden] (num_heads from the attribute or the cache) or [B, N, S, H],
+// with cos/sin rows already gathered per (batch, position): [B or 1, S, half].
+mx::array rotate_bsd_or_bnsh(OpContext& c, const mx::array& x, mx::array cos, mx::array sin,
+                             int num_heads, int rotary_dim, bool interleaved) {
+  const int half = cos.shape(-1);
+  if (x.ndim() == 4) {
+    // [B, N, S, H]: positions vary along axis 2
+    const int H = x.shape(3);
+    if (rotary_dim == 0) rotary_dim = 2 * half;
+    if (rotary_dim > H || rotary_dim != 2 * half) c.fail("rotary dimension does not match the cache");
+    cos = mx::expand_dims(cos, 1, c.s);
+    sin = mx::expand_dims(sin, 1, c.s);
+    return apply_rotary(x, cos, sin, rotary_dim, interleaved, c.s);
+  }
+  if (x.ndim() != 3) c.fail("input must be 3-D or 4-D");
+  const int B = x.shape(0), S = x.shape(1), D = x.shape(2);
+  if (num_heads <= 0) {
+    // head size = the full rotary dimension the cache implies
+    if (rotary_dim != 0 && rotary_dim != 2 * half) c.fail("num_heads is required for partial rotation");
+    if (D % (2 * half) != 0) c.fail("hidden size is not a multiple of the cache's head size");
+    num_heads = D / (2 * half);
+  }
+  if (D % num_heads != 0) c.fail("hidden size is not a multiple of num_heads");
+  const int H = D / num_heads;
+  if (rotary_dim == 0) rotary_dim = 2 * half;
+  if (rotary_dim > H || rotary_dim != 2 * half) c.fail("rotary dimension does not match the cache");
+  auto x4 = mx::reshape(x, {B, S, num_heads, H}, c.s);
+  auto y = apply_rotary(x4, mx::expand_dims(cos, 2, c.s), mx::expand_dims(sin, 2, c.s), rotary_dim,
+                        interleaved, c.s);
+  return mx::reshape(y, {B, S, D}, c.s);
+}
+
+int seq_len_of(const mx::array& x) { return x.ndim() == 4 ? x.shape(2) : x.shape(1); }
+
+// cos/sin rows for position ids [B, S] (or a scalar start position broadcast to [1, S]).
+std::pair<mx::array, mx::array> gather_cache(OpContext& c, const mx::array& pos, size_t cos_i,
+                                             size_t sin_i, int S) {
+  mx::array p = mx::astype(pos, mx::int32, c.s);
+  if (p.ndim() <= 1 && p.size() == 1)  // a start offset: positions start .. start + S - 1
+    p = mx::expand_dims(mx::add(mx::arange(S, mx::int32, c.s), mx::reshape(p, {}, c.s), c.s), 0, c.s);
+  if (p.ndim() != 2) c.fail("position_ids must be [batch, sequence] or a single start position");
+  return {mx::take(c.in(cos_i), p, 0, c.s), mx::take(c.in(sin_i), p, 0, c.s)};
+}
+
+}  // namespace
+
+// ---- com.microsoft RotaryEmbedding: (input, position_ids, cos_cache, sin_cache) ---------------
+
+Support check_rotary_ms(const NodeQuery& q) {
+  if (q.node.attr_int("is_packed_batching", 0) != 0)
+    return Support::no("RotaryEmbedding with is_packed_batching (ragged batches)");
+  if (auto s = input_dtype_in(q, 0, {DType::Float32, DType::Float16, DType::BFloat16}); !s) return s;
+  if (auto s = input_dtype_in(q, 1, {DType::Int64, DType::Int32}); !s) return s;
+  return Support::yes();
+}
+
+Outputs translate_rotary_ms(OpContext& c) {
+  const auto& x = c.in(0);
+  // `scale` is accepted and unused, like ORT's CPU and CUDA kernels.
+  auto [cos, sin] = gather_cache(c, c.in(1), 2, 3, seq_len_of(x));
+  return {rotate_bsd_or_bnsh(c, x, cos, sin, static_cast<int>(c.node.attr_int("num_heads", 0)),
+                             static_cast<int>(c.node.attr_int("rotary_embedding_dim", 0)),
+                             c.node.attr_int("interleaved", 0) != 0)};
+}
+
+// ---- ai.onnx RotaryEmbedding-23: (X, cos_cache, sin_cache, position_ids?) ------------------------
+
+Support check_rotary_onnx(const NodeQuery& q) {
+  return input_dtype_in(q, 0, {DType::Float32, DType::Float16, DType::BFloat16});
+}
+
+Outputs translate_rotary_onnx(OpContext& c) {
+  const auto& x = c.in(0);
+  mx::array cos = c.in(1), sin = c.in(2);
+  if (c.has(3)) {
+    std::tie(cos, sin) = gather_cache(c, c.in(3), 1, 2, seq_len_of(x));
+  } else if (cos.ndim() != 3) {
+    c.fail("without position_ids the caches must be [batch, sequence, dim/2]");
+  }
+  return {rotate_bsd_or_bnsh(c, x, cos, sin, static_cast<int>(c.node.attr_int("num_heads", 0)),
+                             static_cast<int>(c.node.attr_int("rotary_embedding_dim", 0)),
+                             c.node.attr_int("interleaved", 0) != 0)};
+}
+
+}  // namespace ortmlx::ops::contrib

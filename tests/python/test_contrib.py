@@ -1,0 +1,663 @@
+"""com.microsoft transformer ops (and ai.onnx Attention/RotaryEmbedding) against ORT's CPU EP,
+which implements every one of them, with the node forced onto MLX (no CPU fallback)."""
+import numpy as np
+import pytest
+
+import oracle
+from oracle import check_node, make_node_model, run_cpu, run_mlx, assert_close
+
+import onnxruntime_mlx as om
+
+rng = np.random.default_rng(0)
+MS = "com.microsoft"
+
+
+def float_type(inputs, initializers):
+    for a in list(inputs.values()) + list((initializers or {}).values()):
+        if a is not None and a.dtype.kind == "f":
+            return a.dtype
+    return np.dtype(np.float32)
+
+
+def check_tol(op, inputs, attrs=None, *, initializers=None, outputs=1, rtol=1e-4, atol=1e-5,
+              opset=oracle.DEFAULT_OPSET, domain=MS, input_order=None, rows=None,
+              output_types=None, expected=None):
+    """Like check_node, with an explicit tolerance (quantized and attention ops accumulate in
+    another order than ORT). `rows` optionally restricts output 0 to a row mask. ONNX's shape
+    inference does not know com.microsoft ops: outputs default to the first float input's type."""
+    n_out = outputs if isinstance(outputs, int) else len(outputs)
+    types = output_types or [oracle.tensor_type(np.zeros(0, float_type(inputs, initializers)))] * n_out
+    model = make_node_model(op, inputs, outputs, attrs, initializers, opset, domain,
+                            output_types=types, input_order=input_order)
+    feeds = {k: v for k, v in inputs.items() if v is not None}
+    ref = expected if expected is not None else run_cpu(model, feeds)
+    outs, placed = run_mlx(model, feeds)
+    assert set(placed) == {om.EP_NAME} and len(placed[om.EP_NAME]) == 1, placed
+    for i, (a, e) in enumerate(zip(outs, ref)):
+        assert a.shape == e.shape and a.dtype == e.dtype, (i, a.shape, e.shape, a.dtype, e.dtype)
+        if i == 0 and rows is not None:
+            a, e = a[rows], e[rows]
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol,
+                                   err_msg=f"output {i}")
+    return outs
+
+
+# ---- MatMulNBits ---------------------------------------------------------------------------
+
+def pack_bits(vals, bits):
+    """Packs unsigned `bits`-wide values along the last axis, low-order bits first (ORT layout)."""
+    per = 8 // bits
+    pad = (-vals.shape[-1]) % per
+    v = np.concatenate([vals, np.zeros(vals.shape[:-1] + (pad,), vals.dtype)], -1) if pad else vals
+    v = v.reshape(v.shape[:-1] + (-1, per)).astype(np.uint16)
+    out = np.zeros(v.shape[:-1], np.uint16)
+    for i in range(per):
+        out |= v[..., i] << (i * bits)
+    return out.astype(np.uint8)
+
+
+def nbits_weights(K, N, bits, block, zp_kind, dtype=np.float32, want_ref=False):
+    nb = (K + block - 1) // block
+    q = rng.integers(0, 2 ** bits, size=(N, nb, block))
+    B = pack_bits(q, bits)                                   # [N, nb, blob]
+    scales = rng.uniform(0.005, 0.05, size=(N * nb,)).astype(dtype)
+    zp, zpf = None, np.full((N, nb), 2.0 ** (bits - 1))
+    if zp_kind == "u8":
+        zpv = rng.integers(0, 2 ** bits, size=(N, nb))
+        zp, zpf = pack_bits(zpv, bits), zpv.astype(np.float64)
+    elif zp_kind == "float":
+        zp = rng.uniform(0, 2 ** bits - 1, size=(N * nb,)).astype(dtype)
+        zpf = zp.reshape(N, nb).astype(np.float64)
+    # numpy reference of the dequantized weight [N, K]: (q - zp) * scale
+    w = ((q - zpf[..., None]) * scales.reshape(N, nb, 1).astype(np.float64)).reshape(N, -1)[:, :K]
+    return (B, scales, zp, w) if want_ref else (B, scales, zp)
+
+
+def nbits_check(M, K, N, bits, block, zp_kind=None, dtype=np.float32, bias=False, a_shape=None,
+                g_idx=None, b_as_input=False, accuracy_level=0, rtol=1e-3, atol=1e-4):
+    B, scales, zp = nbits_weights(K, N, bits, block, zp_kind, dtype)
+    a = rng.standard_normal(a_shape or (M, K)).astype(dtype)
+    inits = {"B": B, "scales": scales, "zp": zp, "g_idx": g_idx,
+             "bias": rng.standard_normal(N).astype(dtype) if bias else None}
+    inputs = {"A": a}
+    if b_as_input:
+        inputs["B"] = inits.pop("B")
+    check_tol("MatMulNBits", inputs, {"K": K, "N": N, "bits": bits, "block_size": block,
+                                      "accuracy_level": accuracy_level},
+              initializers=inits, input_order=["A", "B", "scales", "zp", "g_idx", "bias"],
+              rtol=rtol, atol=atol)
+
+
+# fp32 MatMulNBits: MLX sums in another order than MLAS (and computes q*scale - zp*scale rather
+# than (q - zp)*scale), so results agree to ~1e-6 relative; rtol 1e-3 / atol 1e-4 leaves margin.
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("block", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("zp_kind", [None, "u8", "float"])
+@pytest.mark.parametrize("M", [1, 5, 9])  # the CPU backend dequantizes for 8+ rows
+def test_matmul_nbits(bits, block, zp_kind, M):
+    if bits == 8 and zp_kind == "float":
+        pytest.skip("ORT's CPU EP has no 8-bit kernel with float zero points: see the numpy test")
+    nbits_check(M, 2 * block, 24, bits, block, zp_kind)
+
+
+@pytest.mark.parametrize("block", [16, 32, 256])
+def test_matmul_nbits_8bit_float_zero_points(block):
+    # The oracle cannot run this case ("Only 2b and 4b quantization is supported for unpacked
+    # compute"): compare with (q - zp) * scale in numpy.
+    K, N = 2 * block, 24
+    B, scales, zp, w = nbits_weights(K, N, 8, block, "float", want_ref=True)
+    a = rng.standard_normal((5, K)).astype(np.float32)
+    check_tol("MatMulNBits", {"A": a}, {"K": K, "N": N, "bits": 8, "block_size": block},
+              initializers={"B": B, "scales": scales, "zp": zp}, rtol=1e-4, atol=1e-4,
+              expected=[(a.astype(np.float64) @ w.T).astype(np.float32)])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [16, 32, 128])
+def test_matmul_nbits_k_padding(bits, block):
+    # K not a multiple of the block: the last block is padded in B.
+    nbits_check(3, block + 24, 16, bits, block, "u8")
+
+
+def test_matmul_nbits_bias_and_batched_a():
+    nbits_check(None, 96, 40, 4, 32, "u8", bias=True, a_shape=(2, 3, 96))
+
+
+def test_matmul_nbits_runtime_weights():
+    nbits_check(4, 64, 16, 4, 32, "u8", b_as_input=True)
+
+
+@pytest.mark.parametrize("block", [32, 16])
+def test_matmul_nbits_fp16(block):
+    # fp16 in and out: ORT rounds the product to fp16, as do we (computed in float32).
+    nbits_check(5, 128, 32, 4, block, "u8", dtype=np.float16, bias=True, rtol=2e-2, atol=2e-2)
+
+
+def test_matmul_nbits_g_idx():
+    K, block = 96, 32
+    g = rng.permutation(np.arange(K) // block).astype(np.int32)
+    nbits_check(3, K, 16, 4, block, "float", g_idx=g)
+    nbits_check(3, K, 16, 4, block, None, g_idx=g)
+    # the identity map takes the quantized_matmul path
+    nbits_check(3, K, 16, 4, block, None, g_idx=(np.arange(K) // block).astype(np.int32))
+
+
+def test_matmul_nbits_accuracy_level_4():
+    # Level 4 lets ORT's CPU EP quantize A to int8 per block; we keep A in float, so the two
+    # differ by A's int8 rounding (~1% of a dot product): a loose tolerance.
+    nbits_check(4, 128, 32, 4, 32, None, accuracy_level=4, rtol=5e-2, atol=5e-2)
+
+
+def test_matmul_nbits_declines_g_idx_with_packed_zero_points():
+    K, block = 64, 32
+    B, scales, zp = nbits_weights(K, 8, 4, block, "u8")
+    m = make_node_model("MatMulNBits", {"A": rng.standard_normal((2, K)).astype(np.float32)},
+                        1, {"K": K, "N": 8, "bits": 4, "block_size": block},
+                        {"B": B, "scales": scales, "zp": zp,
+                         "g": (np.arange(K) // block).astype(np.int32)}, domain=MS,
+                        output_types=[1])
+    placed = oracle.placement_of(m, {"A": rng.standard_normal((2, K)).astype(np.float32)})
+    assert om.EP_NAME not in placed
+
+
+# ---- GatherBlockQuantized ------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp", [False, True])
+def test_gather_block_quantized(bits, zp):
+    rows, D, block = 10, 64, 32
+    q = rng.integers(0, 2 ** bits, size=(rows, D))
+    data = pack_bits(q, bits)
+    scales = rng.uniform(0.01, 0.1, size=(rows, D // block)).astype(np.float32)
+    zps = pack_bits(rng.integers(0, 2 ** bits, size=(rows, D // block)), bits) if zp else None
+    idx = np.array([[0, 3, 9], [2, -1, 5]], np.int64)
+    check_tol("GatherBlockQuantized", {"idx": idx},
+              {"bits": bits, "block_size": block, "gather_axis": 0, "quantize_axis": 1},
+              initializers={"data": data, "scales": scales, "zp": zps},
+              input_order=["data", "idx", "scales", "zp"])
+
+
+# ---- GroupQueryAttention -------------------------------------------------------------------
+
+def rope_cache(max_seq, rot_dim, dtype=np.float32, base=10000.0):
+    inv = 1.0 / base ** (np.arange(0, rot_dim, 2) / rot_dim)
+    ang = np.outer(np.arange(max_seq), inv)
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def gqa_check(B=2, S=4, N=4, Nkv=2, H=16, past=None, seqlens=None, total=None, packed=False,
+              rotary=False, interleaved=False, rot_dim=None, window=-1, softcap=0.0, smooth=0,
+              dtype=np.float32, bias=False, sink=False, position_ids=None, scale=None,
+              rtol=1e-4, atol=1e-5, rows=None):
+    """past: None (no past inputs) or the past buffer length P. seqlens: total_b - 1 per batch."""
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    if seqlens is None:
+        seqlens = [S - 1] * B if not past else [past + S - 1] * B
+    seqlens = np.array(seqlens, np.int32)
+    total = int(seqlens.max()) + 1 if total is None else total
+    inputs = {}
+    if packed:
+        inputs.update(query=f(B, S, (N + 2 * Nkv) * H), key=None, value=None)
+    else:
+        inputs.update(query=f(B, S, N * H), key=f(B, S, Nkv * H), value=f(B, S, Nkv * H))
+    if past is not None:
+        inputs.update(past_key=f(B, Nkv, past, H), past_value=f(B, Nkv, past, H))
+    else:
+        inputs.update(past_key=None, past_value=None)
+    inputs.update(seqlens_k=seqlens, total_sequence_length=np.array(total, np.int32))
+    if rotary:
+        cos, sin = rope_cache(max(total, past or 0) + 4, rot_dim or H, dtype)
+        inputs.update(cos_cache=cos, sin_cache=sin)
+    else:
+        inputs.update(cos_cache=None, sin_cache=None)
+    inputs["position_ids"] = position_ids
+    inputs["attention_bias"] = f(B, N, S, total) if bias else None
+    inputs["head_sink"] = f(N) if sink else None
+    attrs = {"num_heads": N, "kv_num_heads": Nkv, "do_rotary": int(rotary),
+             "rotary_interleaved": int(interleaved), "local_window_size": window,
+             "softcap": softcap, "smooth_softmax": smooth}
+    if scale is not None:
+        attrs["scale"] = scale
+    t = oracle.tensor_type(np.zeros(0, dtype))
+    return check_tol("GroupQueryAttention", inputs, attrs, outputs=3, output_types=[t] * 3,
+                     rtol=rtol, atol=atol, rows=rows)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("rotary,interleaved", [(False, False), (True, False), (True, True)])
+def test_gqa_prompt(packed, rotary, interleaved):
+    gqa_check(B=2, S=5, packed=packed, rotary=rotary, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("rotary,interleaved", [(False, False), (True, False), (True, True)])
+def test_gqa_prompt_empty_past(rotary, interleaved):
+    # genai's first step feeds past_key/past_value with 0 rows
+    gqa_check(B=1, S=6, past=0, rotary=rotary, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("rotary,interleaved", [(False, False), (True, False), (True, True)])
+def test_gqa_token_ragged_batch(packed, rotary, interleaved):
+    # batch 2 with different histories: entry 0 has 3 past rows, entry 1 has 7 (P = 7)
+    gqa_check(B=2, S=1, past=7, seqlens=[3, 7], packed=packed, rotary=rotary,
+              interleaved=interleaved)
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_gqa_token_shared_buffer(rotary):
+    # past buffer of max length 12, present keeps that length; new rows land at seqlens_k
+    gqa_check(B=2, S=1, past=12, seqlens=[4, 9], rotary=rotary)
+
+
+def test_gqa_subsequent_prompt():
+    # S > 1 with past context (chunked prefill / continued prompt): batch 1
+    gqa_check(B=1, S=3, past=5, seqlens=[7], rotary=True)
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_gqa_local_window(window):
+    gqa_check(B=1, S=6, window=window, rotary=True)
+    gqa_check(B=2, S=1, past=8, seqlens=[5, 8], window=window)
+
+
+def test_gqa_softcap_smooth_scale():
+    gqa_check(B=2, S=5, softcap=2.0)
+    gqa_check(B=2, S=5, smooth=1)
+    gqa_check(B=2, S=1, past=4, seqlens=[2, 4], softcap=1.5, smooth=1, scale=0.3)
+
+
+def test_gqa_partial_rotary_and_heads():
+    gqa_check(B=1, S=4, N=8, Nkv=1, H=32, rotary=True, rot_dim=16)
+    gqa_check(B=1, S=4, N=6, Nkv=6, H=16, rotary=True, interleaved=True)
+
+
+def test_gqa_bias_and_sink():
+    gqa_check(B=2, S=4, bias=True)
+    gqa_check(B=2, S=4, sink=True)
+    gqa_check(B=1, S=1, past=6, seqlens=[6], sink=True, bias=True, softcap=3.0)
+
+
+def test_gqa_position_ids():
+    pos = np.array([[3, 4, 5, 6]], np.int64)
+    gqa_check(B=1, S=4, rotary=True, position_ids=pos)
+
+
+@pytest.mark.parametrize("dtype", [np.float16])
+def test_gqa_half(dtype):
+    gqa_check(B=2, S=5, rotary=True, dtype=dtype, rtol=2e-2, atol=2e-3)
+    gqa_check(B=2, S=1, past=6, seqlens=[2, 6], rotary=True, dtype=dtype, rtol=2e-2, atol=2e-3)
+
+
+def test_gqa_right_padded_prompt():
+    # Entry 1 has 3 real tokens of 5: ORT leaves its padding rows unspecified; compare the rest.
+    rows = np.ones((2, 5), bool)
+    rows[1, 3:] = False
+    gqa_check(B=2, S=5, seqlens=[4, 2], rotary=True, rows=rows)
+
+
+# ---- RotaryEmbedding -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("layout", ["bsd", "bnsh"])
+@pytest.mark.parametrize("pos_kind", ["2d", "scalar"])
+def test_rotary_ms(interleaved, layout, pos_kind):
+    B, S, N, H = 2, 5, 3, 16
+    x = rng.standard_normal((B, S, N * H) if layout == "bsd" else (B, N, S, H)).astype(np.float32)
+    cos, sin = rope_cache(32, H)
+    pos = (rng.integers(0, 27, size=(B, S)).astype(np.int64) if pos_kind == "2d"
+           else np.array([4], np.int64))
+    attrs = {"interleaved": interleaved}
+    if layout == "bsd":
+        attrs["num_heads"] = N
+    check_tol("RotaryEmbedding", {"x": x, "pos": pos}, attrs, initializers={"cos": cos, "sin": sin},
+              input_order=["x", "pos", "cos", "sin"])
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_ms_partial_and_half(interleaved):
+    B, S, N, H, rd = 1, 4, 2, 32, 16
+    x = rng.standard_normal((B, S, N * H)).astype(np.float32)
+    cos, sin = rope_cache(16, rd)
+    pos = np.array([[0, 1, 2, 3]], np.int64)
+    check_tol("RotaryEmbedding", {"x": x, "pos": pos, "cos": cos, "sin": sin},
+              {"interleaved": interleaved, "num_heads": N, "rotary_embedding_dim": rd})
+    # num_heads inferred from the cache (full rotation)
+    check_tol("RotaryEmbedding", {"x": x, "pos": pos, "cos": rope_cache(16, H)[0],
+                                  "sin": rope_cache(16, H)[1]}, {"interleaved": interleaved})
+    xh = x.astype(np.float16)
+    ch, sh = (a.astype(np.float16) for a in rope_cache(16, H))
+    check_tol("RotaryEmbedding", {"x": xh, "pos": pos, "cos": ch, "sin": sh},
+              {"interleaved": interleaved, "num_heads": N}, rtol=1e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("with_pos", [True, False])
+@pytest.mark.parametrize("layout", ["bsd", "bnsh"])
+def test_rotary_onnx23(interleaved, with_pos, layout):
+    B, S, N, H = 2, 4, 2, 8
+    x = rng.standard_normal((B, S, N * H) if layout == "bsd" else (B, N, S, H)).astype(np.float32)
+    attrs = {"interleaved": interleaved}
+    if layout == "bsd":
+        attrs["num_heads"] = N
+    if with_pos:
+        cos, sin = rope_cache(12, H)
+        pos = rng.integers(0, 12, size=(B, S)).astype(np.int64)
+    else:
+        ang = rng.uniform(0, 3, size=(B, S, H // 2))
+        cos, sin, pos = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32), None
+    check_tol("RotaryEmbedding", {"x": x, "cos": cos, "sin": sin, "pos": pos}, attrs, opset=23,
+              domain="")
+    if layout == "bsd" and with_pos:  # partial rotation
+        cos, sin = rope_cache(12, H // 2)
+        check_tol("RotaryEmbedding", {"x": x, "cos": cos, "sin": sin, "pos": pos},
+                  dict(attrs, rotary_embedding_dim=H // 2), opset=23, domain="")
+
+
+# ---- normalizations ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("skip_shape", ["full", "broadcast", "2d"])
+def test_skip_layer_norm(op, bias, skip_shape):
+    B, S, D = 2, 3, 32
+    x = rng.standard_normal((B, S, D)).astype(np.float32)
+    skip = rng.standard_normal({"full": (B, S, D), "broadcast": (1, S, D), "2d": (S, D)}[skip_shape]
+                               ).astype(np.float32)
+    g = rng.standard_normal(D).astype(np.float32)
+    simplified = op.startswith("SkipSimplified")
+    ins = {"x": x, "skip": skip, "gamma": g}
+    if not simplified:
+        ins["beta"] = rng.standard_normal(D).astype(np.float32)
+    ins["bias"] = rng.standard_normal(D).astype(np.float32) if bias else None
+    t = oracle.tensor_type(x)
+    check_tol(op, ins, {"epsilon": 1e-5}, outputs=4, output_types=[t, 1, 1, t], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+def test_skip_layer_norm_half_and_unused_outputs(op):
+    from onnx import helper
+    B, S, D = 2, 3, 64
+    feeds = {"x": rng.standard_normal((B, S, D)).astype(np.float16),
+             "skip": rng.standard_normal((B, S, D)).astype(np.float16),
+             "gamma": rng.standard_normal(D).astype(np.float16)}
+    check_tol(op, feeds, outputs=1, rtol=1e-2, atol=1e-2)
+    # only the output and the sum (the genai layout: mean and inv_std_var unused)
+    node = helper.make_node(op, ["x", "skip", "gamma"], ["y", "", "", "sum"], domain=MS)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, 10, list(a.shape))
+                                            for n, a in feeds.items()],
+                              [helper.make_tensor_value_info(n, 10, None) for n in ("y", "sum")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    ref = run_cpu(m, feeds)
+    outs, placed = run_mlx(m, feeds)
+    assert set(placed) == {om.EP_NAME}
+    for a, e in zip(outs, ref):
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("domain", ["", MS])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_simplified_layer_norm(domain, axis):
+    if domain == MS:
+        pytest.skip("ORT has no com.microsoft SimplifiedLayerNormalization schema to load a model with")
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    g = rng.standard_normal((16,) if axis == -1 else (3, 16)).astype(np.float32)
+    check_tol("SimplifiedLayerNormalization", {"x": x, "g": g}, {"axis": axis, "epsilon": 1e-6},
+              outputs=2, output_types=[1, 1], domain=domain)
+
+
+def test_simplified_layer_norm_mixed_types():
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    g = rng.standard_normal(16).astype(np.float16)
+    check_tol("SimplifiedLayerNormalization", {"x": x, "g": g}, outputs=2, output_types=[10, 1],
+              domain="", rtol=1e-2, atol=1e-2)
+    xh = x.astype(np.float16)
+    check_tol("SimplifiedLayerNormalization", {"x": xh, "g": g}, outputs=1, output_types=[10],
+              domain="", rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("pos_ids", [False, True])
+def test_embed_layer_norm(segments, mask, pos_ids):
+    B, S, D, V = 2, 5, 16, 30
+    ids = rng.integers(0, V, size=(B, S)).astype(np.int32)
+    ins = {"ids": ids, "seg": rng.integers(0, 2, size=(B, S)).astype(np.int32) if segments else None}
+    inits = {"W": rng.standard_normal((V, D)).astype(np.float32),
+             "P": rng.standard_normal((8, D)).astype(np.float32),
+             "SE": rng.standard_normal((2, D)).astype(np.float32) if segments else None,
+             "gamma": rng.standard_normal(D).astype(np.float32),
+             "beta": rng.standard_normal(D).astype(np.float32)}
+    ins["mask"] = (rng.random((B, S)) > 0.3).astype(np.int32) if mask else None
+    ins["pos"] = rng.integers(0, 8, size=(B, S)).astype(np.int32) if pos_ids else None
+    check_tol("EmbedLayerNormalization", ins, {"epsilon": 1e-5}, initializers=inits, outputs=3,
+              output_types=[1, 6, 1], input_order=["ids", "seg", "W", "P", "SE", "gamma", "beta",
+                                                    "mask", "pos"])
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gelu_family(dtype):
+    x = rng.standard_normal((2, 3, 8)).astype(dtype) * 3
+    b = rng.standard_normal(8).astype(dtype)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == np.float16 else dict(rtol=1e-4, atol=1e-5)
+    check_tol("FastGelu", {"x": x}, **tol)
+    check_tol("FastGelu", {"x": x, "b": b}, **tol)
+    check_tol("BiasGelu", {"x": x, "b": b}, **tol)
+    check_tol("Gelu", {"x": x}, **tol)
+    check_tol("QuickGelu", {"x": x}, **tol)
+    check_tol("QuickGelu", {"x": x}, {"alpha": 1.1}, **tol)
+
+
+def test_gelu_family_float64():
+    # ORT's CPU EP has FastGelu in float64 only; the others are compared with numpy. MLX's CPU
+    # tanh/erf/exp in float64 are accurate to ~1e-7 (single-precision approximations), hence the
+    # tolerance.
+    x = rng.standard_normal((2, 3, 8)) * 3
+    b = rng.standard_normal(8)
+    tol = dict(rtol=5e-4, atol=1e-6)
+    check_tol("FastGelu", {"x": x, "b": b}, **tol)
+    check_tol("BiasGelu", {"x": x, "b": b}, expected=[gelu_ref(x + b)], **tol)
+    check_tol("Gelu", {"x": x}, expected=[gelu_ref(x)], **tol)
+    check_tol("QuickGelu", {"x": x}, {"alpha": 1.1}, expected=[x / (1 + np.exp(-1.1 * x))], **tol)
+
+
+def gelu_ref(x):
+    from math import erf
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_bias_add_and_split_gelu(dtype):
+    # ORT's CPU EP has neither kernel (CUDA only): numpy references.
+    x = rng.standard_normal((2, 4, 16)).astype(dtype)
+    b = rng.standard_normal(16).astype(dtype)
+    skip = rng.standard_normal((2, 4, 16)).astype(dtype)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == np.float16 else dict(rtol=1e-5, atol=1e-6)
+    ref = (x.astype(np.float64) + b + skip).astype(dtype)
+    check_tol("BiasAdd", {"x": x, "b": b, "skip": skip}, expected=[ref], **tol)
+    h = x.astype(np.float64) + b
+    ref = (h[..., :8] * gelu_ref(h[..., 8:])).astype(dtype)
+    check_tol("BiasSplitGelu", {"x": x, "b": b}, expected=[ref], **tol)
+
+
+# ---- MultiHeadAttention / Attention (com.microsoft) ----------------------------------------
+
+def mha_check(B=2, S=4, L=None, N=2, H=8, Hv=None, form="3d", bias=False, mask=None, attn_bias=False,
+              past=None, unidirectional=0, scale=None, dtype=np.float32, rtol=1e-4, atol=1e-5):
+    L = S if L is None else L
+    Hv = H if Hv is None else Hv
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    ins = {}
+    if form == "packed_qkv":
+        ins.update(query=f(B, S, N, 3, H), key=None, value=None)
+    elif form == "packed_kv":
+        ins.update(query=f(B, S, N * H), key=f(B, L, N, 2, H), value=None)
+    elif form == "bnsh":
+        ins.update(query=f(B, S, N * H), key=f(B, N, L, H), value=f(B, N, L, Hv))
+    else:
+        ins.update(query=f(B, S, N * H), key=f(B, L, N * H), value=f(B, L, N * Hv))
+    ins["bias"] = f(2 * N * H + N * Hv) if bias else None
+    T = L + (past or 0)
+    if mask == "1d":
+        ins["mask"] = rng.integers(1, T + 1, size=B).astype(np.int32)
+    elif mask == "2d":
+        ins["mask"] = (rng.random((B, T)) > 0.3).astype(np.int32)
+        ins["mask"][:, 0] = 1
+    elif mask == "3d":
+        ins["mask"] = (rng.random((B, S, T)) > 0.3).astype(np.int32)
+        ins["mask"][..., 0] = 1
+    else:
+        ins["mask"] = None
+    ins["attention_bias"] = f(1, N, S, T) if attn_bias else None
+    if past:
+        ins.update(past_key=f(B, N, past, H), past_value=f(B, N, past, Hv))
+    attrs = {"num_heads": N, "unidirectional": unidirectional}
+    if scale:
+        attrs["scale"] = scale
+    t = oracle.tensor_type(np.zeros(0, dtype))
+    return check_tol("MultiHeadAttention", ins, attrs, outputs=3 if past else 1,
+                     output_types=[t] * 3, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("form", ["3d", "packed_kv", "bnsh"])
+def test_mha_forms(form):
+    mha_check(form=form)
+    mha_check(form=form, S=3, L=6, mask="2d")
+
+
+def test_mha_packed_qkv():
+    mha_check(form="packed_qkv")
+
+
+@pytest.mark.parametrize("mask", [None, "1d", "2d", "3d"])
+def test_mha_masks_bias_past(mask):
+    mha_check(mask=mask, bias=True)
+    mha_check(S=1, past=5, mask=mask, bias=True, attn_bias=True)
+
+
+def test_mha_unidirectional_and_value_head():
+    mha_check(S=5, unidirectional=1)
+    mha_check(S=2, past=3, unidirectional=1, scale=0.2)
+    mha_check(S=3, L=5, Hv=16)
+
+
+def test_mha_half():
+    mha_check(S=4, mask="2d", dtype=np.float16, rtol=2e-2, atol=2e-3)
+
+
+def attention_ms_check(B=2, S=4, Din=12, N=2, H=8, sizes=None, mask=None, past=None,
+                       unidirectional=0, attn_bias=False, dtype=np.float32, rtol=1e-4, atol=1e-5):
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    sizes = sizes or [N * H] * 3
+    T = S + (past or 0)
+    ins = {"input": f(B, S, Din)}
+    inits = {"weights": f(Din, sum(sizes)) * 0.5, "bias": f(sum(sizes))}
+    if mask == "1d":
+        ins["mask"] = rng.integers(1, T + 1, size=B).astype(np.int32)
+    elif mask == "1d_left":
+        ins["mask"] = np.concatenate([rng.integers(T - 1, T + 1, size=B),
+                                      rng.integers(0, 2, size=B)]).astype(np.int32)
+    elif mask == "2d":
+        ins["mask"] = (rng.random((B, T)) > 0.3).astype(np.int32)
+        ins["mask"][:, 0] = 1
+    elif mask == "3d":
+        ins["mask"] = (rng.random((B, S, T)) > 0.3).astype(np.int32)
+        ins["mask"][..., 0] = 1
+    else:
+        ins["mask"] = None
+    ins["past"] = f(2, B, N, past, H) if past else None
+    ins["attention_bias"] = f(1, N, S, T) if attn_bias else None
+    attrs = {"num_heads": N, "unidirectional": unidirectional}
+    if sizes[2] != sizes[0]:
+        attrs["qkv_hidden_sizes"] = sizes
+    t = oracle.tensor_type(np.zeros(0, dtype))
+    return check_tol("Attention", ins, attrs, initializers=inits, outputs=2 if past else 1,
+                     output_types=[t, t], rtol=rtol, atol=atol,
+                     input_order=["input", "weights", "bias", "mask", "past", "attention_bias"])
+
+
+@pytest.mark.parametrize("mask", [None, "1d", "1d_left", "2d", "3d"])
+def test_attention_ms_masks(mask):
+    attention_ms_check(mask=mask)
+
+
+def test_attention_ms_past_unidirectional_bias():
+    attention_ms_check(S=1, past=4, unidirectional=1)
+    attention_ms_check(S=3, past=2, unidirectional=1, mask="2d", attn_bias=True)
+    attention_ms_check(S=4, sizes=[16, 16, 32])
+
+
+def test_attention_ms_half():
+    attention_ms_check(dtype=np.float16, mask="2d", rtol=2e-2, atol=2e-2)
+
+
+# ---- Attention (ai.onnx 23/24) -------------------------------------------------------------
+
+def attention_onnx_check(B=2, S=4, L=None, Nq=4, Nkv=2, H=8, Hv=None, three_d=False, mask=None,
+                         past=None, causal=0, softcap=None, qk_mode=None, nonpad=False,
+                         opset=23, dtype=np.float32, rtol=1e-4, atol=1e-5):
+    L = S if L is None else L
+    Hv = H if Hv is None else Hv
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    if three_d:
+        ins = {"Q": f(B, S, Nq * H), "K": f(B, L, Nkv * H), "V": f(B, L, Nkv * Hv)}
+    else:
+        ins = {"Q": f(B, Nq, S, H), "K": f(B, Nkv, L, H), "V": f(B, Nkv, L, Hv)}
+    T = L + (past or 0)
+    if mask == "bool":
+        m = rng.random((B, 1, S, T)) > 0.3
+        m[..., 0] = True
+        ins["mask"] = m
+    elif mask == "float":
+        ins["mask"] = f(S, T)
+    elif mask == "short":
+        ins["mask"] = f(B, Nq, S, T - 1)
+    else:
+        ins["mask"] = None
+    if past:
+        ins.update(past_key=f(B, Nkv, past, H), past_value=f(B, Nkv, past, Hv))
+    else:
+        ins.update(past_key=None, past_value=None)
+    if nonpad:
+        ins["nonpad"] = rng.integers(1, T + 1, size=B).astype(np.int64)
+    attrs = {"is_causal": causal}
+    if three_d:
+        attrs.update(q_num_heads=Nq, kv_num_heads=Nkv)
+    if softcap:
+        attrs["softcap"] = softcap
+    outputs = 3 if past else 1
+    if qk_mode is not None:
+        attrs["qk_matmul_output_mode"] = qk_mode
+        outputs = 4
+    t = oracle.tensor_type(np.zeros(0, dtype))
+    return check_tol("Attention", ins, attrs, outputs=outputs, output_types=[t] * outputs,
+                     opset=opset, domain="", rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("three_d", [False, True])
+@pytest.mark.parametrize("mask", [None, "bool", "float", "short"])
+def test_attention_onnx(three_d, mask):
+    attention_onnx_check(three_d=three_d, mask=mask)
+    attention_onnx_check(three_d=three_d, mask=mask, causal=1, S=3, past=4)
+
+
+def test_attention_onnx_softcap_qk_outputs():
+    attention_onnx_check(softcap=2.0)
+    for mode in range(4):
+        attention_onnx_check(qk_mode=mode, softcap=1.5, mask="float", past=2)
+
+
+def test_attention_onnx_cross_and_value_head():
+    attention_onnx_check(S=3, L=6, Hv=16)
+    attention_onnx_check(S=3, L=6, causal=1, Nq=2, Nkv=2)
+
+
+def test_attention_onnx24_nonpad():
+    attention_onnx_check(S=3, L=7, nonpad=True, opset=24)
+
+
+def test_attention_onnx_half():
+    attention_onnx_check(mask="bool", dtype=np.float16, causal=1, rtol=2e-2, atol=2e-3)

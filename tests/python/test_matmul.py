@@ -1,0 +1,347 @@
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import onnxruntime_mlx as om
+from oracle import BF16_TOL, check_node
+
+rng = np.random.default_rng(0)
+
+BF16 = ml_dtypes.bfloat16
+
+
+def rand(shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def check_bf16(op, inputs, attrs, expected, opset=21):
+    """ORT's Python API cannot feed or fetch bfloat16: the model takes float32 inputs, Casts them
+    to bf16 (`inputs` maps name -> (array, is_bf16)), runs `op` and Casts back. `op` itself must
+    be placed on MLX; the result must match `expected` (computed in numpy)."""
+    nodes, feeds, graph_inputs, op_inputs = [], {}, [], []
+    for name, (arr, is_bf16) in inputs.items():
+        feed = arr.astype(np.float32) if is_bf16 else arr
+        feeds[name] = feed
+        graph_inputs.append(helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(feed.dtype), list(arr.shape)))
+        if is_bf16:
+            nodes.append(helper.make_node("Cast", [name], [name + "_bf16"], to=TensorProto.BFLOAT16))
+            op_inputs.append(name + "_bf16")
+        else:
+            op_inputs.append(name)
+    nodes.append(helper.make_node(op, op_inputs, ["y"], name="under_test", **attrs))
+    out_bf16 = str(expected.dtype) == "bfloat16"
+    if out_bf16:
+        nodes.append(helper.make_node("Cast", ["y"], ["out"], to=TensorProto.FLOAT))
+    out_type = TensorProto.FLOAT if out_bf16 else helper.np_dtype_to_tensor_dtype(expected.dtype)
+    g = helper.make_graph(nodes, "bf16", graph_inputs,
+                          [helper.make_tensor_value_info("out" if out_bf16 else "y", out_type, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    so = om.record_assignment(om.session_options("cpu", fallback=True))
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), sess_options=so)
+    got = sess.run(None, feeds)[0]
+    assert ("under_test", op) in om.placement(sess).get(om.EP_NAME, []), om.placement(sess)
+    np.testing.assert_allclose(got, expected.astype(np.float32), *BF16_TOL)
+
+
+# ---- MatMul -----------------------------------------------------------------------------------
+
+MATMUL_SHAPES = [
+    ((3, 4), (4, 5)),
+    ((4,), (4, 5)),          # 1-D x 2-D
+    ((3, 4), (4,)),          # 2-D x 1-D
+    ((4,), (4,)),            # 1-D x 1-D -> scalar
+    ((4,), (2, 4, 3)),       # 1-D x batched
+    ((2, 3, 4), (4,)),       # batched x 1-D
+    ((2, 1, 3, 4), (5, 4, 6)),  # batch broadcasting
+    ((1, 3, 4), (2, 4, 5)),
+    ((0, 4), (4, 5)),        # M = 0
+    ((3, 0), (0, 5)),        # K = 0 -> zeros
+    ((3, 4), (4, 0)),        # N = 0
+    ((2, 0, 3), (3, 4)),     # empty batch rows
+]
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES)
+def test_matmul_shapes_f32(shapes):
+    check_node("MatMul", {"a": rand(shapes[0], np.float32), "b": rand(shapes[1], np.float32)})
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32, np.int64, np.uint32,
+                                   np.uint64])
+@pytest.mark.parametrize("shapes", [((3, 7), (7, 5)), ((7,), (7, 2)), ((2, 1, 3, 4), (5, 4, 6)),
+                                    ((3, 0), (0, 2))])
+def test_matmul_dtypes(dtype, shapes):
+    # Integers use the full value range: products and sums wrap modulo 2^width like ORT's.
+    a, b = rand(shapes[0], dtype), rand(shapes[1], dtype)
+    # ORT's empty-K MatMul fails for unsigned types: compare with zeros there.
+    expected = [np.zeros((3, 2), dtype)] if a.size == 0 and dtype in (np.uint32, np.uint64) else None
+    check_node("MatMul", {"a": a, "b": b}, expected=expected)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_matmul_int_small_exact(dtype):
+    # Values where no wrap-around happens: the result is the true integer product.
+    a = rng.integers(-1000, 1000, size=(4, 300)).astype(dtype)
+    b = rng.integers(-1000, 1000, size=(300, 3)).astype(dtype)
+    check_node("MatMul", {"a": a, "b": b}, expected=[a @ b])
+
+
+def test_matmul_bf16():
+    # ORT's CPU EP has no bf16 MatMul: compare with a float32 product rounded to bf16.
+    a, b = rand((2, 3, 8), BF16), rand((8, 5), BF16)
+    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(BF16)
+    check_bf16("MatMul", {"a": (a, True), "b": (b, True)}, {}, ref)
+
+
+@pytest.mark.parametrize("opset", [1, 9, 13])
+def test_matmul_opsets(opset):
+    check_node("MatMul", {"a": rand((2, 3), np.float32), "b": rand((3, 4), np.float32)},
+               opset=opset)
+
+
+def test_matmul_constant_weight():
+    check_node("MatMul", {"a": rand((2, 5, 8), np.float32)}, initializers={"w": rand((8, 3), np.float32)})
+
+
+# ---- Gemm -------------------------------------------------------------------------------------
+
+def gemm_ref(a, b, c, trans_a=0, trans_b=0, alpha=1.0, beta=1.0):
+    a = a.T if trans_a else a
+    b = b.T if trans_b else b
+    y = alpha * (a.astype(np.float64) @ b.astype(np.float64))
+    if c is not None and beta != 0:
+        y = y + beta * c.astype(np.float64)
+    return y
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, 2.0), (-1.5, 0.0)])
+@pytest.mark.parametrize("c_shape", [None, (), (1,), (5,), (1, 5), (3, 1), (3, 5)])
+def test_gemm_attrs(trans_a, trans_b, alpha, beta, c_shape):
+    a = rand((4, 3) if trans_a else (3, 4), np.float32)
+    b = rand((5, 4) if trans_b else (4, 5), np.float32)
+    inputs = {"a": a, "b": b}
+    if c_shape is not None:
+        inputs["c"] = rand(c_shape, np.float32)
+    check_node("Gemm", inputs, {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta})
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_gemm_dtypes(dtype):
+    check_node("Gemm", {"a": rand((3, 6), dtype), "b": rand((5, 6), dtype), "c": rand((5,), dtype)},
+               {"transB": 1, "alpha": 0.75})
+
+
+def test_gemm_bf16():
+    a, b, c = rand((3, 6), BF16), rand((6, 5), BF16), rand((5,), BF16)
+    ref = gemm_ref(a, b, c, alpha=2.0).astype(BF16)
+    check_bf16("Gemm", {"a": (a, True), "b": (b, True), "c": (c, True)}, {"alpha": 2.0}, ref)
+
+
+def test_gemm_beta_zero_ignores_c():
+    c = np.full((3, 5), np.inf, np.float32)
+    check_node("Gemm", {"a": rand((3, 4), np.float32), "b": rand((4, 5), np.float32), "c": c},
+               {"beta": 0.0})
+
+
+def test_gemm_empty():
+    # K = 0: the product is zero, the result is beta * C (ORT returns C unscaled: numpy here).
+    c = rand((5,), np.float32)
+    check_node("Gemm", {"a": rand((3, 0), np.float32), "b": rand((0, 5), np.float32), "c": c},
+               {"beta": 2.0}, expected=[np.broadcast_to(2 * c, (3, 5))])
+    check_node("Gemm", {"a": rand((0, 4), np.float32), "b": rand((4, 5), np.float32),
+                        "c": rand((5,), np.float32)})
+
+
+@pytest.mark.parametrize("opset", [7, 9, 11, 13])
+def test_gemm_opsets(opset):
+    check_node("Gemm", {"a": rand((3, 4), np.float32), "b": rand((4, 5), np.float32),
+                        "c": rand((1, 5), np.float32)}, {"alpha": 1.25}, opset=opset)
+
+
+@pytest.mark.parametrize("opset,attrs", [(6, {"broadcast": 1}), (6, {"broadcast": 0})])
+def test_gemm_legacy_broadcast(opset, attrs):
+    # ORT's CPU EP has no Gemm before opset 7: compare with numpy.
+    a, b = rand((3, 4), np.float32), rand((5, 4), np.float32)
+    c = rand((3, 5) if not attrs["broadcast"] else (5,), np.float32)
+    ref = gemm_ref(a, b, c, trans_b=1, beta=0.5).astype(np.float32)
+    check_node("Gemm", {"a": a, "b": b, "c": c}, {"transB": 1, "beta": 0.5, **attrs}, opset=opset,
+               expected=[ref])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_gemm_integer(dtype):
+    # No ORT kernel for integer Gemm: numpy reference with whole-number alpha/beta.
+    a = rng.integers(0, 50, size=(3, 4)).astype(dtype)
+    b = rng.integers(0, 50, size=(5, 4)).astype(dtype)
+    c = rng.integers(0, 50, size=(5,)).astype(dtype)
+    ref = (a @ b.T) * dtype(3) + c * dtype(2)
+    check_node("Gemm", {"a": a, "b": b, "c": c}, {"transB": 1, "alpha": 3.0, "beta": 2.0},
+               expected=[ref.astype(dtype)])
+
+
+# ---- MatMulInteger ----------------------------------------------------------------------------
+
+I8 = (np.int8, np.uint8)
+
+
+def qrand(shape, dtype, lo=None, hi=None):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min if lo is None else lo, (info.max if hi is None else hi) + 1,
+                        size=shape).astype(dtype)
+
+
+def mmi_ref(a, b, za=None, zb=None):
+    a = a.astype(np.int64) - (0 if za is None else np.asarray(za).astype(np.int64))
+    b = b.astype(np.int64) - (0 if zb is None else np.asarray(zb).astype(np.int64))
+    return np.matmul(a, b).astype(np.int32)
+
+
+@pytest.mark.parametrize("ta,tb", [(np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)])
+@pytest.mark.parametrize("shapes", [((3, 40), (40, 5)), ((40,), (40, 5)), ((3, 40), (40,)),
+                                    ((2, 1, 3, 8), (5, 8, 6)), ((3, 0), (0, 4)), ((0, 3), (3, 4))])
+def test_matmul_integer(ta, tb, shapes):
+    a, b = qrand(shapes[0], ta), qrand(shapes[1], tb)
+    za = qrand((), ta)
+    zb = qrand((), tb)
+    # ORT leaves an empty-K output uninitialised: numpy reference there.
+    expected = (lambda *z: [mmi_ref(a, b, *z)]) if a.shape[-1] == 0 else (lambda *z: None)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, expected=expected(za, zb))
+    check_node("MatMulInteger", {"a": a, "b": b}, expected=expected())
+
+
+@pytest.mark.parametrize("ta,tb", [(np.uint8, np.uint8), (np.int8, np.int8)])
+def test_matmul_integer_per_column(ta, tb):
+    a, b = qrand((4, 64), ta), qrand((64, 6), tb)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": qrand((), ta), "zb": qrand((6,), tb)})
+    # batched B with a [D, 1, N] zero point
+    b3 = qrand((2, 64, 6), tb)
+    check_node("MatMulInteger", {"a": a, "b": b3, "za": qrand((1,), ta), "zb": qrand((2, 1, 6), tb)})
+
+
+def test_matmul_integer_per_row():
+    # ORT takes only a scalar A zero point: numpy reference for the per-row form.
+    a, b = qrand((4, 9), np.uint8), qrand((9, 3), np.uint8)
+    za = qrand((4,), np.uint8)
+    zb = qrand((3,), np.uint8)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb},
+               expected=[mmi_ref(a, b, za[:, None], zb)])
+    a3 = qrand((2, 4, 9), np.int8)
+    za3 = qrand((2, 4, 1), np.int8)
+    check_node("MatMulInteger", {"a": a3, "b": b, "za": za3},
+               expected=[mmi_ref(a3, b, za3)])
+
+
+def test_matmul_integer_u8s8_exact():
+    # uint8 x int8 over the full range: ORT's AVX2 kernel saturates 16-bit pair sums
+    # (vpmaddubsw) and is wrong here, so compare with the exact integer product ...
+    a, b = qrand((8, 256), np.uint8), qrand((256, 8), np.int8)
+    check_node("MatMulInteger", {"a": a, "b": b}, expected=[mmi_ref(a, b)])
+    za, zb = np.uint8(200), np.int8(-100)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": np.array(za), "zb": np.array(zb)},
+               expected=[mmi_ref(a, b, za, zb)])
+    # ... and with ORT where its pair sums fit in int16.
+    b = qrand((256, 8), np.int8, -64, 63)
+    check_node("MatMulInteger", {"a": a, "b": b})
+
+
+def test_matmul_integer_extremes():
+    # |a - za| = |b - zb| = 255 everywhere: the largest products, long K.
+    a = np.full((2, 1000), 255, np.uint8)
+    b = np.zeros((1000, 3), np.uint8)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": np.array(0, np.uint8), "zb": np.array(255, np.uint8)})
+    a = np.full((2, 1000), -128, np.int8)
+    b = np.full((1000, 3), 127, np.int8)
+    check_node("MatMulInteger", {"a": a, "b": b, "za": np.array(127, np.int8), "zb": np.array(-128, np.int8)})
+
+
+def test_matmul_integer_constant_weight():
+    a = qrand((3, 16), np.uint8)
+    check_node("MatMulInteger", {"a": a, "za": np.array(128, np.uint8)},
+               initializers={"b": qrand((16, 4), np.uint8), "zb": np.array(3, np.uint8)},
+               input_order=["a", "b", "za", "zb"])
+
+
+# ---- QLinearMatMul ----------------------------------------------------------------------------
+
+def qlmm_ref(a, sa, za, b, sb, zb, sy, zy):
+    acc = mmi_ref(a, b, za, zb)
+    scale = (np.asarray(sa, np.float32) * np.asarray(sb, np.float32)) / np.float32(sy)
+    v = np.round(acc.astype(np.float32) * scale) + np.float32(zy)
+    info = np.iinfo(np.asarray(zy).dtype)
+    return np.clip(v, info.min, info.max).astype(np.asarray(zy).dtype)
+
+
+def qlmm_inputs(a, b, sa, za, sb, zb, sy, zy, ty=None):
+    f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+    return {"a": a, "sa": f(sa), "za": np.asarray(za, a.dtype), "b": b, "sb": f(sb),
+            "zb": np.asarray(zb, b.dtype), "sy": f(sy), "zy": np.asarray(zy, ty or a.dtype)}
+
+
+@pytest.mark.parametrize("ta,tb,ty", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8),
+                                      (np.uint8, np.int8, np.uint8)])
+@pytest.mark.parametrize("shapes", [((3, 16), (16, 5)), ((16,), (16, 5)), ((3, 16), (16,)),
+                                    ((2, 1, 3, 8), (5, 8, 6)), ((3, 0), (0, 4))])
+def test_qlinear_matmul(ta, tb, ty, shapes):
+    a = qrand(shapes[0], ta)
+    b = qrand(shapes[1], tb, *((-64, 63) if tb is np.int8 and ta is np.uint8 else (None, None)))
+    za, zb, zy = qrand((), ta), qrand((), tb), qrand((), ty)
+    inputs = qlmm_inputs(a, b, 0.02, za, 0.03, zb, 0.9, zy, ty)
+    ref = [qlmm_ref(a, 0.02, za, b, 0.03, zb, 0.9, zy)]
+    if a.shape[-1]:  # ORT leaves an empty-K output uninitialised
+        check_node("QLinearMatMul", inputs)
+    check_node("QLinearMatMul", inputs, expected=ref)
+
+
+def test_qlinear_matmul_per_column():
+    a, b = qrand((4, 32), np.uint8), qrand((32, 6), np.uint8)
+    sb = rng.uniform(0.01, 0.05, 6).astype(np.float32)
+    zb = qrand((6,), np.uint8)
+    # ORT wants [1, N] for a 2-D B; the spec's 1-D [N] form is checked against numpy.
+    check_node("QLinearMatMul", qlmm_inputs(a, b, 0.05, 130, sb.reshape(1, 6), zb.reshape(1, 6), 0.7, 120))
+    check_node("QLinearMatMul", qlmm_inputs(a, b, 0.05, 130, sb, zb, 0.7, 120),
+               expected=[qlmm_ref(a, 0.05, np.uint8(130), b, sb, zb, 0.7, np.uint8(120))])
+    b3 = qrand((2, 32, 6), np.uint8)
+    sb3 = rng.uniform(0.01, 0.05, (2, 1, 6)).astype(np.float32)
+    check_node("QLinearMatMul", qlmm_inputs(a, b3, 0.05, 130, sb3, qrand((2, 1, 6), np.uint8), 0.7, 120))
+
+
+def test_qlinear_matmul_per_row():
+    # ORT takes only a scalar A scale/zero point: numpy reference for the per-row form.
+    a, b = qrand((4, 32), np.int8), qrand((32, 6), np.int8)
+    sa = rng.uniform(0.01, 0.05, 4).astype(np.float32)
+    za = qrand((4,), np.int8)
+    ref = qlmm_ref(a, sa[:, None], za[:, None], b, 0.03, -5, 0.4, np.int8(-7))
+    check_node("QLinearMatMul", qlmm_inputs(a, b, sa, za, 0.03, -5, 0.4, np.int8(-7)), expected=[ref])
+
+
+def test_qlinear_matmul_saturation():
+    # Large accumulators saturate at both ends of the output range.
+    a = np.concatenate([np.full((1, 64), 255, np.uint8), np.zeros((1, 64), np.uint8)])
+    b = np.full((64, 3), 255, np.uint8)
+    check_node("QLinearMatMul", qlmm_inputs(a, b, 0.1, 128, 0.1, 0, 0.01, 10))
+    check_node("QLinearMatMul", qlmm_inputs(a, b, 0.1, 0, 0.1, 0, 1e-3, 250))
+
+
+@pytest.mark.parametrize("ta", [np.uint8, np.int8])
+def test_qlinear_matmul_fp16_scales(ta):
+    # Opset 21 fp16 scales: ORT has no kernel, ONNX's reference evaluator is the oracle.
+    from onnx.reference import ReferenceEvaluator
+    from oracle import make_node_model
+    a, b = qrand((2, 3, 16), ta), qrand((16, 5), ta)
+    h = lambda v: np.asarray(v, np.float16)  # noqa: E731
+    inputs = {"a": a, "sa": h(0.02), "za": qrand((), ta), "b": b, "sb": h(0.03), "zb": qrand((), ta),
+              "sy": h(0.2), "zy": qrand((), ta)}
+    ref = ReferenceEvaluator(make_node_model("QLinearMatMul", inputs)).run(None, inputs)
+    check_node("QLinearMatMul", inputs, expected=ref)

@@ -1,0 +1,143 @@
+"""Reliability gates, long forms (README "Reliability"; the fast forms run in scripts/test).
+
+    python tools/reliability.py leak    [--sessions 500]        RSS + MLX memory over session churn
+    python tools/reliability.py threads [--threads 16 --iters 500]  shared + separate sessions
+
+The leak gate creates, runs and destroys sessions over a mixed model set (the demo encoder and
+ONNX node-test models of several op families) in one process and reports RSS growth after
+warm-up and MLX's active/cache memory against its baseline (same libmlx as the EP's, so
+mlx.core sees the EP's allocator)."""
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+import onnxruntime_mlx as om  # noqa: E402
+
+NODE_DIR = ROOT / ".deps/libonnx-testdata/usr/share/libonnx-testdata/data/node"
+MIXED = ["test_add_bcast", "test_matmul_4d", "test_softmax_axis_1", "test_conv_with_strides_padding",
+         "test_layer_normalization_4d_axis1", "test_reshape_extended_dims", "test_gather_0",
+         "test_reduce_mean_keepdims_example", "test_maxpool_2d_pads", "test_concat_3d_axis_1",
+         "test_slice", "test_transpose_all_permutations_3", "test_gemm_all_attributes",
+         "test_sigmoid", "test_cast_FLOAT_to_FLOAT16", "test_where_example"]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def load_cases():
+    cases = []
+    for name in MIXED:
+        d = NODE_DIR / name
+        if not (d / "model.onnx").exists():
+            continue
+        feeds = {}
+        m = onnx.load(d / "model.onnx")
+        for i, inp in enumerate(m.graph.input):
+            t = onnx.TensorProto()
+            t.ParseFromString((d / "test_data_set_0" / f"input_{i}.pb").read_bytes())
+            feeds[inp.name] = numpy_helper.to_array(t)
+        cases.append((name, m.SerializeToString(), feeds))
+    demo = ROOT / "build/demo_model.onnx"
+    if demo.exists():
+        x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)
+        cases.append(("demo", demo.read_bytes(), {"input": x}))
+    return cases
+
+
+def leak(args) -> int:
+    import mlx.core as mx
+    cases = load_cases()
+    opts = om.session_options("cpu")
+
+    def churn(n):
+        for i in range(n):
+            name, model, feeds = cases[i % len(cases)]
+            s = ort.InferenceSession(model, sess_options=om.session_options("cpu"))
+            s.run(None, feeds)
+            del s
+        gc.collect()
+
+    del opts
+    churn(3 * len(cases))  # warm-up: JIT kernels, allocator pools, ORT arenas
+    mx.clear_cache()
+    base_rss, base_active = rss_mb(), mx.get_active_memory()
+    t0 = time.time()
+    churn(args.sessions)
+    mx.clear_cache()
+    grown = rss_mb() - base_rss
+    active = mx.get_active_memory() - base_active
+    result = {"sessions": args.sessions, "models": len(cases), "rss_growth_mb": round(grown, 2),
+              "mlx_active_growth_bytes": int(active), "mlx_cache_bytes": int(mx.get_cache_memory()),
+              "seconds": round(time.time() - t0, 1), "bound_mb": args.bound_mb}
+    print(json.dumps(result))
+    return 0 if grown < args.bound_mb and active == 0 else 1
+
+
+def threads(args) -> int:
+    d = NODE_DIR / "test_matmul_4d"
+    cases = [c for c in load_cases() if c[0] in ("demo", "test_matmul_4d", "test_softmax_axis_1")]
+    failures = []
+    for name, model, feeds in cases:
+        ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+        shared = ort.InferenceSession(model, sess_options=om.session_options("cpu"))
+
+        def work(tid, sess):
+            for it in range(args.iters):
+                outs = sess.run(None, feeds)
+                for a, b in zip(outs, ref):
+                    if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
+                        failures.append((name, tid, it))
+                        return
+
+        for mode in ("shared", "separate"):
+            ts = [threading.Thread(target=work, args=(
+                t, shared if mode == "shared" else
+                ort.InferenceSession(model, sess_options=om.session_options("cpu"))))
+                for t in range(args.threads)]
+            t0 = time.time()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            print(json.dumps({"model": name, "mode": mode, "threads": args.threads,
+                              "iters": args.iters, "seconds": round(time.time() - t0, 1),
+                              "failures": len(failures)}))
+    del d
+    return 1 if failures else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("leak")
+    p.add_argument("--sessions", type=int, default=500)
+    p.add_argument("--bound-mb", type=float, default=5.0)
+    p.set_defaults(fn=leak)
+    p = sub.add_parser("threads")
+    p.add_argument("--threads", type=int, default=16)
+    p.add_argument("--iters", type=int, default=200)
+    p.set_defaults(fn=threads)
+    a = ap.parse_args()
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
