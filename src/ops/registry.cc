@@ -8,7 +8,8 @@ const std::vector<OpEntry>& registry() {
     std::vector<OpEntry> t;
     for (auto family : {elementwise_ops(), activation_ops(), math_ops(), reduce_ops(),
                         shape_ops(), index_ops(), nn_ops(), normalization_ops(), matmul_ops(),
-                        quantize_ops(), contrib_ops(), ml_ops()})
+                        quantize_ops(), contrib_ops(), ml_ops(), recurrent_ops(),
+                        control_flow_ops()})
       t.insert(t.end(), family.begin(), family.end());
     return t;
   }();

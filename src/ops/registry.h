@@ -48,5 +48,7 @@ std::span<const OpEntry> matmul_ops();
 std::span<const OpEntry> quantize_ops();
 std::span<const OpEntry> contrib_ops();  // com.microsoft
 std::span<const OpEntry> ml_ops();       // ai.onnx.ml
+std::span<const OpEntry> recurrent_ops();  // RNN, GRU, LSTM
+std::span<const OpEntry> control_flow_ops();  // If, Loop, Scan (+ sequence ops)
 
 }  // namespace ortmlx::ops

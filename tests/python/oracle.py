@@ -75,7 +75,11 @@ def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: i
             **options) -> tuple[list, dict]:
     """Runs `runs` times (the engine compiles on the 2nd run: both paths are checked) and
     returns the last outputs and ORT's placement. Every run's result must agree."""
-    so = om.record_assignment(om.session_options("cpu", fallback=fallback, **options))
+    so = ort.SessionOptions()
+    # ORT's graph optimizer would constant-fold Shape/Constant/... before the EP sees them; the
+    # oracle tests what the EP does with every node of the model.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so = om.record_assignment(om.session_options("cpu", fallback=fallback, so=so, **options))
     s = ort.InferenceSession(model.SerializeToString(), sess_options=so)
     first = None
     for _ in range(runs):
