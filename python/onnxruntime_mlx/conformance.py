@@ -241,25 +241,24 @@ def _compare(actual, expected, rtol, atol, where) -> str | None:
         return f"{where}: dtype {a.dtype}, expected {e.dtype}"
     if a.size == 0:
         return None
-    if e.dtype == object or e.dtype.kind in "biuSU":
+    # Integers (also ml_dtypes' int4/uint4), bools and strings must match exactly.
+    if e.dtype == object or e.dtype.kind in "biuSU" or "int" in e.dtype.name:
         bad = a != e
         if not np.any(bad):
             return None
         idx = tuple(int(x) for x in np.argwhere(bad)[0])
         diff = ""
-        if e.dtype.kind in "biu":
+        if e.dtype.kind in "iu" or "int" in e.dtype.name:
             diff = f", max abs diff {np.max(np.abs(a.astype(np.float64) - e.astype(np.float64))):.6g}"
         return f"{where}: {int(np.sum(bad))} of {e.size} elements differ{diff} " \
                f"(first at {list(idx)}: {a[idx]!r} vs {e[idx]!r})"
     # floating point, including bfloat16/float8 (ml_dtypes), compared in float64
-    if e.dtype.kind == "c":
-        af, ef = a.astype(np.complex128), e.astype(np.complex128)
-        nan_a, nan_e = np.isnan(af), np.isnan(ef)
-    else:
-        af, ef = a.astype(np.float64), e.astype(np.float64)
-        nan_a, nan_e = np.isnan(af), np.isnan(ef)
+    wide = np.complex128 if e.dtype.kind == "c" else np.float64
+    af, ef = a.astype(wide), e.astype(wide)
     with np.errstate(invalid="ignore", over="ignore"):
-        close = (np.abs(af - ef) <= atol + rtol * np.abs(ef)) | (af == ef) | (nan_a & nan_e)
+        # like np.testing.assert_allclose: NaN == NaN, inf == inf of the same sign
+        close = (np.abs(af - ef) <= atol + rtol * np.abs(ef)) | (af == ef) | \
+                (np.isnan(af) & np.isnan(ef))
     if np.all(close):
         return None
     with np.errstate(invalid="ignore", over="ignore"):

@@ -9,6 +9,8 @@ EP's libmlx really resolved, whatever the process loaded first.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import statistics
 import sys
 import time
@@ -70,19 +72,44 @@ def sgemm_line(r: dict) -> str:
             f"  [median of {r['runs']} runs]")
 
 
-def loaded_blas() -> list[str]:
-    """The BLAS shared objects mapped into this process (Linux only; [] elsewhere)."""
+def mapped_libraries(fragment: str) -> list[str]:
+    """Paths of the shared objects mapped into this process whose file name contains
+    `fragment` (Linux: /proc/self/maps; [] elsewhere)."""
     libs = set()
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.split()[-1] if line.strip() else ""
-                name = path.rsplit("/", 1)[-1]
-                if "blas" in name.lower() and path.startswith("/"):
+                parts = line.split()
+                path = parts[-1] if len(parts) >= 6 else ""
+                if path.startswith("/") and fragment in path.rsplit("/", 1)[-1]:
                     libs.add(path)
     except OSError:
         return []
     return sorted(libs)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def sgemm_provider() -> str:
+    """The file that provides cblas_sgemm to the libmlx this process loaded (the one the EP
+    uses): dlsym on libmlx's handle searches libmlx and then its dependencies in load order,
+    as the dynamic linker binds libmlx's own references. OpenBLAS here means the setup patch
+    works; mlx_cpu.libs/libblas-*.so is the slow reference BLAS."""
+    mlx_libs = [p for p in mapped_libraries("libmlx") if p.endswith(".so") or ".so." in p]
+    if not mlx_libs:
+        return "(libmlx is not loaded)"
+    try:
+        handle = ctypes.CDLL(mlx_libs[0], mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+        addr = ctypes.cast(handle.cblas_sgemm, ctypes.c_void_p).value
+        info = _DlInfo()
+        if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+            return "(dladdr failed)"
+        return info.dli_fname.decode()
+    except (OSError, AttributeError) as e:
+        return f"(unknown: {e})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +141,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     p(sgemm_line(r))
     if not args.sgemm_only:
-        blas = loaded_blas()
-        p(f"BLAS loaded      {', '.join(blas) if blas else '(none found in /proc/self/maps)'}")
+        p(f"BLAS for libmlx  {sgemm_provider()} (provides cblas_sgemm)")
         # Reference BLAS runs ~4 GFLOP/s where MLAS runs >100: a gap that load cannot explain.
         if r["mlx_gflops"] < 0.2 * r["cpu_gflops"] and args.device != "gpu":
             p("WARNING: the EP's sgemm is at reference-BLAS speed; run scripts/setup (it points "

@@ -42,7 +42,8 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
     return dims
 
 
-def concrete_shape(shape: list, dims: dict[str, int], used: set[str]) -> list[int]:
+def concrete_shape(shape: list, dims: dict[str, int], used: set[str],
+                   defaulted: set[str] | None = None) -> list[int]:
     """ORT's input shape (ints, dim names, or None) with symbolic dims from `dims` (default 1)."""
     out = []
     for d in shape:
@@ -52,6 +53,8 @@ def concrete_shape(shape: list, dims: dict[str, int], used: set[str]) -> list[in
             used.add(d)
             out.append(dims[d])
         else:
+            if defaulted is not None:
+                defaulted.add(d if isinstance(d, str) and d else "(unnamed)")
             out.append(1)
     return out
 
@@ -65,8 +68,9 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
     rng = np.random.default_rng(seed)
     feeds = {}
     used: set[str] = set()
+    defaulted: set[str] = set()
     for inp in session.get_inputs():
-        shape = concrete_shape(inp.shape, dims, used)
+        shape = concrete_shape(inp.shape, dims, used, defaulted)
         if inp.type == "tensor(string)":
             words = np.array(["alpha", "Beta", "GAMMA", "delta 4", ""], dtype=object)
             feeds[inp.name] = words[rng.integers(0, len(words), size=shape)]
@@ -81,6 +85,9 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
         else:
             arr = rng.standard_normal(shape).astype(dtype)
         feeds[inp.name] = arr
+    if defaulted:
+        print(f"note: symbolic dim(s) {', '.join(sorted(defaulted))} set to 1 "
+              "(give --dim name=value)", file=sys.stderr)
     unused = set(dims) - used
     if unused:
         print(f"note: --dim {', '.join(sorted(unused))} matched no input dim", file=sys.stderr)
@@ -107,15 +114,20 @@ def read_report(path: str) -> list[dict]:
     return out
 
 
-def time_runs(session: ort.InferenceSession, feeds: dict, runs: int, warmup: int) -> list[float]:
-    """Per-run wall times in seconds, after `warmup` untimed runs."""
-    for _ in range(warmup):
-        session.run(None, feeds)
-    times = []
+def time_runs(sessions: list[ort.InferenceSession], feeds: dict, runs: int,
+              warmup: int) -> list[list[float]]:
+    """Per-run wall times in seconds for each session, after `warmup` untimed runs of each.
+    The sessions take turns run by run, so that a machine whose load drifts (other jobs on a
+    shared box) biases neither side."""
+    for s in sessions:
+        for _ in range(warmup):
+            s.run(None, feeds)
+    times: list[list[float]] = [[] for _ in sessions]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - t0)
+        for s, t in zip(sessions, times):
+            t0 = time.perf_counter()
+            s.run(None, feeds)
+            t.append(time.perf_counter() - t0)
     return times
 
 
@@ -194,7 +206,7 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
     def base_options() -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.graph_optimization_level = OPT_LEVELS[opt_level]
-        so.log_severity_level = 3  # ORT's "some nodes were not assigned" warning: we say it better
+        so.log_severity_level = 4  # ORT logs what it raises, and warns of fallback: we say both
         return so
 
     cpu = ort.InferenceSession(str(path), sess_options=base_options(),
@@ -207,7 +219,14 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
         so = om.record_assignment(
             om.session_options(device, fallback=fallback, so=base_options(), report_path=report,
                                **provider_options))
-        mlx = ort.InferenceSession(str(path), sess_options=so)
+        try:
+            mlx = ort.InferenceSession(str(path), sess_options=so)
+        except Exception as e:  # noqa: BLE001 - say why, with the EP's reasons
+            declined = read_report(report)
+            print(f"error: the MLX EP session could not be created: {e}", file=out)
+            for r in declined:
+                print(f"  declined {r['op']} '{r['node']}': {r['reason']}", file=out)
+            raise SystemExit(1) from None
         declined = read_report(report)
     finally:
         os.unlink(report)
@@ -223,9 +242,8 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
     # Accuracy: the first MLX run (eager probe) and a later one (compiled) are both checked.
     ref = cpu.run(None, feeds)
     first = mlx.run(None, feeds)
-    mlx_times = time_runs(mlx, feeds, runs, warmup)
+    mlx_times, cpu_times = time_runs([mlx, cpu], feeds, runs, warmup)
     last = mlx.run(None, feeds)
-    cpu_times = time_runs(cpu, feeds, runs, warmup)
 
     out_names = [o.name for o in mlx.get_outputs()]
     diffs = {}
@@ -305,9 +323,17 @@ def run(args: argparse.Namespace) -> int:
         opts[k] = v
     if args.runs < 1 or args.warmup < 0:
         raise SystemExit("--runs must be >= 1 and --warmup >= 0")
-    run_model(args.model, parse_dims(args.dim), runs=args.runs, warmup=args.warmup,
-              device=args.device, fallback=not args.no_fallback, seed=args.seed,
-              opt_level=args.opt_level, **opts)
+    try:
+        run_model(args.model, parse_dims(args.dim), runs=args.runs, warmup=args.warmup,
+                  device=args.device, fallback=not args.no_fallback, seed=args.seed,
+                  opt_level=args.opt_level, **opts)
+    except Exception as e:  # noqa: BLE001
+        # ORT's errors (a bad model, an EP error status at run time) are one clear line, not a
+        # Python traceback; anything else is a bug here and keeps its traceback.
+        if type(e).__module__.startswith("onnxruntime"):
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise
     return 0
 
 

@@ -28,53 +28,119 @@ constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force ea
 
 }  // namespace
 
+namespace {
+
+// Gives the program its own copy of every subgraph (recursively), so their constants can be
+// dropped once copied into MLX arrays; `owned` collects the copies.
+void own_subgraphs(graph::Graph& g, std::vector<graph::Graph*>& owned) {
+  for (auto& n : g.nodes)
+    for (auto& [name, a] : n.attrs)
+      if (a.type == graph::AttrType::Graph && a.g) {
+        auto copy = std::make_shared<graph::Graph>(*a.g);
+        own_subgraphs(*copy, owned);
+        owned.push_back(copy.get());
+        a.g = std::move(copy);
+      }
+}
+
+}  // namespace
+
 Program::Program(std::string name, const graph::Graph& g, std::vector<std::string> input_names,
                  std::vector<std::string> output_names, Options opt)
     : name_(std::move(name)), graph_(g), input_names_(std::move(input_names)),
       output_names_(std::move(output_names)), opt_(opt) {
+  std::vector<graph::Graph*> bodies;
+  own_subgraphs(graph_, bodies);
+  top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);
+  // Constants now live in MLX arrays; their data pointers die with the ORT callback.
+  graph_.constants.clear();
+  for (auto* b : bodies) b->constants.clear();
+  for (const auto& o : output_names_) {
+    auto* vi = graph_.info(o);
+    output_dtypes_.push_back(vi ? vi->dtype : DType::Undefined);
+  }
+  keyed_inputs_.assign(input_names_.size(), false);
+}
+
+std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
+                                                  const std::vector<std::string>& inputs,
+                                                  const std::vector<std::string>& outputs,
+                                                  bool top) {
+  auto p = std::make_unique<Plan>();
+  p->graph = &g;
   std::unordered_map<std::string, int> slot;
-  for (size_t i = 0; i < input_names_.size(); ++i) slot.emplace(input_names_[i], static_cast<int>(i));
-  int next = static_cast<int>(input_names_.size());
-  // Constant initializers read by the group become arrays now (one copy, owned by MLX).
-  for (const auto& n : g.nodes)
-    for (const auto& in : n.inputs) {
-      if (in.empty() || slot.count(in)) continue;
-      if (auto* c = g.constant(in)) {
-        HostTensor t{c->dtype, c->shape, c->data};
-        constants_.push_back(to_array(t));
-        slot.emplace(in, next++);
-      }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].empty()) slot.emplace(inputs[i], static_cast<int>(i));
+  int next = static_cast<int>(inputs.size());
+  // Constant initializers the scope reads (its nodes, its nested bodies, its outputs) become
+  // arrays now: one copy, owned by MLX.
+  auto take_constant = [&](const std::string& name) {
+    if (name.empty() || slot.count(name)) return;
+    const auto* c = g.constant(name);
+    if (!c) return;
+    mx::array a = to_array(HostTensor{c->dtype, c->shape, c->data});
+    if (top)
+      constants_.push_back(a);
+    else
+      p->constants.emplace_back(next, a);
+    slot.emplace(name, next++);
+  };
+  for (const auto& n : g.nodes) {
+    for (const auto& in : n.inputs) take_constant(in);
+    for (const auto& [attr, body] : n.subgraphs())
+      for (const auto& name : graph::outer_names(*body)) take_constant(name);
+  }
+  for (const auto& o : outputs) take_constant(o);
+  if (top) {
+    p->num_inputs = static_cast<size_t>(next);  // fused inputs, then constants: all arguments
+  } else {
+    p->num_inputs = inputs.size();
+    for (const auto& name : graph::outer_names(g)) {
+      p->outer.push_back(name);
+      p->outer_slots.push_back(next);
+      slot.emplace(name, next++);
     }
-  graph_.constants.clear();  // their data pointers die with the ORT callback
-  for (const auto& n : graph_.nodes) {
+  }
+  auto lookup = [&](const std::string& value, const graph::Node& n, const char* what) {
+    auto it = slot.find(value);
+    if (it == slot.end())
+      throw std::runtime_error(
+          "[engine] " + n.describe() + ": " + what + " '" + value + "' has no producer in " +
+          (top ? "the fused group" : "its subgraph") +
+          (top && !n.subgraphs().empty()
+               ? " (an implicit input missing from the fused node: ORT dropped it?)"
+               : ""));
+    return it->second;
+  };
+  for (const auto& n : g.nodes) {
     const auto* e = ops::find_op(n.domain, n.op_type, n.since_version);
     if (!e) throw std::runtime_error("[engine] no translator for " + n.describe());
-    entries_.push_back(e);
+    p->entries.push_back(e);
     StepIO io;
-    for (const auto& in : n.inputs) {
-      if (in.empty()) { io.in.push_back(-1); continue; }
-      auto it = slot.find(in);
-      if (it == slot.end())
-        throw std::runtime_error("[engine] " + n.describe() + ": input '" + in +
-                                 "' has no producer in the fused group");
-      io.in.push_back(it->second);
+    for (const auto& in : n.inputs) io.in.push_back(in.empty() ? -1 : lookup(in, n, "input"));
+    for (const auto& [attr, body] : n.subgraphs()) {
+      auto bp = make_plan(*body, body->inputs, body->outputs, /*top=*/false);
+      std::vector<int> outer;
+      for (const auto& name : bp->outer) outer.push_back(lookup(name, n, "value read by a subgraph"));
+      io.bodies.emplace_back(body, std::move(outer));
+      body_plans_[body] = std::move(bp);
     }
     for (const auto& out : n.outputs) {
       if (out.empty()) { io.out.push_back(-1); continue; }
       io.out.push_back(next);
       slot[out] = next++;
     }
-    steps_.push_back(std::move(io));
+    p->steps.push_back(std::move(io));
   }
-  for (const auto& o : output_names_) {
+  for (const auto& o : outputs) {
     auto it = slot.find(o);
-    if (it == slot.end()) throw std::runtime_error("[engine] output '" + o + "' is not produced");
-    output_slots_.push_back(it->second);
-    auto* vi = graph_.info(o);
-    output_dtypes_.push_back(vi ? vi->dtype : DType::Undefined);
+    if (it == slot.end())
+      throw std::runtime_error("[engine] output '" + o + "' is not produced" +
+                               (top ? std::string() : " by its subgraph"));
+    p->output_slots.push_back(it->second);
   }
-  num_slots_ = static_cast<size_t>(next);
-  keyed_inputs_.assign(input_names_.size(), false);
+  p->num_slots = static_cast<size_t>(next);
+  return p;
 }
 
 mx::array Program::to_array(const HostTensor& t) {
@@ -96,61 +162,132 @@ void Program::copy_out(const mx::array& a, void* dst) {
   std::memcpy(dst, a.data<void>(), a.nbytes());
 }
 
-std::string Program::describe_failure(size_t k, const std::vector<mx::array>& args,
-                                      const std::string& what) const {
-  (void)args;
-  const auto& n = graph_.nodes[k];
-  std::ostringstream os;
-  os << "[MLX EP] fused node '" << name_ << "': " << n.describe() << " failed: " << what;
-  return os.str();
-}
+// State of one translation of the group (a probe, an eager run, or a compile trace).
+struct Program::Run {
+  Mode mode;
+  HostRecord* record;             // Probe: filled in read order; Replay: read back in order
+  std::vector<int>* host_deps;    // Probe only: the taint of every host read
+  mx::Stream s;
+  size_t next_read = 0;
+  // Probe only: the taint of every array a scope produced or a hook was handed, by id. Arrays
+  // a translator builds between body runs (a Scan slice, a Loop counter) are traced back
+  // through their MLX inputs to known ones. Holding the array keeps its id from being reused.
+  std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
 
-std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mode mode,
-                                          HostRecord* record, std::vector<int>* host_deps,
-                                          mx::Stream s) const {
-  const size_t n_in = input_names_.size();
-  std::vector<std::optional<mx::array>> slots(num_slots_);
+  bool tracking() const { return host_deps != nullptr; }
+
+  void note(const mx::array& a, const Taint& t) {
+    if (tracking()) lineage.try_emplace(a.id(), a, t);
+  }
+
+  Taint taint_of(const mx::array& a) {
+    if (auto it = lineage.find(a.id()); it != lineage.end()) return it->second.second;
+    Taint t;
+    // A leaf without a known id is a constant the translator made (its data came from host
+    // reads at most, and those already recorded their own taint).
+    if (a.has_primitive())
+      for (const auto& in : a.inputs()) {
+        auto ti = taint_of(in);
+        t.insert(t.end(), ti.begin(), ti.end());
+      }
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+    lineage.try_emplace(a.id(), a, t);
+    return t;
+  }
+
+  // A host read: evaluated and recorded (probe), evaluated (eager), or the recorded value.
+  mx::array read(const mx::array& v, const Taint& t) {
+    if (mode == Mode::Replay) {
+      if (next_read >= record->size())
+        throw std::runtime_error("[engine] replay read a host value the probe did not record");
+      const mx::array& a = (*record)[next_read++];
+      if (a.shape() != v.shape() || a.dtype() != v.dtype())
+        throw std::runtime_error("[engine] replay's host read differs from the probe's");
+      return a;
+    }
+    mx::array a = mx::contiguous(v, false, s);
+    a.eval();
+    if (host_deps) host_deps->insert(host_deps->end(), t.begin(), t.end());
+    if (record) record->push_back(a);
+    return a;
+  }
+};
+
+std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> inputs,
+                                         std::vector<Taint> input_taints, Run& run) const {
+  // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
+  const bool top = &p == top_.get();
+  std::vector<std::optional<mx::array>> slots(p.num_slots);
   // taint[slot]: the fused inputs whose data flow into the value (shape reads reset it).
-  std::vector<std::vector<int>> taint(num_slots_);
-  for (size_t i = 0; i < args.size(); ++i) slots[i] = args[i];
-  for (size_t i = 0; i < n_in; ++i) taint[i] = {static_cast<int>(i)};
+  std::vector<Taint> taint(p.num_slots);
+  for (size_t i = 0; i < p.num_inputs; ++i) {
+    slots[i] = inputs[i];
+    taint[i] = std::move(input_taints[i]);
+    run.note(inputs[i], taint[i]);
+  }
+  for (const auto& [sl, c] : p.constants) {
+    slots[sl] = c;
+    run.note(c, {});
+  }
+  for (size_t j = 0; j < p.outer_slots.size(); ++j) {
+    slots[p.outer_slots[j]] = inputs[p.num_inputs + j];
+    taint[p.outer_slots[j]] = std::move(input_taints[p.num_inputs + j]);
+  }
 
-  for (size_t k = 0; k < steps_.size(); ++k) {
-    const auto& node = graph_.nodes[k];
-    const auto& io = steps_[k];
-    std::vector<std::optional<mx::array>> inputs;
-    inputs.reserve(io.in.size());
-    std::vector<int> node_taint;
+  for (size_t k = 0; k < p.steps.size(); ++k) {
+    const auto& node = p.graph->nodes[k];
+    const auto& io = p.steps[k];
+    std::vector<std::optional<mx::array>> node_inputs;
+    node_inputs.reserve(io.in.size());
+    Taint node_taint;
     for (int sl : io.in) {
-      if (sl < 0) { inputs.emplace_back(); continue; }
-      inputs.push_back(slots[sl]);
+      if (sl < 0) { node_inputs.emplace_back(); continue; }
+      node_inputs.push_back(slots[sl]);
       node_taint.insert(node_taint.end(), taint[sl].begin(), taint[sl].end());
     }
+    for (const auto& [body, outer] : io.bodies)
+      for (int sl : outer) node_taint.insert(node_taint.end(), taint[sl].begin(), taint[sl].end());
     std::sort(node_taint.begin(), node_taint.end());
     node_taint.erase(std::unique(node_taint.begin(), node_taint.end()), node_taint.end());
 
     ops::EngineHooks hooks;
-    hooks.host_value = [&, k](size_t idx) -> mx::array {
-      if (mode == Mode::Replay) {
-        auto it = record->find({k, idx});
-        if (it == record->end())
-          throw std::runtime_error("[engine] replay read a host value the probe did not record");
-        return it->second;
-      }
+    hooks.host_value = [&](size_t idx) -> mx::array {
       int sl = io.in.at(idx);
-      mx::array a = mx::contiguous(*slots.at(sl), false, s);
-      a.eval();
-      if (host_deps) host_deps->insert(host_deps->end(), taint[sl].begin(), taint[sl].end());
-      if (record) record->insert_or_assign({k, idx}, a);
-      return a;
+      if (sl < 0) throw std::logic_error("[engine] host read of an absent input");
+      return run.read(*slots[sl], taint[sl]);
     };
-    ops::OpContext ctx(node, graph_, std::move(inputs), s, &hooks);
+    hooks.host_eval = [&](const mx::array& v) -> mx::array {
+      return run.read(v, run.tracking() ? run.taint_of(v) : Taint{});
+    };
+    hooks.run_subgraph = [&](const graph::Graph& body,
+                             const std::vector<mx::array>& args) -> std::vector<mx::array> {
+      auto b = std::find_if(io.bodies.begin(), io.bodies.end(),
+                            [&](const auto& e) { return e.first == &body; });
+      if (b == io.bodies.end())
+        throw std::logic_error("[engine] " + node.describe() + " ran a graph that is not its subgraph");
+      const Plan& bp = *body_plans_.at(&body);
+      if (args.size() != bp.num_inputs)
+        throw std::invalid_argument("subgraph takes " + std::to_string(bp.num_inputs) +
+                                    " inputs, got " + std::to_string(args.size()));
+      std::vector<mx::array> values(args);
+      std::vector<Taint> taints(args.size());
+      if (run.tracking())
+        for (size_t i = 0; i < args.size(); ++i) taints[i] = run.taint_of(args[i]);
+      for (int sl : b->second) {
+        values.push_back(*slots[sl]);
+        taints.push_back(taint[sl]);
+      }
+      return run_plan(bp, std::move(values), std::move(taints), run);
+    };
+    ops::OpContext ctx(node, *p.graph, std::move(node_inputs), run.s, &hooks);
     ops::Outputs outs;
     try {
-      outs = entries_[k]->translate(ctx);
+      outs = p.entries[k]->translate(ctx);
     } catch (const std::exception& e) {
       std::ostringstream os;
-      os << e.what() << " (inputs:";
+      if (top) os << "[MLX EP] fused node '" << name_ << "': ";
+      os << node.describe() << " failed: " << e.what() << " (inputs:";
       for (size_t i = 0; i < io.in.size(); ++i) {
         if (io.in[i] < 0) { os << " -"; continue; }
         const auto& a = *slots[io.in[i]];
@@ -161,24 +298,42 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mo
       // Keep the category: invalid_argument (bad shapes/values from the caller) becomes
       // ORT_INVALID_ARGUMENT at the error wall, anything else ORT_EP_FAIL. ORT's Python
       // wrapper silently retries EP_FAIL runs on the CPU EP, which would hide input errors.
-      if (dynamic_cast<const std::invalid_argument*>(&e))
-        throw std::invalid_argument(describe_failure(k, args, os.str()));
-      throw std::runtime_error(describe_failure(k, args, os.str()));
+      if (dynamic_cast<const std::invalid_argument*>(&e)) throw std::invalid_argument(os.str());
+      throw std::runtime_error(os.str());
     }
     for (size_t j = 0; j < io.out.size(); ++j) {
       if (io.out[j] < 0) continue;
       if (j >= outs.size())
-        throw std::runtime_error(describe_failure(k, args, "translator produced " +
-                                 std::to_string(outs.size()) + " outputs, node needs output " +
-                                 std::to_string(j)));
+        throw std::runtime_error("[MLX EP] fused node '" + name_ + "': " + node.describe() +
+                                 " failed: translator produced " + std::to_string(outs.size()) +
+                                 " outputs, node needs output " + std::to_string(j));
       slots[io.out[j]] = outs[j];
-      if (!shape_only_op(node)) taint[io.out[j]] = node_taint;
+      if (shape_only_op(node))
+        taint[io.out[j]] = {};
+      else if (!io.bodies.empty() && run.tracking())
+        taint[io.out[j]] = run.taint_of(outs[j]);  // precise: through the bodies' values
+      else
+        taint[io.out[j]] = node_taint;
+      run.note(outs[j], taint[io.out[j]]);
     }
   }
   std::vector<mx::array> result;
-  result.reserve(output_slots_.size());
-  for (size_t i = 0; i < output_slots_.size(); ++i) {
-    mx::array a = *slots[output_slots_[i]];
+  result.reserve(p.output_slots.size());
+  for (int sl : p.output_slots) result.push_back(*slots[sl]);
+  return result;
+}
+
+std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mode mode,
+                                          HostRecord* record, std::vector<int>* host_deps,
+                                          mx::Stream s) const {
+  Run run{mode, record, host_deps, s};
+  std::vector<Taint> taints(args.size());
+  for (size_t i = 0; i < input_names_.size(); ++i) taints[i] = {static_cast<int>(i)};
+  auto outs = run_plan(*top_, args, std::move(taints), run);
+  std::vector<mx::array> result;
+  result.reserve(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    mx::array a = outs[i];
     // Safety net for declared output dtypes (ONNX promotion rules are stricter than MLX's).
     if (output_dtypes_[i] != DType::Undefined) {
       if (auto d = ops::to_mlx_dtype(output_dtypes_[i]); d && a.dtype() != *d) a = mx::astype(a, *d, s);

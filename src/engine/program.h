@@ -64,14 +64,34 @@ class Program {
   static void copy_out(const mx::array& a, void* dst);
 
  private:
+  using Taint = std::vector<int>;  // fused inputs whose data flow into a value (sorted, unique)
   struct StepIO {
     std::vector<int> in;   // value slot per node input, -1 = absent
     std::vector<int> out;  // value slot per node output, -1 = unused
+    // Per subgraph of the node (If/Loop/Scan): the slots, in this scope, of the outer-scope
+    // values that body reads (in the order of its Plan::outer).
+    std::vector<std::pair<const graph::Graph*, std::vector<int>>> bodies;
   };
-  // Host values a translator read, recorded so a compiled replay sees the same numbers.
-  using HostRecord = std::map<std::pair<size_t, size_t>, mx::array>;
+  // One scope ready to translate: the fused group itself, or a control-flow body. Slots:
+  // [0, num_inputs) the scope's inputs (for the group: fused inputs, then its constants, all
+  // passed as arguments so mx::compile sees them as inputs); then, for bodies, the body's
+  // constants and its outer-scope values; then node outputs.
+  struct Plan {
+    const graph::Graph* graph = nullptr;
+    std::vector<const ops::OpEntry*> entries;
+    std::vector<StepIO> steps;
+    size_t num_inputs = 0;
+    std::vector<std::pair<int, mx::array>> constants;  // bodies only: (slot, value)
+    std::vector<std::string> outer;                    // bodies only: names read from outside
+    std::vector<int> outer_slots;
+    std::vector<int> output_slots;
+    size_t num_slots = 0;
+  };
+  // Host values translators read, in the order they read them, so a compiled replay (which
+  // takes the same branches and iteration counts, being keyed by them) sees the same numbers.
+  using HostRecord = std::vector<mx::array>;
   enum class Mode { Probe, Eager, Replay };
-  struct Signature;
+  struct Run;
   struct Entry {
     bool eager_only = false;
     int hits = 0;
@@ -79,24 +99,24 @@ class Program {
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
   };
 
+  std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,
+                                  const std::vector<std::string>& outputs, bool top);
   std::vector<mx::array> translate(const std::vector<mx::array>& args, Mode mode,
                                    HostRecord* record, std::vector<int>* host_deps,
                                    mx::Stream s) const;
+  std::vector<mx::array> run_plan(const Plan& p, std::vector<mx::array> inputs,
+                                  std::vector<Taint> input_taints, Run& run) const;
   std::string signature_of(const std::vector<mx::array>& inputs,
                            const std::vector<HostTensor>& raw) const;
-  std::string describe_failure(size_t node_index, const std::vector<mx::array>& args,
-                               const std::string& what) const;
 
   std::string name_;
-  graph::Graph graph_;  // nodes + value infos (constants' data are not kept here)
+  graph::Graph graph_;  // nodes + value infos (constants' data are not kept here, nor in bodies)
   std::vector<std::string> input_names_, output_names_;
   Options opt_;
-  std::vector<const ops::OpEntry*> entries_;
-  std::vector<StepIO> steps_;
-  std::vector<int> output_slots_;
+  std::unique_ptr<Plan> top_;
+  std::unordered_map<const graph::Graph*, std::unique_ptr<Plan>> body_plans_;
   std::vector<graph::DType> output_dtypes_;
-  size_t num_slots_ = 0;
-  std::vector<mx::array> constants_;  // slots [num_inputs, num_inputs + constants)
+  std::vector<mx::array> constants_;  // the group's constants: slots [num_inputs, +constants)
   // Fused inputs whose *values* feed host reads (shape tensors computed outside the group):
   // they become part of the signature. Guarded by mu_.
   std::vector<bool> keyed_inputs_;

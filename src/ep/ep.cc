@@ -134,9 +134,11 @@ void MlxEp::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
   partition::Result result;
   if (g.is_subgraph) {
     // Control-flow bodies are not claimed node by node: a fused node inside a nested body
-    // breaks ORT ("no opset import for domain"), and If/Loop/Scan are not translated yet.
+    // breaks ORT ("no opset import for domain"). An If/Loop/Scan is claimed whole, bodies
+    // included, at its parent level (partition::check_node checks every node inside).
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      result.declined.push_back({i, "inside a control-flow subgraph (not claimed yet)"});
+      result.declined.push_back(
+          {i, "inside a control-flow subgraph (claimed only whole, with its If/Loop/Scan)"});
   } else {
     result = partition::partition(g, partition::Options{gpu_});
   }

@@ -173,7 +173,7 @@ graph::Attribute read_attribute(const OrtOpAttr* a) {
       break;
     }
     case ORT_OP_ATTR_GRAPH:
-      out.type = graph::AttrType::Graph;  // subgraphs come through Node_GetSubgraphs
+      out.type = graph::AttrType::Graph;  // filled from Node_GetSubgraphs by read_graph
       break;
     default:
       break;
@@ -262,6 +262,28 @@ GraphRead read_graph(const OrtGraph* g) {
       const char* an = nullptr;
       check(g_ort->OpAttr_GetName(a, &an));
       node.attrs.emplace(an ? an : "", read_attribute(a));
+    }
+    // Control-flow bodies, read recursively (ORT hands them out as OrtGraphs, not attributes).
+    // Outer-scope constant initializers a body reads come with it: ORT flags them constant in
+    // the body's view and ValueInfo_GetInitializerValue finds them in the enclosing graph.
+    size_t n_sub = 0;
+    check(g_ort->Node_GetNumSubgraphs(on, &n_sub));
+    if (n_sub) {
+      std::vector<const OrtGraph*> subs(n_sub);
+      std::vector<const char*> sub_names(n_sub, nullptr);
+      check(g_ort->Node_GetSubgraphs(on, subs.data(), n_sub, sub_names.data()));
+      for (size_t k = 0; k < n_sub; ++k) {
+        graph::Attribute a;
+        a.type = graph::AttrType::Graph;
+        if (subs[k]) a.g = std::make_shared<const graph::Graph>(read_graph(subs[k]).graph);
+        node.attrs.insert_or_assign(sub_names[k] ? sub_names[k] : "", std::move(a));
+      }
+      size_t n_implicit = 0;
+      check(g_ort->Node_GetNumImplicitInputs(on, &n_implicit));
+      std::vector<const OrtValueInfo*> implicit(n_implicit);
+      if (n_implicit) check(g_ort->Node_GetImplicitInputs(on, implicit.data(), n_implicit));
+      for (auto* v : implicit)
+        if (auto name = note_value(v); !name.empty()) node.implicit_inputs.push_back(name);
     }
     out.nodes.push_back(std::move(node));
   }

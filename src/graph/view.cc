@@ -1,6 +1,8 @@
 #include "graph/view.h"
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 namespace ortmlx::graph {
@@ -185,6 +187,32 @@ std::vector<float> Node::attr_floats(std::string_view n, std::vector<float> def)
 std::string Node::describe() const {
   std::string d = domain.empty() ? op_type : domain + "." + op_type;
   return d + " '" + name + "'";
+}
+
+std::vector<std::pair<std::string, const Graph*>> Node::subgraphs() const {
+  std::vector<std::pair<std::string, const Graph*>> out;
+  for (const auto& [name, a] : attrs)
+    if (a.type == AttrType::Graph && a.g) out.emplace_back(name, a.g.get());
+  return out;
+}
+
+std::vector<std::string> outer_names(const Graph& body) {
+  std::set<std::string, std::less<>> defined(body.inputs.begin(), body.inputs.end());
+  for (const auto& [name, c] : body.constants) defined.insert(name);
+  for (const auto& n : body.nodes)
+    for (const auto& o : n.outputs)
+      if (!o.empty()) defined.insert(o);
+  std::set<std::string> free;
+  auto use = [&](const std::string& name) {
+    if (!name.empty() && !defined.count(name)) free.insert(name);
+  };
+  for (const auto& n : body.nodes) {
+    for (const auto& in : n.inputs) use(in);
+    for (const auto& [attr, sub] : n.subgraphs())
+      for (const auto& name : outer_names(*sub)) use(name);
+  }
+  for (const auto& o : body.outputs) use(o);
+  return {free.begin(), free.end()};
 }
 
 const ValueInfo* Graph::info(std::string_view name) const {

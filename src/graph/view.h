@@ -85,6 +85,9 @@ struct Node {
   std::vector<std::string> inputs;   // "" marks an omitted optional input
   std::vector<std::string> outputs;  // "" marks an unused optional output
   std::map<std::string, Attribute, std::less<>> attrs;
+  // Outer-scope values read inside this node's subgraphs (If/Loop/Scan), as ORT reports them.
+  // They are data edges too: the partitioner orders and groups by them.
+  std::vector<std::string> implicit_inputs;
 
   bool has_attr(std::string_view n) const { return attrs.find(n) != attrs.end(); }
   const Attribute* attr(std::string_view n) const;
@@ -96,6 +99,8 @@ struct Node {
   bool has_input(size_t i) const { return i < inputs.size() && !inputs[i].empty(); }
   bool has_output(size_t i) const { return i < outputs.size() && !outputs[i].empty(); }
   std::string describe() const;  // "Op 'name'" for messages
+  // The subgraph attributes (then_branch, else_branch, body), in attribute-name order.
+  std::vector<std::pair<std::string, const Graph*>> subgraphs() const;
 };
 
 struct Graph {
@@ -110,5 +115,11 @@ struct Graph {
   const ValueInfo* info(std::string_view name) const;
   const ConstTensor* constant(std::string_view name) const;
 };
+
+// The names a subgraph reads from enclosing scopes: values its nodes (and, recursively, their
+// own subgraphs) use, or it returns, that it neither receives as an input, holds as a constant,
+// nor produces. Sorted, unique. An outer-scope *constant* initializer is read into the body's
+// `constants` by the ABI layer, so it is not listed here.
+std::vector<std::string> outer_names(const Graph& body);
 
 }  // namespace ortmlx::graph

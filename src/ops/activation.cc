@@ -38,7 +38,7 @@ mx::array sigmoid(const OpContext& c, const mx::array& x) { return sigmoid_of(x,
 mx::array tanh_(const OpContext& c, const mx::array& x) { return mx::tanh(x, c.s); }
 
 // clamp(alpha * x + beta, 0, 1)
-mx::array hard_sigmoid_core(const OpContext& c, const mx::array& x, float alpha, float beta) {
+mx::array hard_sigmoid_core(const OpContext& c, const mx::array& x, double alpha, double beta) {
   auto y = mx::add(mx::multiply(sc(alpha, x), x, c.s), sc(beta, x), c.s);
   return mx::minimum(mx::maximum(y, sc(0, x), c.s), sc(1, x), c.s);
 }
@@ -46,7 +46,7 @@ mx::array hard_sigmoid(const OpContext& c, const mx::array& x) {
   return hard_sigmoid_core(c, x, attr(c, "alpha", 0.2f), attr(c, "beta", 0.5f));
 }
 mx::array hard_swish(const OpContext& c, const mx::array& x) {
-  return mx::multiply(x, hard_sigmoid_core(c, x, 1.0f / 6.0f, 0.5f), c.s);
+  return mx::multiply(x, hard_sigmoid_core(c, x, 1.0 / 6.0, 0.5), c.s);
 }
 
 // log(1 + exp(x)) without overflow
@@ -109,6 +109,8 @@ mx::array swish(const OpContext& c, const mx::array& x) {
 Support check_gelu(const NodeQuery& q) {
   auto approx = q.node.attr_string("approximate", "none");
   if (approx != "none" && approx != "tanh") return Support::no("unknown approximate '" + approx + "'");
+  if (approx == "none" && q.input_dtype(0) == DType::Float64)
+    return Support::no("MLX's float64 erf is only float32-accurate");
   return float_input(q, 0);
 }
 
@@ -162,7 +164,8 @@ const OpEntry kOps[] = {
     {"", "Celu", 12, kAnyOpset, check_float, act<celu>},
     {"", "ThresholdedRelu", 10, kAnyOpset, check_float, act<thresholded_relu>},
     {"", "Mish", 18, kAnyOpset, check_float, act<mish>},
-    {"", "Gelu", 20, kAnyOpset, check_gelu, act<gelu>},
+    {"", "Gelu", 20, kAnyOpset, check_gelu, act<gelu>,
+     "float64 only with approximate=tanh (MLX's float64 erf is float32-accurate)"},
     {"", "Shrink", 9, kAnyOpset, check_numeric, translate_shrink},
     {"", "Swish", 24, kAnyOpset, check_float, act<swish>},
 };

@@ -430,8 +430,12 @@ Outputs translate_attention_ms(OpContext& c) {
   if (n.attr_int("unidirectional", 0) != 0) bias = add_opt(bias, ort_causal(S, T, mfv, ct, c.s), c.s);
   if (c.has(5)) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
   auto out = attend(Q, K, V, default_scale(n, H), {}, bias, 0.f, {}, c.s).out;
-  auto present = mx::astype(mx::stack({K, V}, 0, c.s), out_t, c.s);
-  return {mx::astype(from_bnsh(out, c.s), out_t, c.s), present};
+  Outputs outs = {mx::astype(from_bnsh(out, c.s), out_t, c.s)};
+  if (n.has_output(1)) {  // [2, B, N, T, H]: needs K and V of one head size
+    if (Hv != H) c.fail("present needs equal Q/K and V hidden sizes");
+    outs.push_back(mx::astype(mx::stack({K, V}, 0, c.s), out_t, c.s));
+  }
+  return outs;
 }
 
 // ---- Attention (ai.onnx 23/24) -------------------------------------------------------------------

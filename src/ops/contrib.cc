@@ -43,9 +43,10 @@ const OpEntry kOps[] = {
     {kMs, "BiasSplitGelu", 1, kAnyOpset, check_bias_split_gelu, translate_bias_split_gelu},
     // quantized weights
     {kMs, "MatMulNBits", 1, kAnyOpset, check_matmul_nbits, translate_matmul_nbits,
-     "bits 2/4/8, any power-of-2 block_size >= 16; accuracy_level is ignored (computed in float, "
-     "where ORT's CPU EP quantizes A to int8 for level 4); g_idx with packed uint8 zero_points "
-     "declined (ORT's CPU kernel ignores those zero points); weight_prepacked declined"},
+     "bits 2/4/8, any power-of-2 block_size >= 16; accuracy_level 4 quantizes A to int8 per block "
+     "as ORT's CPU EP does (absent/uint8 zero points, no g_idx), other levels compute in float; "
+     "g_idx with packed uint8 zero_points declined (ORT's CPU kernel ignores those zero points); "
+     "weight_prepacked declined"},
     {kMs, "GatherBlockQuantized", 1, kAnyOpset, check_gather_block_quantized,
      translate_gather_block_quantized,
      "uint8 data only (gather_axis 0, packed along the last axis)"},

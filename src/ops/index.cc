@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <map>
 #include <numeric>
 #include <type_traits>
 #include <vector>

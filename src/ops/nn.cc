@@ -1,5 +1,5 @@
-// Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc and
-// resizing in resize.cc. ONNX is channels-first with OIHW weights, MLX's conv_general is
+// Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc,
+// Resize/Upsample in resize.cc and GridSample in grid_sample.cc. ONNX is channels-first with OIHW weights, MLX's conv_general is
 // channels-last with OHWI weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
 #include <string>
@@ -69,6 +69,59 @@ std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.en
 // to the beginning for SAME_LOWER.
 int64_t same_begin(int64_t total, bool upper) { return upper ? total / 2 : total - total / 2; }
 
+// MLX's CPU convolution accumulates float64 in float32, so float64 convolutions run as im2col
+// (a strided window view) + a float64 matmul, which is exact. Same contract as conv_general:
+// x (N, D.., C), w (M, K.., C/groups), non-negative padding.
+mx::array conv_f64(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
+                   const std::vector<int>& lo, const std::vector<int>& hi,
+                   const std::vector<int>& dilation, const std::vector<int>& input_dilation,
+                   int groups, bool flip, mx::Stream s) {
+  const int rank = x.ndim(), nd = rank - 2;
+  mx::array xi = x;
+  bool dilate = false;
+  for (int v : input_dilation) dilate = dilate || v > 1;
+  if (dilate) {  // interleave zeros between input elements
+    mx::Shape dshape = x.shape(), start(rank, 0), step(rank, 1);
+    for (int d = 0; d < nd; ++d) {
+      dshape[1 + d] = (x.shape(1 + d) - 1) * input_dilation[d] + 1;
+      step[1 + d] = input_dilation[d];
+    }
+    xi = mx::slice_update(mx::zeros(dshape, x.dtype(), s), x, start, dshape, step, s);
+  }
+  Window win;
+  win.nd = nd;
+  int64_t P = 1, K = 1;
+  for (int d = 0; d < nd; ++d) {
+    int64_t k = w.shape(1 + d), dk = (k - 1) * dilation[d] + 1, in = xi.shape(1 + d);
+    win.kernel.push_back(k);
+    win.stride.push_back(stride[d]);
+    win.dil.push_back(dilation[d]);
+    win.lo.push_back(lo[d]);
+    win.hi.push_back(hi[d]);
+    win.in.push_back(in);
+    win.out.push_back((in + lo[d] + hi[d] - dk) / stride[d] + 1);
+    P *= win.out.back();
+    K *= k;
+  }
+  const int N = x.shape(0), C = x.shape(-1), M = w.shape(0), cg = C / groups, mg = M / groups;
+  // (N, out.., C, K..) -> (g, N*P, C/g * K)
+  mx::array v = windows(xi, win, 1, mx::array(0.0, x.dtype()), s);
+  v = mx::transpose(mx::reshape(v, {static_cast<int>(N * P), groups, static_cast<int>(cg * K)}, s), {1, 0, 2}, s);
+  mx::array wk = w;
+  if (flip)
+    for (int d = 0; d < nd; ++d)
+      wk = mx::take(wk, mx::arange(w.shape(1 + d) - 1, -1, -1, s), 1 + d, s);
+  // (M, K.., C/g) -> (M, C/g, K..) -> (g, C/g * K, M/g)
+  std::vector<int> perm{0, nd + 1};
+  for (int d = 0; d < nd; ++d) perm.push_back(1 + d);
+  wk = mx::reshape(mx::transpose(wk, perm, s), {groups, mg, static_cast<int>(cg * K)}, s);
+  mx::array y = mx::matmul(v, mx::transpose(wk, {0, 2, 1}, s), s);  // (g, N*P, M/g)
+  mx::Shape out_shape{N};
+  for (auto o : win.out) out_shape.push_back(static_cast<int>(o));
+  out_shape.push_back(M);
+  return mx::reshape(mx::transpose(y, {1, 0, 2}, s), out_shape, s);
+}
+
 // Runs conv_general, splitting the groups by hand for 3-D (MLX only groups 1-D and 2-D).
 // x: (N, D.., C) channels-last; w: (M, K.., C/groups).
 mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
@@ -76,6 +129,8 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
                        const std::vector<int>& dilation, const std::vector<int>& input_dilation,
                        int groups, bool flip, mx::Stream s) {
   int nd = x.ndim() - 2;
+  if (x.dtype() == mx::float64)
+    return conv_f64(x, w, stride, lo, hi, dilation, input_dilation, groups, flip, s);
   if (groups == 1 || nd < 3)
     return mx::conv_general(x, w, stride, lo, hi, dilation, input_dilation, groups, flip, s);
   int cg = x.shape(-1) / groups, mg = w.shape(0) / groups;
@@ -281,6 +336,8 @@ const OpEntry kOps[] = {
     {"", "Resize", 10, kAnyOpset, check_resize, translate_resize,
      "linear/cubic on integer inputs declined"},
     {"", "Upsample", 7, 9, check_upsample, translate_upsample},
+    {"", "GridSample", 16, kAnyOpset, check_grid_sample, translate_grid_sample,
+     "1 to 3 spatial dims; linear/cubic need a float input"},
 };
 
 }  // namespace

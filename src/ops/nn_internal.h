@@ -1,5 +1,5 @@
 // Shared by the nn family files: nn.cc (Conv, ConvTranspose and the family table), pool.cc
-// (the pooling ops) and resize.cc (Resize, Upsample, GridSample). ONNX lays images out
+// (the pooling ops), resize.cc (Resize, Upsample) and grid_sample.cc. ONNX lays images out
 // channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
 #pragma once
 
@@ -30,6 +30,21 @@ Support check_rank(const NodeQuery& q, size_t i, int min_rank, int max_rank);
 // math runs in for `x`.
 mx::Dtype compute_dtype(const mx::array& x, mx::Stream s);
 
+// Sliding-window geometry over nd spatial dims: kernel, stride, dilation, the explicit
+// padding at each end (lo/hi), and the input/output lengths.
+struct Window {
+  size_t nd = 0;
+  std::vector<int64_t> kernel, stride, dil, lo, hi, in, out;
+  bool empty() const;  // some output length is 0
+};
+
+// Every window of x as a strided view: the spatial dims [first, first+nd) of x become
+// out_1..out_n in place and k_1..k_n are appended, e.g. (N, C, D..) -> (N, C, out.., k..) for
+// first = 2. The input is padded with `pad_value` (lo at the start, and at the end whatever the
+// last window needs) or cropped where that is negative. (pool.cc)
+mx::array windows(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                  mx::Stream s);
+
 // pool.cc
 Support check_max_pool(const NodeQuery& q);
 Support check_avg_pool(const NodeQuery& q);
@@ -47,6 +62,8 @@ Support check_resize(const NodeQuery& q);
 Support check_upsample(const NodeQuery& q);
 Outputs translate_resize(OpContext& c);
 Outputs translate_upsample(OpContext& c);
+
+// grid_sample.cc
 Support check_grid_sample(const NodeQuery& q);
 Outputs translate_grid_sample(OpContext& c);
 

@@ -94,6 +94,25 @@ double OpContext::host_float(size_t i) const {
   return v[0];
 }
 
+std::vector<mx::array> OpContext::run_subgraph(const graph::Graph& body,
+                                               const std::vector<mx::array>& inputs) const {
+  if (!hooks_ || !hooks_->run_subgraph) fail("subgraphs need the engine (no run_subgraph hook)");
+  return hooks_->run_subgraph(body, inputs);
+}
+
+int64_t OpContext::host_scalar(const mx::array& value) const {
+  mx::array a = value;
+  if (hooks_ && hooks_->host_eval) {
+    a = hooks_->host_eval(value);
+  } else {
+    a = mx::contiguous(value, false, s);
+    a.eval();
+  }
+  auto v = read_host<int64_t>(a);
+  if (v.empty()) fail("an empty tensor where a scalar is expected");
+  return v[0];
+}
+
 void OpContext::fail(const std::string& why) const {
   throw TranslateError("[" + node.op_type + "] node '" + node.name + "': " + why);
 }

@@ -55,6 +55,17 @@ struct EngineHooks {
   // compiled replay sees the same number; it decides whether that is valid (shape-derived) or
   // the program must stay eager for this input signature.
   std::function<mx::array(size_t index)> host_value;
+  // Translates a subgraph of the current node (If/Loop/Scan body, one of its Graph attributes)
+  // on `inputs`, the body's formal inputs in order, and returns its outputs. The engine
+  // resolves the body's constants and the outer-scope values it reads (the node's implicit
+  // inputs, or values of an enclosing body), and reuses the per-node translate loop, so
+  // nested bodies recurse.
+  std::function<std::vector<mx::array>(const graph::Graph& body,
+                                       const std::vector<mx::array>& inputs)>
+      run_subgraph;
+  // Evaluates an array the translator built (e.g. a Loop body's condition output) on the
+  // host; recorded and tracked exactly like host_value.
+  std::function<mx::array(const mx::array& value)> host_eval;
 };
 
 class OpContext {
@@ -79,6 +90,12 @@ class OpContext {
   std::vector<double> host_floats(size_t i) const;
   int64_t host_int(size_t i) const;
   double host_float(size_t i) const;
+
+  // Control flow: run a subgraph attribute of this node (see EngineHooks::run_subgraph), and
+  // read an array computed during translation on the host (first element, as int64).
+  std::vector<mx::array> run_subgraph(const graph::Graph& body,
+                                      const std::vector<mx::array>& inputs) const;
+  int64_t host_scalar(const mx::array& value) const;
 
   [[noreturn]] void fail(const std::string& why) const;
 

@@ -15,16 +15,6 @@ namespace ortmlx::ops::nn {
 
 namespace {
 
-struct Window {
-  size_t nd = 0;
-  std::vector<int64_t> kernel, stride, dil, lo, hi, in, out;  // lo/hi: explicit pads
-  bool empty() const {
-    for (auto o : out)
-      if (o <= 0) return true;
-    return false;
-  }
-};
-
 Window make_window(OpContext& c, const mx::array& x) {
   const auto& n = c.node;
   if (x.ndim() < 3 || x.ndim() > 5) c.fail("only 1-D, 2-D and 3-D pooling is supported");
@@ -70,8 +60,16 @@ mx::Shape pooled_shape(const mx::array& x, const Window& w) {
   return s;
 }
 
-// (N, C, D..) -> (N, C, out.., k..): every window as a strided view of the padded input.
-mx::array windows(const mx::array& x, const Window& w, const mx::array& pad_value, mx::Stream s) {
+}  // namespace
+
+bool Window::empty() const {
+  for (auto o : out)
+    if (o <= 0) return true;
+  return false;
+}
+
+mx::array windows(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                  mx::Stream s) {
   const int rank = x.ndim();
   mx::array xp = x;
   mx::Shape start(rank, 0), stop = x.shape();
@@ -79,11 +77,12 @@ mx::array windows(const mx::array& x, const Window& w, const mx::array& pad_valu
   mx::Shape lo, hi;
   bool crop = false;
   for (size_t d = 0; d < w.nd; ++d) {
+    const int a = first + static_cast<int>(d);
     int64_t extent = (w.out[d] - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dil[d] + 1;
     int64_t b = w.lo[d], e = extent - w.in[d] - w.lo[d];  // e: what the last window needs
-    if (b < 0) { start[2 + d] = static_cast<int>(-b); b = 0; crop = true; }
-    if (e < 0) { stop[2 + d] = static_cast<int>(w.in[d] + e); e = 0; crop = true; }
-    axes.push_back(2 + static_cast<int>(d));
+    if (b < 0) { start[a] = static_cast<int>(-b); b = 0; crop = true; }
+    if (e < 0) { stop[a] = static_cast<int>(w.in[d] + e); e = 0; crop = true; }
+    axes.push_back(a);
     lo.push_back(static_cast<int>(b));
     hi.push_back(static_cast<int>(e));
   }
@@ -96,18 +95,22 @@ mx::array windows(const mx::array& x, const Window& w, const mx::array& pad_valu
     st[i] = acc;
     acc *= xp.shape(i);
   }
-  mx::Shape shape{xp.shape(0), xp.shape(1)};
-  mx::Strides strides{st[0], st[1]};
-  for (size_t d = 0; d < w.nd; ++d) {
-    shape.push_back(static_cast<int>(w.out[d]));
-    strides.push_back(st[2 + d] * w.stride[d]);
+  mx::Shape shape;
+  mx::Strides strides;
+  for (int i = 0; i < rank; ++i) {
+    int d = i - first;
+    bool spatial = d >= 0 && d < static_cast<int>(w.nd);
+    shape.push_back(spatial ? static_cast<int>(w.out[d]) : xp.shape(i));
+    strides.push_back(spatial ? st[i] * w.stride[d] : st[i]);
   }
   for (size_t d = 0; d < w.nd; ++d) {
     shape.push_back(static_cast<int>(w.kernel[d]));
-    strides.push_back(st[2 + d] * w.dil[d]);
+    strides.push_back(st[first + d] * w.dil[d]);
   }
   return mx::as_strided(xp, shape, strides, 0, s);
 }
+
+namespace {
 
 std::vector<int> window_axes(const Window& w) {
   std::vector<int> a;
@@ -215,12 +218,12 @@ Outputs translate_max_pool(OpContext& c) {
     if (want_indices) out.push_back(mx::zeros(pooled_shape(x, w), mx::int64, c.s));
     return out;
   }
-  mx::array v = windows(x, w, lowest(x.dtype()), c.s);
+  mx::array v = windows(x, w, 2, lowest(x.dtype()), c.s);
   if (!want_indices) return {mx::max(v, window_axes(w), false, c.s)};
   // Indices: argmax over the flattened window (first maximum, like ORT), then read the flat
   // input index stored at that window position (padding carries -1 and never wins).
   bool column_major = c.node.attr_int("storage_order", 0) == 1;
-  mx::array iv = windows(flat_indices(x, column_major, c.s), w, mx::array(-1, mx::int64), c.s);
+  mx::array iv = windows(flat_indices(x, column_major, c.s), w, 2, mx::array(-1, mx::int64), c.s);
   mx::Shape flat = pooled_shape(x, w);
   flat.push_back(-1);
   mx::array vf = mx::reshape(v, flat, c.s);
@@ -236,7 +239,7 @@ Outputs translate_avg_pool(OpContext& c) {
   if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
   mx::Dtype cd = compute_dtype(x, c.s);
   mx::array xc = mx::astype(x, cd, c.s);
-  mx::array sum = mx::sum(windows(xc, w, mx::array(0, cd), c.s), window_axes(w), false, c.s);
+  mx::array sum = mx::sum(windows(xc, w, 2, mx::array(0, cd), c.s), window_axes(w), false, c.s);
   bool include_pad = c.node.attr_int("count_include_pad", 0) != 0;
   mx::array y = mx::divide(sum, tap_counts(w, include_pad, cd), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
@@ -266,7 +269,7 @@ Outputs translate_lp_pool(OpContext& c) {
   Window w = make_window(c, x);
   if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
   mx::Dtype cd = compute_dtype(x, c.s);
-  mx::array v = windows(mx::astype(x, cd, c.s), w, mx::array(0, cd), c.s);
+  mx::array v = windows(mx::astype(x, cd, c.s), w, 2, mx::array(0, cd), c.s);
   return {mx::astype(lp_reduce(v, window_axes(w), lp_p(c.node), false, c.s), x.dtype(), c.s)};
 }
 

@@ -175,7 +175,8 @@ Outputs translate_dynamic_quantize(OpContext& c) {
 
 const OpEntry kOps[] = {
     {"", "QuantizeLinear", 10, kAnyOpset, check_quantize, translate_quantize,
-     "outputs int8/uint8/int16/uint16 (no 4-bit/2-bit/float8); division in float32 only"},
+     "x float32/fp16/bf16 with a scale of the same type, divided in float32 as ORT does; "
+     "outputs int8/uint8/int16/uint16 (no 4-bit/2-bit/float8)"},
     {"", "DequantizeLinear", 10, kAnyOpset, check_dequantize, translate_dequantize,
      "inputs int8/uint8/int16/uint16/int32 (no 4-bit/2-bit/float8)"},
     {"", "DynamicQuantizeLinear", 11, kAnyOpset, check_dynamic_quantize,

@@ -69,6 +69,33 @@ mx::array zero_points(OpContext& c, const NBits& p, mx::Dtype t) {
   return mx::astype(mx::reshape(zp, {N, nb}, c.s), t, c.s);
 }
 
+// accuracy_level 4 lets the kernel quantize A to int8 per block of K. ORT's CPU EP does exactly
+// that (MLAS CompInt8: symmetric, scale = max|a| / 127, round half to even) whenever its int8
+// kernels apply: packed or absent zero points, no g_idx. Integer dot products scaled afterwards
+// equal a float matmul of the fake-quantized A (the products are exact), so we quantize-dequantize
+// A and keep the float path: results then match the reference EP to float rounding, where plain
+// float A differs by ~1% of a dot product (enough to flip greedy tokens).
+mx::array fake_quant_int8_blocks(const mx::array& x, int K, int Kp, int block, mx::Stream s) {
+  auto xf = mx::astype(x, mx::float32, s);
+  const int r = static_cast<int>(xf.ndim());
+  if (Kp != K) xf = mx::pad(xf, {r - 1}, {0}, {Kp - K}, mx::array(0.f), "constant", s);
+  auto shape = xf.shape();
+  shape.back() = Kp / block;
+  shape.push_back(block);
+  auto blk = mx::reshape(xf, shape, s);
+  auto scale = mx::divide(mx::max(mx::abs(blk, s), -1, true, s), mx::array(127.f), s);
+  auto nz = mx::not_equal(scale, mx::array(0.f), s);
+  auto inv = mx::where(nz, mx::reciprocal(mx::where(nz, scale, mx::array(1.f), s), s), mx::array(0.f), s);
+  auto q = mx::clip(mx::round(mx::multiply(blk, inv, s), 0, s), mx::array(-128.f), mx::array(127.f), s);
+  auto out = mx::reshape(mx::multiply(q, scale, s), xf.shape(), s);
+  if (Kp != K) {
+    mx::Shape start(r, 0), stop = out.shape();
+    stop.back() = K;
+    out = mx::slice(out, start, stop, s);
+  }
+  return mx::astype(out, x.dtype(), s);
+}
+
 }  // namespace
 
 Support check_matmul_nbits(const NodeQuery& q) {
@@ -123,6 +150,10 @@ Outputs translate_matmul_nbits(OpContext& c) {
     if (!identity)
       g_idx = mx::astype(mx::slice(mx::reshape(c.in(4), {-1}, c.s), {0}, {K}, c.s), mx::int32, c.s);
   }
+
+  const bool float_zp = c.has(3) && c.in(3).dtype() != mx::uint8;
+  if (c.node.attr_int("accuracy_level", 0) == 4 && !float_zp && !c.has(4))
+    x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
 
   // MLX's CPU quantized matmul is a scalar loop whose cost grows with the rows of A (measured at
   // K = N = 4096: ~60 ms per row, vs. a fixed ~0.5 s to dequantize and one sgemm), so on the CPU

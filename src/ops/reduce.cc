@@ -42,11 +42,11 @@ mx::array reverse_axis(const mx::array& x, int axis, mx::Stream s) {
 // Matches ORT's static_cast<T>(std::log(n)) without float64 (not available on GPUs).
 mx::array trunc_log_int(const mx::array& n, mx::Stream s) {
   double hi = static_cast<double>(mx::iinfo(n.dtype()).max);
-  std::vector<int64_t> thr;
-  for (int k = 1; std::ceil(std::exp(k)) <= hi; ++k)
-    thr.push_back(static_cast<int64_t>(std::ceil(std::exp(k))));
+  std::vector<uint64_t> thr;  // uint64: e^44 fits only there
+  for (int k = 1; std::ceil(std::exp(k)) < hi; ++k)
+    thr.push_back(static_cast<uint64_t>(std::ceil(std::exp(k))));
   if (thr.empty()) return mx::zeros_like(n, s);
-  auto t = mx::astype(mx::array(thr.data(), {static_cast<int>(thr.size())}, mx::int64),
+  auto t = mx::astype(mx::array(thr.data(), {static_cast<int>(thr.size())}, mx::uint64),
                       n.dtype(), s);
   auto ge = mx::greater_equal(mx::expand_dims(n, -1, s), t, s);
   return mx::astype(mx::sum(ge, -1, false, s), n.dtype(), s);
@@ -199,8 +199,11 @@ Outputs translate_reduce(OpContext& c) {
 
   if (is_int(x)) return {reduce_int(K, x, axes, keep, count, c.s)};
   if (dtype == mx::bool_) return {reduce_float(K, x, axes, keep, c.s)};  // Max/Min only
-  // Accumulate half precision in float32 (MLX's CPU half kernels accumulate in half).
-  bool up = K != R::Max && K != R::Min && compute_half_in_f32(x, c.s);
+  // Half inputs compute in float32 on the CPU backend, so intermediates neither overflow nor
+  // round in half precision; on GPUs only where x^2 could overflow fp16.
+  bool half = dtype == mx::float16 || dtype == mx::bfloat16;
+  bool up = K != R::Max && K != R::Min &&
+            (compute_half_in_f32(x, c.s) || (half && (K == R::SumSquare || K == R::L2)));
   if (up) x = mx::astype(x, mx::float32, c.s);
   return {mx::astype(reduce_float(K, x, axes, keep, c.s), dtype, c.s)};
 }
@@ -296,7 +299,8 @@ Outputs translate_cumulative(OpContext& c) {
   bool reverse = c.node.attr_int("reverse", 0) != 0;
   const auto dtype = x.dtype();
   if (x.size() == 0) return {x};
-  if (compute_half_in_f32(x, c.s)) x = mx::astype(x, mx::float32, c.s);
+  // MLX's scan accumulates fp16 in fp16 (a running sum stalls at 2048): use float32.
+  if (dtype == mx::float16 || dtype == mx::bfloat16) x = mx::astype(x, mx::float32, c.s);
   auto r = Prod ? mx::cumprod(x, axis, reverse, !exclusive, c.s)
                 : mx::cumsum(x, axis, reverse, !exclusive, c.s);
   return {mx::astype(r, dtype, c.s)};  // MLX widens small ints; ONNX keeps T

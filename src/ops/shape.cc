@@ -19,7 +19,6 @@ namespace {
 
 int rank_of(const mx::array& a) { return static_cast<int>(a.ndim()); }
 
-
 // Axes from the attribute `name` (before opset `input_since`) or from input `i` (from then on).
 std::optional<std::vector<int64_t>> axes_param(OpContext& c, int input_since, size_t i,
                                                const char* name = "axes") {

@@ -76,7 +76,8 @@ Support check_cast(const NodeQuery& q) {
 }
 
 Support check_cast_like(const NodeQuery& q) {
-  return check_target_dtype(q.input_dtype(1), q.gpu, "CastLike to");
+  auto t = q.input_dtype(1);  // unknown here: MLX has the dtype of whatever arrives
+  return t == DType::Undefined ? Support::yes() : check_target_dtype(t, q.gpu, "CastLike to");
 }
 
 // ---- Constant, ConstantOfShape -------------------------------------------------------------------

@@ -66,6 +66,20 @@ std::string check_node(const graph::Graph& g, const graph::Node& n, const Option
     auto s = entry->check(q);
     if (!s.ok) return s.reason.empty() ? "declined by the op's support check" : s.reason;
   }
+  // A control-flow node is claimed whole, bodies included: every node inside must be
+  // translatable (recursively, for nested bodies), and so must the values a body returns.
+  for (const auto& [attr, body] : n.subgraphs()) {
+    auto where = "subgraph '" + attr + "': ";
+    for (size_t i = 0; i < body->inputs.size(); ++i)
+      if (auto r = check_value(*body, body->inputs[i], opt.gpu, "input", i); !r.empty())
+        return where + r;
+    for (size_t i = 0; i < body->outputs.size(); ++i)
+      if (auto r = check_value(*body, body->outputs[i], opt.gpu, "output", i); !r.empty())
+        return where + r;
+    for (const auto& inner : body->nodes)
+      if (auto r = check_node(*body, inner, opt); !r.empty())
+        return where + inner.describe() + ": " + r;
+  }
   return {};
 }
 
@@ -78,15 +92,19 @@ std::vector<std::vector<size_t>> convex_groups(const graph::Graph& g,
     for (auto& o : g.nodes[i].outputs)
       if (!o.empty()) producer.emplace(o, i);
   std::vector<std::vector<size_t>> succ(n), pred(n);
-  for (size_t v = 0; v < n; ++v)
-    for (auto& in : g.nodes[v].inputs) {
-      if (in.empty()) continue;
-      auto it = producer.find(in);
-      if (it != producer.end() && it->second != v) {
-        succ[it->second].push_back(v);
-        pred[v].push_back(it->second);
-      }
+  auto add_edge = [&](const std::string& in, size_t v) {
+    if (in.empty()) return;
+    auto it = producer.find(in);
+    if (it != producer.end() && it->second != v) {
+      succ[it->second].push_back(v);
+      pred[v].push_back(it->second);
     }
+  };
+  for (size_t v = 0; v < n; ++v) {
+    for (auto& in : g.nodes[v].inputs) add_edge(in, v);
+    // Values read inside an If/Loop/Scan body order the node just like explicit inputs.
+    for (auto& in : g.nodes[v].implicit_inputs) add_edge(in, v);
+  }
   // Kahn's order (ORT gives topological order, but do not rely on it).
   std::vector<size_t> indeg(n), order;
   order.reserve(n);

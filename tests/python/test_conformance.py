@@ -22,10 +22,8 @@ def report():
         conformance.discover()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    rep = conformance.run_conformance(jobs=JOBS, device="cpu", progress=False,
-                                      json_path=conformance.DEFAULT_JSON)
-    print("\n" + rep.summary_line())
-    return rep
+    return conformance.run_conformance(jobs=JOBS, device="cpu", progress=False,
+                                       json_path=conformance.DEFAULT_JSON)
 
 
 def _listing(report, status):
@@ -43,6 +41,6 @@ def test_no_crashes(report):
 
 def test_pass_count_not_below_baseline(report):
     floor = json.loads(BASELINE.read_text())["min_pass"]
-    print(report.summary_line())
+    print("\n" + report.summary_line())
     assert report.counts["pass"] >= floor, (
         f"{report.counts['pass']} cases pass, the baseline is {floor}: {report.summary_line()}")

@@ -241,3 +241,25 @@ def test_reverse_sequence(time_axis, batch_axis, runtime):
           {"time_axis": time_axis, "batch_axis": batch_axis})
     check("ReverseSequence", {"x": rand(shape[:2], np.int64)}, {"lens": lens}, runtime,
           {"time_axis": time_axis, "batch_axis": batch_axis})
+
+
+# ---- Unique ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sorted_", [0, 1])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int8, np.float64])
+def test_unique(sorted_, axis, dtype):
+    x = np.asarray(rng.integers(-2, 3, size=(4, 3, 2)), dtype)
+    x[2] = x[0]  # duplicate rows along axis 0
+    attrs = {"sorted": sorted_}
+    if axis is not None:
+        attrs["axis"] = axis
+    check_node("Unique", {"x": x}, attrs, outputs=4)
+
+
+def test_unique_nan_groups():
+    # ORT's CPU EP merges everything with a NaN; MLX keeps the numpy result (NaNs last, once).
+    x = np.array([np.nan, 1, np.nan, 3, 1], np.float32)
+    exp = [np.array([1, 3, np.nan], np.float32), np.array([1, 3, 0], I64),
+           np.array([2, 0, 2, 1, 0], I64), np.array([2, 1, 2], I64)]
+    check_node("Unique", {"x": x}, outputs=4, expected=exp)

@@ -171,8 +171,8 @@ def test_cli_doctor_sgemm():
     assert "onnxruntime" in r.stdout and "EP device" in r.stdout
     # The EP's libmlx must resolve cblas_* from OpenBLAS (scripts/setup patches it), not from
     # the reference BLAS bundled in the mlx-cpu wheel.
-    blas = next(l for l in r.stdout.splitlines() if l.startswith("BLAS loaded"))
-    assert "openblas" in blas.lower(), blas
+    blas = next(line for line in r.stdout.splitlines() if line.startswith("BLAS for libmlx"))
+    assert "openblas" in blas.lower() and "mlx_cpu.libs" not in blas, blas
 
 
 # -- fallback and errors ----------------------------------------------------------------------
@@ -247,6 +247,11 @@ def test_runtime_shape_mismatch_is_an_error_status_naming_the_node():
     assert "MatMul" in msg, msg
     # The session survives the error: good inputs still run, after as before.
     np.testing.assert_allclose(s.run(None, good)[0], np.full((2, 4), 3, np.float32))
+    # Same when the very first run of a session is the bad one.
+    s2 = ort.InferenceSession(model, sess_options=so)
+    with pytest.raises(Exception, match="mismatched_matmul"):
+        s2.run(None, bad)
+    np.testing.assert_allclose(s2.run(None, good)[0], np.full((2, 4), 3, np.float32))
 
 
 def test_report_lines_are_json(tmp_path):

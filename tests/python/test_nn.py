@@ -1,0 +1,362 @@
+"""Conv, ConvTranspose, pooling, Resize and Upsample against ORT's CPU EP."""
+import numpy as np
+import pytest
+
+import onnxruntime_mlx as om
+from oracle import check_node, make_node_model, placement_of, run_cpu
+
+rng = np.random.default_rng(0)
+
+
+def rand(shape, dtype=np.float32, lo=-1.0, hi=1.0):
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def check_half(op, inputs, attrs, initializers=None, opset=21, dtype=np.float16):
+    """fp16 cases: ORT's CPU EP lacks most fp16 kernels, so the expected values come from the
+    float32 model, rounded to fp16."""
+    f32 = {k: v.astype(np.float32) for k, v in inputs.items()}
+    i32 = {k: v.astype(np.float32) for k, v in (initializers or {}).items()}
+    model = make_node_model(op, f32, 1, attrs, i32, opset)
+    expected = [r.astype(dtype) for r in run_cpu(model, f32)]
+    check_node(op, {k: v.astype(dtype) for k, v in inputs.items()}, attrs,
+               initializers={k: v.astype(dtype) for k, v in (initializers or {}).items()},
+               opset=opset, expected=expected)
+
+
+def check_reference(op, inputs, attrs, initializers=None, opset=21, input_order=None):
+    """Cases ORT's CPU EP has no kernel for (float64 Conv, ...): compare with ONNX's reference
+    implementation instead."""
+    from onnx.reference import ReferenceEvaluator
+    model = make_node_model(op, inputs, 1, attrs, initializers, opset, input_order=input_order)
+    expected = ReferenceEvaluator(model).run(None, inputs)
+    check_node(op, inputs, attrs, initializers=initializers, opset=opset, expected=expected,
+               input_order=input_order)
+
+
+# --- Conv ---------------------------------------------------------------------------------
+
+CONV_CASES = [
+    # (x shape, w shape, attrs)
+    ((1, 3, 10), (4, 3, 3), {}),
+    ((2, 4, 11), (6, 2, 3), {"group": 2, "strides": [2], "pads": [1, 2]}),
+    ((1, 4, 9), (4, 1, 3), {"group": 4, "dilations": [2], "pads": [2, 1]}),
+    ((1, 4, 9), (4, 1, 3), {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2]}),
+    ((2, 3, 8, 9), (5, 3, 3, 3), {}),
+    ((1, 3, 8, 9), (5, 3, 3, 2), {"pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ((2, 4, 9, 9), (8, 2, 3, 3), {"group": 2, "dilations": [2, 1], "pads": [2, 1, 2, 1]}),
+    ((1, 6, 7, 7), (6, 1, 3, 3), {"group": 6, "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 3, 7, 8), (4, 3, 4, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 3]}),
+    ((1, 3, 7, 8), (4, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((1, 3, 8, 8), (4, 3, 1, 1), {"strides": [3, 3], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 0]}),
+    ((2, 4, 5, 6, 5), (4, 2, 2, 3, 2), {"group": 2, "strides": [1, 2, 1], "dilations": [2, 1, 1]}),
+    ((1, 3, 6, 6, 6), (3, 1, 3, 3, 3), {"group": 3, "auto_pad": "SAME_LOWER"}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv(xs, ws, attrs, bias):
+    inits = {"w": rand(ws)}
+    if bias:
+        inits["b"] = rand((ws[0],))
+    check_node("Conv", {"x": rand(xs)}, attrs, initializers=inits)
+
+
+def test_conv_weight_as_input_and_f64():
+    check_node("Conv", {"x": rand((2, 3, 6, 6)), "w": rand((4, 3, 3, 3))}, {"pads": [1, 1, 1, 1]})
+    check_reference("Conv", {"x": rand((1, 2, 6, 6), np.float64)}, {"pads": [1, 0, 1, 2]},
+                    initializers={"w": rand((3, 2, 3, 3), np.float64), "b": rand((3,), np.float64)})
+
+
+@pytest.mark.parametrize("xs,ws,attrs", [CONV_CASES[1], CONV_CASES[5], CONV_CASES[7], CONV_CASES[12]])
+def test_conv_f64(xs, ws, attrs):
+    """MLX's CPU conv accumulates float64 in float32; the EP takes an exact path instead."""
+    check_reference("Conv", {"x": rand(xs, np.float64)}, attrs,
+                    initializers={"w": rand(ws, np.float64), "b": rand((ws[0],), np.float64)})
+
+
+def test_conv_kernel_shape_attribute_opset1():
+    check_node("Conv", {"x": rand((1, 2, 6, 6))}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+               initializers={"w": rand((3, 2, 3, 3))}, opset=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float16])
+def test_conv_half(dtype):
+    check_half("Conv", {"x": rand((2, 4, 7, 7), lo=-0.5, hi=0.5)}, {"group": 2, "pads": [1, 1, 1, 1]},
+               initializers={"w": rand((4, 2, 3, 3), lo=-0.5, hi=0.5), "b": rand((4,))},
+               dtype=dtype)
+
+
+def test_conv_dynamic_shapes():
+    """One session, several batch/spatial sizes (the weight is a constant)."""
+    w = rand((4, 3, 3, 3))
+    for shape in [(1, 3, 8, 8), (3, 3, 5, 9)]:
+        check_node("Conv", {"x": rand(shape)}, {"strides": [2, 2], "auto_pad": "SAME_UPPER"},
+                   initializers={"w": w})
+
+
+# --- ConvTranspose ------------------------------------------------------------------------
+
+CONVT_CASES = [
+    ((1, 3, 5), (3, 2, 3), {}),
+    ((2, 4, 6), (4, 3, 3), {"strides": [2], "pads": [1, 0], "output_padding": [1], "group": 2}),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {}),
+    ((2, 2, 4, 5), (2, 3, 3, 2), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"strides": [2, 2], "output_padding": [1, 0]}),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 1, 3]}),
+    ((1, 4, 4, 4), (4, 1, 3, 3), {"group": 4, "strides": [2, 2]}),
+    ((1, 4, 3, 3), (4, 2, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "VALID"}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+    ((1, 2, 3, 4), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [5, 8]}),
+    ((1, 2, 3, 3), (2, 2, 2, 2), {"pads": [2, 2, 2, 2], "strides": [3, 3]}),
+    ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 1, 0, 0]}),
+    ((1, 4, 3, 3, 3), (4, 1, 2, 2, 2), {"group": 2, "strides": [2, 2, 2]}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVT_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose(xs, ws, attrs, bias):
+    inits = {"w": rand(ws)}
+    if bias:
+        inits["b"] = rand((ws[1] * attrs.get("group", 1),))
+    check_node("ConvTranspose", {"x": rand(xs)}, attrs, initializers=inits)
+
+
+def test_conv_transpose_half():
+    check_half("ConvTranspose", {"x": rand((1, 2, 4, 4), lo=-0.5, hi=0.5)}, {"strides": [2, 2]},
+               initializers={"w": rand((2, 3, 3, 3), lo=-0.5, hi=0.5)})
+
+
+@pytest.mark.parametrize("xs,ws,attrs", [CONVT_CASES[3], CONVT_CASES[5], CONVT_CASES[14]])
+def test_conv_transpose_f64(xs, ws, attrs):
+    """group 1 only: ONNX's reference ConvTranspose mishandles groups."""
+    check_reference("ConvTranspose", {"x": rand(xs, np.float64)}, attrs,
+                    initializers={"w": rand(ws, np.float64)})
+
+
+# --- Pooling ------------------------------------------------------------------------------
+
+POOL_CASES = [
+    ((1, 2, 9), {"kernel_shape": [3]}),
+    ((2, 3, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ((1, 2, 8, 9), {"kernel_shape": [3, 3]}),
+    ((2, 2, 8, 9), {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ((1, 2, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1, "pads": [1, 1, 1, 1]}),
+    ((1, 2, 9, 9), {"kernel_shape": [3, 3], "dilations": [2, 2]}),
+    ((1, 2, 9, 10), {"kernel_shape": [2, 3], "dilations": [2, 1], "strides": [2, 3], "ceil_mode": 1}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 7, 8), {"kernel_shape": [2, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 3], "auto_pad": "VALID", "strides": [2, 1]}),
+    ((1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 0, 1, 1, 0]}),
+    ((1, 1, 6, 6, 6), {"kernel_shape": [2, 2, 2], "dilations": [2, 2, 2], "ceil_mode": 1, "strides": [2, 2, 2]}),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", POOL_CASES)
+def test_max_pool(xs, attrs):
+    check_node("MaxPool", {"x": rand(xs)}, attrs)
+
+
+@pytest.mark.parametrize("xs,attrs", POOL_CASES)
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool(xs, attrs, include_pad):
+    check_node("AveragePool", {"x": rand(xs)}, {**attrs, "count_include_pad": include_pad})
+
+
+@pytest.mark.parametrize("xs,attrs", POOL_CASES[:6] + POOL_CASES[8:])
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool(xs, attrs, p):
+    check_node("LpPool", {"x": rand(xs)}, {**attrs, "p": p})
+
+
+@pytest.mark.parametrize("xs,attrs", [POOL_CASES[3], POOL_CASES[4], POOL_CASES[9], POOL_CASES[11]])
+@pytest.mark.parametrize("order", [0, 1])
+def test_max_pool_indices(xs, attrs, order):
+    x = rand(xs)
+    check_node("MaxPool", {"x": x}, {**attrs, "storage_order": order}, outputs=2)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_max_pool_int(dtype):
+    check_node("MaxPool", {"x": rand((1, 2, 7, 7), dtype, 0, 100)},
+               {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]})
+
+
+def test_pool_half_and_f64():
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    check_half("MaxPool", {"x": rand((1, 2, 7, 7))}, attrs)
+    check_half("AveragePool", {"x": rand((1, 2, 7, 7))}, attrs)
+    check_reference("AveragePool", {"x": rand((1, 2, 7, 7), np.float64)}, attrs)
+    check_node("MaxPool", {"x": rand((1, 2, 7, 7), np.float64)}, attrs)
+
+
+def test_pool_old_opsets():
+    x = rand((2, 3, 7, 7))
+    check_node("MaxPool", {"x": x}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, opset=1)
+    check_node("AveragePool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=7)
+    check_node("LpPool", {"x": x}, {"kernel_shape": [2, 2], "p": 3}, opset=11)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"])
+@pytest.mark.parametrize("shape", [(2, 3, 7), (2, 3, 5, 6), (1, 2, 3, 4, 5)])
+def test_global_pool(op, shape):
+    check_node(op, {"x": rand(shape)})
+
+
+def test_global_lp_pool_p():
+    check_node("GlobalLpPool", {"x": rand((2, 3, 4, 5))}, {"p": 3})
+    check_half("GlobalAveragePool", {"x": rand((2, 3, 4, 5))}, {})
+
+
+# --- Resize / Upsample --------------------------------------------------------------------
+
+COORD_MODES = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+               "asymmetric", "tf_half_pixel_for_nn"]
+NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+EMPTY = np.array([], np.float32)
+
+
+def resize(x, attrs, scales=None, sizes=None, roi=None, opset=19, runtime=False, reference=False):
+    """Resize with scales or sizes as initializers (or, with runtime=True, as graph inputs).
+    Absent roi/scales are omitted inputs from opset 13 on, empty tensors before."""
+    empty = None if opset >= 13 else EMPTY
+    params = {"roi": roi if roi is not None else empty,
+              "scales": scales if scales is not None else empty}
+    if sizes is not None:
+        params["sizes"] = sizes
+    order = ["x", "roi", "scales"] + (["sizes"] if sizes is not None else [])
+    if reference:
+        check_reference("Resize", {"x": x}, attrs, initializers=params, opset=opset, input_order=order)
+    elif runtime:
+        check_node("Resize", {"x": x, **params}, attrs, opset=opset, input_order=order)
+    else:
+        check_node("Resize", {"x": x}, attrs, initializers=params, opset=opset, input_order=order)
+
+
+@pytest.mark.parametrize("coord", COORD_MODES)
+@pytest.mark.parametrize("nearest", NEAREST_MODES)
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 1.5], [1, 1, 0.6, 0.8], [1, 1, 1.7, 0.5]])
+def test_resize_nearest(coord, nearest, scales):
+    opset = 13 if coord == "tf_half_pixel_for_nn" else 19
+    resize(rand((1, 2, 5, 6)), {"mode": "nearest", "coordinate_transformation_mode": coord,
+                                "nearest_mode": nearest}, scales=np.array(scales, np.float32), opset=opset)
+
+
+@pytest.mark.parametrize("coord", COORD_MODES[:5])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("sizes", [[1, 2, 9, 8], [1, 2, 3, 4], [1, 2, 8, 3]])
+def test_resize_interpolate_sizes(coord, mode, sizes):
+    resize(rand((1, 2, 5, 6)), {"mode": mode, "coordinate_transformation_mode": coord},
+           sizes=np.array(sizes, np.int64))
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 0.5, 0.75]])
+def test_resize_interpolate_scales(mode, scales):
+    resize(rand((2, 3, 6, 8)), {"mode": mode}, scales=np.array(scales, np.float32))
+
+
+@pytest.mark.parametrize("a,exclude", [(-0.5, 1), (-0.75, 1), (-0.6, 0)])
+def test_resize_cubic_coeffs(a, exclude):
+    resize(rand((1, 1, 6, 7)), {"mode": "cubic", "cubic_coeff_a": a, "exclude_outside": exclude},
+           scales=np.array([1, 1, 0.7, 1.8], np.float32))
+
+
+def test_resize_linear_ranks():
+    resize(rand((5, 6)), {"mode": "linear"}, scales=np.array([1.5, 0.6], np.float32))
+    resize(rand((4, 5, 6)), {"mode": "linear"}, sizes=np.array([6, 3, 9], np.int64))
+    resize(rand((1, 2, 3, 4, 5)), {"mode": "linear"}, scales=np.array([1, 1, 2, 1.5, 0.8], np.float32))
+    resize(rand((2, 5, 6, 3)), {"mode": "linear"}, scales=np.array([1, 2, 0.5, 1], np.float32))  # NHWC
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_tf_crop_and_resize(mode):
+    roi = np.array([0, 0, 0.2, -0.3, 1, 1, 0.9, 1.2], np.float32)
+    resize(rand((1, 2, 6, 7)), {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
+                                "extrapolation_value": 9.0},
+           sizes=np.array([1, 2, 5, 8], np.int64), roi=roi)
+
+
+def test_resize_axes_and_policy():
+    x = rand((1, 2, 5, 7))
+    resize(x, {"mode": "nearest", "axes": [3, 2]}, scales=np.array([2.0, 0.6], np.float32))
+    resize(x, {"mode": "linear", "axes": [-1]}, sizes=np.array([11], np.int64))
+    for policy in ["not_larger", "not_smaller"]:
+        resize(x, {"mode": "nearest", "axes": [2, 3], "keep_aspect_ratio_policy": policy},
+               sizes=np.array([8, 9], np.int64))
+        resize(x, {"mode": "linear", "axes": [2, 3], "keep_aspect_ratio_policy": policy},
+               sizes=np.array([3, 3], np.int64))
+    roi = np.array([0.1, 0.2, 0.8, 0.9], np.float32)
+    resize(x, {"mode": "linear", "axes": [2, 3], "coordinate_transformation_mode": "tf_crop_and_resize"},
+           sizes=np.array([4, 6], np.int64), roi=roi)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("exclude", [0, 1])
+@pytest.mark.parametrize("scales", [[1, 1, 0.5, 0.4], [1, 1, 1.5, 0.7]])
+def test_resize_antialias(mode, exclude, scales):
+    resize(rand((1, 2, 9, 10)), {"mode": mode, "antialias": 1, "exclude_outside": exclude},
+           scales=np.array(scales, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint8, np.int64, np.float64, np.uint16])
+def test_resize_nearest_dtypes(dtype):
+    x = rand((1, 2, 4, 5), np.int32, 0, 100).astype(dtype)
+    ort_has_kernel = dtype in (np.int32, np.int8, np.uint8)
+    resize(x, {"mode": "nearest"}, scales=np.array([1, 1, 1.5, 2], np.float32),
+           reference=not ort_has_kernel)
+
+
+def test_resize_half():
+    x = rand((1, 2, 4, 5))
+    for mode in ["nearest", "linear", "cubic"]:
+        model_inits = {"roi": EMPTY, "scales": np.array([1, 1, 1.5, 2], np.float32)}
+        m = make_node_model("Resize", {"x": x}, 1, {"mode": mode}, model_inits, 19)
+        expected = [r.astype(np.float16) for r in run_cpu(m, {"x": x})]
+        check_node("Resize", {"x": x.astype(np.float16)}, {"mode": mode}, initializers=model_inits,
+                   opset=19, expected=expected, input_order=["x", "roi", "scales"])
+
+
+def test_resize_runtime_scales_and_sizes():
+    x = rand((1, 2, 4, 5))
+    resize(x, {"mode": "linear"}, scales=np.array([1, 1, 2, 0.6], np.float32), runtime=True)
+    resize(x, {"mode": "nearest"}, sizes=np.array([1, 2, 7, 3], np.int64), runtime=True)
+
+
+def test_resize_opset10_and_11():
+    x = rand((1, 2, 4, 5))
+    check_node("Resize", {"x": x}, {"mode": "nearest"},
+               initializers={"scales": np.array([1, 1, 2, 1.5], np.float32)}, opset=10)
+    check_node("Resize", {"x": x}, {"mode": "linear"},
+               initializers={"scales": np.array([1, 1, 0.5, 1.5], np.float32)}, opset=10)
+    resize(x, {"mode": "cubic", "coordinate_transformation_mode": "align_corners"},
+           scales=np.array([1, 1, 2, 2], np.float32), opset=11)
+
+
+def test_resize_identity_and_empty():
+    resize(rand((1, 2, 4, 5)), {"mode": "linear"}, scales=np.array([1, 1, 1, 1], np.float32))
+    resize(rand((0, 2, 4, 5)), {"mode": "nearest"}, scales=np.array([1, 1, 2, 2], np.float32))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample(mode):
+    x = rand((1, 2, 3, 4))
+    check_node("Upsample", {"x": x}, {"mode": mode, "scales": [1.0, 1.0, 2.0, 1.5]}, opset=7)
+    check_node("Upsample", {"x": x}, {"mode": mode},
+               initializers={"scales": np.array([1, 1, 3, 2], np.float32)}, opset=9)
+
+
+def test_resize_linear_int_is_declined():
+    model = make_node_model("Resize", {"x": rand((1, 1, 4, 4), np.int32, 0, 9)}, 1, {"mode": "linear"},
+                            {"roi": EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)}, 19)
+    placed = placement_of(model, {"x": rand((1, 1, 4, 4), np.int32, 0, 9)})
+    assert om.EP_NAME not in placed
