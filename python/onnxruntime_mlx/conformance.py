@@ -321,8 +321,9 @@ def _summarize_declines(declines: list[dict]) -> str:
             f"{d.get('domain')}.{d.get('op', '?')}"
         key = (op, d.get("reason", "?"))
         by_reason[key] = by_reason.get(key, 0) + 1
-    return "; ".join(f"{op}{f' x{n}' if n > 1 else ''}: {reason}"
-                     for (op, reason), n in by_reason.items())
+    # Top-level declines first: they are what keeps a control-flow body off the EP.
+    order = sorted(by_reason.items(), key=lambda kv: kv[0][1].startswith("inside a control-flow"))
+    return "; ".join(f"{op}{f' x{n}' if n > 1 else ''}: {reason}" for (op, reason), n in order)
 
 
 def run_case(case_dir: str | pathlib.Path, device: str = "cpu", runs: int = 2) -> dict:

@@ -182,6 +182,11 @@ def _probe_with_schemas(tool: pathlib.Path, entries: list[dict]) -> None:
         schema = _schema(e["domain"], e["op"], top)
         if schema is None or schema.since_version < e["min_opset"]:
             continue
+        if any(a.required and str(a.type).endswith("GRAPH") for a in schema.attributes.values()):
+            # Control flow: what is claimed depends on the body graphs, not on a dtype.
+            e["probe"] = "not probed: the body graphs decide"
+            e["dtypes"] = None
+            continue
         formals = _Formals(schema)
         if not formals.ok or not formals.main:
             continue
@@ -226,7 +231,9 @@ def registry(tool: pathlib.Path, use_schemas: bool = True) -> dict:
 # --------------------------------------------------------------------------------------------
 # Markdown
 
-def _dtypes_cell(dtypes: list[str]) -> str:
+def _dtypes_cell(dtypes: list[str] | None) -> str:
+    if dtypes is None:
+        return "per body graph"
     if not dtypes:
         return "—"
     d = set(dtypes)

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
-#include <set>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -25,10 +25,6 @@ std::string shape_str(const mx::array& a) {
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
-
-}  // namespace
-
-namespace {
 
 // Gives the program its own copy of every subgraph (recursively), so their constants can be
 // dropped once copied into MLX arrays; `owned` collects the copies.
@@ -169,10 +165,15 @@ struct Program::Run {
   std::vector<int>* host_deps;    // Probe only: the taint of every host read
   mx::Stream s;
   size_t next_read = 0;
-  // Probe only: the taint of every array a scope produced or a hook was handed, by id. Arrays
-  // a translator builds between body runs (a Scan slice, a Loop counter) are traced back
-  // through their MLX inputs to known ones. Holding the array keeps its id from being reused.
+  // Probe only: the taint of the group's values, of bodies' outputs and of what hooks were
+  // handed, by array id. Arrays a translator builds between body runs (a Scan slice, a Loop
+  // counter, a stack of scan outputs) are traced back through their MLX inputs to known ones.
+  // Holding the array keeps its id from being reused. (Values inside a body are not kept: a
+  // translator only ever sees a body's outputs.)
   std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
+
+  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st)
+      : mode(m), record(r), host_deps(deps), s(st) {}
 
   bool tracking() const { return host_deps != nullptr; }
 
@@ -224,12 +225,9 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
   for (size_t i = 0; i < p.num_inputs; ++i) {
     slots[i] = inputs[i];
     taint[i] = std::move(input_taints[i]);
-    run.note(inputs[i], taint[i]);
+    if (top) run.note(inputs[i], taint[i]);
   }
-  for (const auto& [sl, c] : p.constants) {
-    slots[sl] = c;
-    run.note(c, {});
-  }
+  for (const auto& [sl, c] : p.constants) slots[sl] = c;
   for (size_t j = 0; j < p.outer_slots.size(); ++j) {
     slots[p.outer_slots[j]] = inputs[p.num_inputs + j];
     taint[p.outer_slots[j]] = std::move(input_taints[p.num_inputs + j]);
@@ -314,19 +312,22 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
         taint[io.out[j]] = run.taint_of(outs[j]);  // precise: through the bodies' values
       else
         taint[io.out[j]] = node_taint;
-      run.note(outs[j], taint[io.out[j]]);
+      if (top) run.note(outs[j], taint[io.out[j]]);
     }
   }
   std::vector<mx::array> result;
   result.reserve(p.output_slots.size());
-  for (int sl : p.output_slots) result.push_back(*slots[sl]);
+  for (int sl : p.output_slots) {
+    result.push_back(*slots[sl]);
+    if (!top) run.note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
+  }
   return result;
 }
 
 std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mode mode,
                                           HostRecord* record, std::vector<int>* host_deps,
                                           mx::Stream s) const {
-  Run run{mode, record, host_deps, s};
+  Run run(mode, record, host_deps, s);
   std::vector<Taint> taints(args.size());
   for (size_t i = 0; i < input_names_.size(); ++i) taints[i] = {static_cast<int>(i)};
   auto outs = run_plan(*top_, args, std::move(taints), run);

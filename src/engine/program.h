@@ -1,5 +1,8 @@
 // A fused group as a function of mx::arrays: translated once per input signature, run through
 // mx::compile (one compiled function per signature, LRU-bounded), eager only as the fallback.
+// Control-flow bodies (If/Loop/Scan) are translated by the same loop, into the same MLX graph:
+// a translator runs a body through EngineHooks::run_subgraph, and the branches it takes and
+// the iterations it makes are host reads, recorded and keyed like any other.
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,7 @@
 // Activation functions. All are elementwise compositions of MLX ops; scalar parameters are
 // made in the input's dtype so MLX's type promotion never widens the result. Half inputs on the
-// CPU backend are computed in float32 (as ORT's CPU kernels do), then cast back.
+// CPU backend are computed in float32 and cast back (compute_half_in_f32); float64 avoids MLX's
+// float32-accurate exp (exp_precise in common.h).
 #include <cmath>
 
 #include "ops/common.h"

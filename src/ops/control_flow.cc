@@ -171,7 +171,7 @@ Support check_scan_attrs(const NodeQuery& q, size_t n_state, size_t n_scan_in,
   if (body->inputs.size() != n_state + n_scan_in)
     return Support::no("the body takes " + std::to_string(body->inputs.size()) +
                        " inputs, expected " + std::to_string(n_state + n_scan_in));
-  if (body->outputs.size() != count_outputs(q.node) || body->outputs.size() < n_state)
+  if (body->outputs.size() < count_outputs(q.node) || body->outputs.size() < n_state)
     return Support::no("the body's outputs do not match the node's");
   size_t n_out_scans = body->outputs.size() - n_state;
   for (const char* a : in_attrs)

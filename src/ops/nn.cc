@@ -1,6 +1,7 @@
 // Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc,
-// Resize/Upsample in resize.cc and GridSample in grid_sample.cc. ONNX is channels-first with OIHW weights, MLX's conv_general is
-// channels-last with OHWI weights: inputs and weights are transposed in, the result back out.
+// Resize/Upsample in resize.cc and GridSample in grid_sample.cc.
+// ONNX is channels-first with OIHW weights, MLX's conv_general is channels-last with OHWI
+// weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
 #include <string>
 

@@ -152,7 +152,9 @@ Outputs translate_matmul_nbits(OpContext& c) {
   }
 
   const bool float_zp = c.has(3) && c.in(3).dtype() != mx::uint8;
-  if (c.node.attr_int("accuracy_level", 0) == 4 && !float_zp && !c.has(4))
+  // MLAS has int8 kernels for 4- and 8-bit weights at every block size, for 2-bit at 32..128.
+  const bool int8_kernel = p.bits != 2 || (p.block >= 32 && p.block <= 128);
+  if (c.node.attr_int("accuracy_level", 0) == 4 && int8_kernel && !float_zp && !c.has(4))
     x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
 
   // MLX's CPU quantized matmul is a scalar loop whose cost grows with the rows of A (measured at

@@ -93,11 +93,8 @@ std::vector<Act> parse_activations(const graph::Node& n, Cell k, std::string* wh
     for (int d = 0; d < D; ++d)
       names.insert(names.end(), kDefaults[static_cast<int>(k)].begin(),
                    kDefaults[static_cast<int>(k)].end());
-  // ORT's RNN takes the first of two names for one direction (the schema's default lists two);
-  // its GRU/LSTM reuse one direction's list for both directions of a bidirectional layer.
+  // ORT's RNN takes the first of two names for one direction (the schema's default lists two).
   if (k == Cell::RNN && D == 1 && names.size() == 2) names.resize(1);
-  const bool duplicated = k != Cell::RNN && D == 2 && static_cast<int>(names.size()) == N;
-  if (duplicated) names.insert(names.end(), names.begin(), names.end());
   if (static_cast<int>(names.size()) != N * D) {
     *why = "expected " + std::to_string(N * D) + " activations, got " +
            std::to_string(names.size());

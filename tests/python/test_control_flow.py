@@ -96,21 +96,24 @@ def test_if_data_dependent_condition_on_large_input_runs_eager():
 def test_if_constant_condition_translates_only_the_taken_branch():
     then_g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["a"])], "then", [],
                                [vi("a", TP.FLOAT, [3, 4])])
-    # The other branch would fail at run time (a shape error): it must never be translated.
-    else_g = helper.make_graph([const("bad", np.ones((5,), np.float32)),
-                                helper.make_node("Add", ["x", "bad"], ["b"])], "else", [],
-                               [vi("b", TP.FLOAT, [3, 4])])
+    # The other branch would fail at run time (z's shape does not broadcast with x's): it must
+    # never be translated.
+    else_g = helper.make_graph([helper.make_node("Add", ["x", "z"], ["b"])], "else", [],
+                               [vi("b", TP.FLOAT, None)])
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
-    m = make_model(nodes, [vi("x", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [3, 4])],
+    m = make_model(nodes, [vi("x", TP.FLOAT, [3, 4]), vi("z", TP.FLOAT, ["n"])],
+                   [vi("y", TP.FLOAT, [3, 4])],
                    inits=[numpy_helper.from_array(np.array(True), "c")])
-    check_model(m, {"x": rng.standard_normal((3, 4)).astype(np.float32)})
+    check_model(m, {"x": rng.standard_normal((3, 4)).astype(np.float32),
+                    "z": np.ones(5, np.float32)})
 
 
 def test_if_branches_with_outer_scope_initializer():
     w = rng.standard_normal((4, 4)).astype(np.float32)
     then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["a"])], "then", [],
                                [vi("a", TP.FLOAT, [2, 4])])
-    else_g = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["b"])], "else", [],
+    else_g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["g"], transB=1),
+                                helper.make_node("Sub", ["g", "x"], ["b"])], "else", [],
                                [vi("b", TP.FLOAT, None)])
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
     m = make_model(nodes, [vi("c", TP.BOOL, []), vi("x", TP.FLOAT, [2, 4])],
@@ -277,6 +280,65 @@ def test_scan8_batched():
                    [vi("s", TP.FLOAT, [3, 2]), vi("outs", TP.FLOAT, [3, 4, 2])], opset=8)
     check_model(m, {"s0": rng.standard_normal((3, 2)).astype(np.float32),
                     "x": rng.standard_normal((3, 4, 2)).astype(np.float32)})
+
+
+def test_scan_inside_loop_with_positive_output_axis():
+    """A Scan (rank-2 per-step output stacked along axis 1) nested in a Loop body."""
+    scan_body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "r"], ["s_out"]),
+         helper.make_node("Unsqueeze", ["s_out", "ax"], ["o"])],
+        "scan_body", [vi("s_in", TP.FLOAT, [3]), vi("r", TP.FLOAT, [3])],
+        [vi("s_out", TP.FLOAT, [3]), vi("o", TP.FLOAT, [1, 3])])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Scan", ["acc_in", "x"], ["acc_out", "steps"], body=scan_body,
+                          num_scan_inputs=1, scan_output_axes=[1])],
+        "body", [vi("i", TP.INT64, []), vi("cond_in", TP.BOOL, []), vi("acc_in", TP.FLOAT, [3])],
+        [vi("cond_out", TP.BOOL, []), vi("acc_out", TP.FLOAT, [3]), vi("steps", TP.FLOAT, [1, 4, 3])])
+    nodes = [helper.make_node("Loop", ["M", "", "acc0"], ["acc", "all_steps"], body=body)]
+    m = make_model(nodes, [vi("M", TP.INT64, []), vi("x", TP.FLOAT, [4, 3]), vi("acc0", TP.FLOAT, [3])],
+                   [vi("acc", TP.FLOAT, [3]), vi("all_steps", TP.FLOAT, [None, 1, 4, 3])],
+                   inits=[numpy_helper.from_array(np.array([0], np.int64), "ax")])
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    check_runs(m, [{"M": np.array(n, np.int64), "x": x, "acc0": np.zeros(3, np.float32)}
+                   for n in (3, 1)])
+
+
+def test_if_on_shape_derived_condition():
+    """cond = Shape(x)[0] > 2: host-known from shapes alone."""
+    then_g = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["a"], keepdims=1)], "then",
+                               [], [vi("a", TP.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["b"])], "else", [],
+                               [vi("b", TP.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), const("zero", np.int64(0)),
+             helper.make_node("Gather", ["s", "zero"], ["n"]), const("two", np.int64(2)),
+             helper.make_node("Greater", ["n", "two"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    m = make_model(nodes, [vi("x", TP.FLOAT, ["n", 3])], [vi("y", TP.FLOAT, None)])
+    check_runs(m, [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (1, 4, 2, 5)])
+
+
+def test_outer_value_from_a_cpu_node_reaches_the_body():
+    """The If runs on MLX, but a value its branch reads comes from nodes MLX declines (float8
+    casts): it must become an input of the fused node (ORT's implicit-input handling)."""
+    then_g = helper.make_graph([helper.make_node("Add", ["t", "x"], ["a"])], "then", [],
+                               [vi("a", TP.FLOAT, [4])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["t", "x"], ["b"])], "else", [],
+                               [vi("b", TP.FLOAT, [4])])
+    nodes = [helper.make_node("Cast", ["x"], ["f8"], to=TP.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["f8"], ["t"], to=TP.FLOAT),
+             helper.make_node("If", ["c"], ["y"], name="the_if", then_branch=then_g,
+                              else_branch=else_g)]
+    m = make_model(nodes, [vi("c", TP.BOOL, []), vi("x", TP.FLOAT, [4])], [vi("y", TP.FLOAT, [4])])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so = om.record_assignment(om.session_options("cpu", fallback=True, so=so))
+    s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
+    assert ("the_if", "If") in om.placement(s)[om.EP_NAME]
+    x = np.array([0.5, -1.25, 3.0, 100.0], np.float32)
+    for c in (True, False, True):
+        feeds = {"c": np.array(c), "x": x}
+        assert_close(s.run(None, feeds)[0], run_cpu(m, feeds)[0])
 
 
 # ---- Claim decisions --------------------------------------------------------------------------

@@ -1,0 +1,637 @@
+// Tree ensembles (ai.onnx.ml TreeEnsembleRegressor/Classifier v1-3, TreeEnsemble v5) evaluated
+// with MLX gathers: every (sample, tree) pair holds a current node index, and one step per tree
+// level moves all of them at once (feature gather, threshold compare, child select). Leaves point
+// to themselves, so running max-depth steps leaves every pair on its leaf. The node tables are
+// built on the host from the attributes at translate time.
+//
+// Aggregation, base values, post-transforms and the classifier's binary special cases follow
+// ORT's CPU kernels (tree_ensemble_common.h / tree_ensemble_aggregator.h), which the ONNX spec
+// leaves open in places.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "ops/ml_internal.h"
+
+namespace ortmlx::ops::ml {
+
+namespace {
+
+enum Mode : uint8_t { LEQ = 0, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF };
+enum class Agg { Average, Sum, Min, Max };
+
+struct Forest {
+  int n_targets = 0;
+  // One entry per node; leaves point to themselves and have mode LEAF.
+  std::vector<int32_t> feature, tnode, fnode;
+  std::vector<double> thr;
+  std::vector<uint8_t> mode, miss_true;
+  std::vector<std::vector<double>> members;  // BRANCH_MEMBER sets
+  std::vector<int32_t> roots;
+  // Per node and target: the leaf's aggregated weight and whether it has one.
+  std::vector<double> leaf_val;
+  std::vector<uint8_t> leaf_has;
+  Agg agg = Agg::Sum;
+  PostTransform pt = PostTransform::None;
+  std::vector<double> base;
+  int depth = 0, max_feature = 0;
+};
+
+std::optional<Agg> parse_agg(const std::string& a) {
+  if (a == "SUM") return Agg::Sum;
+  if (a == "AVERAGE") return Agg::Average;
+  if (a == "MIN") return Agg::Min;
+  if (a == "MAX") return Agg::Max;
+  return std::nullopt;
+}
+
+// Float attribute `name`, or its `name_as_tensor` twin (accepted when float32: ORT switches to
+// double thresholds and sums for a double tensor, which this file does not mirror).
+bool float_attr(const graph::Node& n, const std::string& name, std::vector<double>* out,
+                std::string* why) {
+  const auto* t = n.attr(name + "_as_tensor");
+  if (t && t->t) {
+    if (t->t->dtype != DType::Float32) {
+      *why = name + "_as_tensor must be float32";
+      return false;
+    }
+    *out = t->t->to_floats();
+    return true;
+  }
+  auto f = n.attr_floats(name);
+  out->assign(f.begin(), f.end());
+  return true;
+}
+
+// Longest root-to-leaf path (in branch steps) of every tree; false on a cycle.
+bool measure_depth(Forest& f, std::string* why) {
+  const size_t n = f.mode.size();
+  std::vector<int> depth(n, -1);  // memoised height; -2 = on the current path
+  std::function<int(int32_t)> height = [&](int32_t i) -> int {
+    if (depth[i] >= 0) return depth[i];
+    if (depth[i] == -2) return -1;
+    if (f.mode[i] == LEAF) return depth[i] = 0;
+    depth[i] = -2;
+    int a = height(f.tnode[i]), b = a < 0 ? -1 : height(f.fnode[i]);
+    if (a < 0 || b < 0) return -1;
+    return depth[i] = 1 + std::max(a, b);
+  };
+  f.depth = 0;
+  for (auto r : f.roots) {
+    int h = height(r);
+    if (h < 0) {
+      *why = "a tree has a cycle";
+      return false;
+    }
+    f.depth = std::max(f.depth, h);
+  }
+  return true;
+}
+
+// TreeEnsembleRegressor / TreeEnsembleClassifier (ai.onnx.ml 1 and 3).
+std::optional<Forest> build_legacy(const graph::Node& n, bool classifier, std::string* why) {
+  Forest f;
+  const char* pre = classifier ? "class_" : "target_";
+  auto P = [&](const char* s) { return std::string(pre) + s; };
+  const auto treeids = n.attr_ints("nodes_treeids"), nodeids = n.attr_ints("nodes_nodeids");
+  const auto featureids = n.attr_ints("nodes_featureids");
+  const auto trueids = n.attr_ints("nodes_truenodeids"), falseids = n.attr_ints("nodes_falsenodeids");
+  const auto missing = n.attr_ints("nodes_missing_value_tracks_true");
+  const auto* modes_attr = n.attr("nodes_modes");
+  const std::vector<std::string> modes = modes_attr ? modes_attr->strings : std::vector<std::string>{};
+  std::vector<double> values, weights;
+  if (!float_attr(n, "nodes_values", &values, why) || !float_attr(n, P("weights"), &weights, why) ||
+      !float_attr(n, "base_values", &f.base, why))
+    return std::nullopt;
+  const auto w_ids = n.attr_ints(P("ids")), w_nodes = n.attr_ints(P("nodeids"));
+  const auto w_trees = n.attr_ints(P("treeids"));
+  const size_t N = treeids.size();
+  if (N == 0 || nodeids.size() != N || featureids.size() != N || trueids.size() != N ||
+      falseids.size() != N || modes.size() != N || values.size() != N) {
+    *why = "nodes_* attributes have different lengths";
+    return std::nullopt;
+  }
+  if (w_ids.size() != w_nodes.size() || w_ids.size() != w_trees.size() ||
+      w_ids.size() != weights.size()) {
+    *why = std::string(pre) + "* attributes have different lengths";
+    return std::nullopt;
+  }
+  if (classifier) {
+    f.n_targets = static_cast<int>(n.attr_ints("classlabels_int64s").size());
+    f.agg = Agg::Sum;
+  } else {
+    f.n_targets = static_cast<int>(n.attr_int("n_targets", 0));
+    auto agg = parse_agg(n.attr_string("aggregate_function", "SUM"));
+    if (!agg) {
+      *why = "unknown aggregate_function";
+      return std::nullopt;
+    }
+    f.agg = *agg;
+  }
+  if (f.n_targets < 1) {
+    *why = "no targets/classes";
+    return std::nullopt;
+  }
+  auto pt = parse_post_transform(n.attr_string("post_transform", "NONE"));
+  if (!pt) {
+    *why = "unknown post_transform";
+    return std::nullopt;
+  }
+  f.pt = *pt;
+
+  std::map<std::pair<int64_t, int64_t>, int32_t> index;
+  int64_t prev_tree = std::numeric_limits<int64_t>::min();
+  std::set<int64_t> seen_trees;
+  for (size_t i = 0; i < N; ++i) {
+    if (!index.emplace(std::make_pair(treeids[i], nodeids[i]), static_cast<int32_t>(i)).second) {
+      *why = "duplicate node id";
+      return std::nullopt;
+    }
+    // ORT starts a new tree whenever the tree id changes: trees must be contiguous.
+    if (treeids[i] != prev_tree) {
+      if (!seen_trees.insert(treeids[i]).second) {
+        *why = "the nodes of a tree are not contiguous";
+        return std::nullopt;
+      }
+      f.roots.push_back(static_cast<int32_t>(i));
+      prev_tree = treeids[i];
+    }
+    static const std::map<std::string, Mode> kModes = {
+        {"BRANCH_LEQ", LEQ}, {"BRANCH_LT", LT}, {"BRANCH_GTE", GTE}, {"BRANCH_GT", GT},
+        {"BRANCH_EQ", EQ},   {"BRANCH_NEQ", NEQ}, {"LEAF", LEAF}};
+    auto m = kModes.find(modes[i]);
+    if (m == kModes.end()) {
+      *why = "unknown node mode " + modes[i];
+      return std::nullopt;
+    }
+    f.mode.push_back(m->second);
+    f.feature.push_back(static_cast<int32_t>(featureids[i]));
+    f.thr.push_back(values[i]);
+    f.miss_true.push_back(i < missing.size() && missing[i] == 1);
+    if (m->second != LEAF) f.max_feature = std::max(f.max_feature, static_cast<int>(featureids[i]));
+  }
+  f.members.resize(N);
+  for (size_t i = 0; i < N; ++i) {
+    int32_t t = static_cast<int32_t>(i), fl = t;
+    if (f.mode[i] != LEAF) {
+      auto a = index.find({treeids[i], trueids[i]}), b = index.find({treeids[i], falseids[i]});
+      if (a == index.end() || b == index.end() || a->second == t || b->second == t) {
+        *why = "a child node is missing or points to itself";
+        return std::nullopt;
+      }
+      t = a->second;
+      fl = b->second;
+    }
+    f.tnode.push_back(t);
+    f.fnode.push_back(fl);
+  }
+  // Leaf weights. With one target ORT keeps only each leaf's first weight (whatever its id);
+  // otherwise it aggregates all of them per target. Weights on branch nodes are ignored.
+  const int T = f.n_targets;
+  f.leaf_val.assign(N * T, 0.0);
+  f.leaf_has.assign(N * T, 0);
+  std::vector<uint8_t> any_weight(N, 0);
+  for (size_t k = 0; k < w_ids.size(); ++k) {
+    auto it = index.find({w_trees[k], w_nodes[k]});
+    if (it == index.end()) {
+      *why = "a weight refers to a missing node";
+      return std::nullopt;
+    }
+    const int32_t leaf = it->second;
+    if (f.mode[leaf] != LEAF) continue;
+    const int64_t target = T == 1 ? 0 : w_ids[k];
+    if (target < 0 || target >= T) {
+      *why = "a weight's target/class id is out of range";
+      return std::nullopt;
+    }
+    any_weight[leaf] = 1;
+    double& v = f.leaf_val[leaf * T + target];
+    uint8_t& h = f.leaf_has[leaf * T + target];
+    const double w = weights[k];
+    if (!h) v = w;
+    else if (T == 1) continue;  // first weight only
+    else if (f.agg == Agg::Min) v = std::min(v, w);
+    else if (f.agg == Agg::Max) v = std::max(v, w);
+    else v += w;
+    h = 1;
+  }
+  for (size_t i = 0; i < N; ++i)
+    if (f.mode[i] == LEAF && !any_weight[i]) {
+      *why = "a leaf has no weight (ORT rejects the model)";
+      return std::nullopt;
+    }
+  if (!measure_depth(f, why)) return std::nullopt;
+  return f;
+}
+
+// TreeEnsemble (ai.onnx.ml 5): interior nodes in nodes_*, leaves in leaf_*; leaves get node
+// indices after the interior nodes.
+std::optional<Forest> build_v5(const graph::Node& n, std::string* why) {
+  Forest f;
+  const auto featureids = n.attr_ints("nodes_featureids");
+  const auto trueids = n.attr_ints("nodes_truenodeids"), falseids = n.attr_ints("nodes_falsenodeids");
+  const auto trueleafs = n.attr_ints("nodes_trueleafs"), falseleafs = n.attr_ints("nodes_falseleafs");
+  const auto missing = n.attr_ints("nodes_missing_value_tracks_true");
+  const auto roots = n.attr_ints("tree_roots"), targetids = n.attr_ints("leaf_targetids");
+  auto tensor = [&](const char* name) -> std::optional<std::vector<double>> {
+    const auto* a = n.attr(name);
+    if (!a || !a->t) return std::vector<double>{};
+    if (!graph::is_float(a->t->dtype)) return std::nullopt;
+    return a->t->to_floats();
+  };
+  auto splits = tensor("nodes_splits"), lw = tensor("leaf_weights"), mv = tensor("membership_values");
+  const auto* modes_attr = n.attr("nodes_modes");
+  if (!splits || !lw || !mv || !modes_attr || !modes_attr->t) {
+    *why = "nodes_splits/leaf_weights/membership_values must be float tensors, nodes_modes given";
+    return std::nullopt;
+  }
+  const auto modes = modes_attr->t->to_ints();
+  const size_t NI = featureids.size(), NL = targetids.size();
+  if (trueids.size() != NI || falseids.size() != NI || trueleafs.size() != NI ||
+      falseleafs.size() != NI || modes.size() != NI || splits->size() != NI || lw->size() != NL ||
+      (!missing.empty() && missing.size() != NI)) {
+    *why = "nodes_*/leaf_* attributes have different lengths";
+    return std::nullopt;
+  }
+  f.n_targets = static_cast<int>(n.attr_int("n_targets", 0));
+  const int agg = static_cast<int>(n.attr_int("aggregate_function", 1));
+  const int pt = static_cast<int>(n.attr_int("post_transform", 0));
+  if (f.n_targets < 1 || agg < 0 || agg > 3 || pt < 0 || pt > 4) {
+    *why = "n_targets, aggregate_function or post_transform out of range";
+    return std::nullopt;
+  }
+  f.agg = static_cast<Agg>(agg);  // AVERAGE 0, SUM 1, MIN 2, MAX 3
+  static const PostTransform kPt[] = {PostTransform::None, PostTransform::Softmax,
+                                      PostTransform::Logistic, PostTransform::SoftmaxZero,
+                                      PostTransform::Probit};
+  f.pt = kPt[pt];
+  const size_t N = NI + NL;
+  const int T = f.n_targets;
+  f.members.resize(N);
+  size_t mpos = 0;
+  for (size_t i = 0; i < NI; ++i) {
+    if (modes[i] < 0 || modes[i] > 6) {
+      *why = "unknown node mode";
+      return std::nullopt;
+    }
+    f.mode.push_back(static_cast<uint8_t>(modes[i]));
+    f.feature.push_back(static_cast<int32_t>(featureids[i]));
+    f.thr.push_back((*splits)[i]);
+    f.miss_true.push_back(!missing.empty() && missing[i] == 1);
+    f.max_feature = std::max(f.max_feature, static_cast<int>(featureids[i]));
+    auto child = [&](int64_t id, int64_t leaf) -> int32_t {
+      if (leaf) return id >= 0 && static_cast<size_t>(id) < NL ? static_cast<int32_t>(NI + id) : -1;
+      return id >= 0 && static_cast<size_t>(id) < NI && static_cast<size_t>(id) != i
+                 ? static_cast<int32_t>(id) : -1;
+    };
+    f.tnode.push_back(child(trueids[i], trueleafs[i]));
+    f.fnode.push_back(child(falseids[i], falseleafs[i]));
+    if (f.tnode.back() < 0 || f.fnode.back() < 0) {
+      *why = "a child index is out of range";
+      return std::nullopt;
+    }
+    if (modes[i] == MEMBER) {  // the next NaN-terminated run of membership_values
+      while (mpos < mv->size() && !std::isnan((*mv)[mpos])) f.members[i].push_back((*mv)[mpos++]);
+      if (mpos >= mv->size()) {
+        *why = "membership_values has fewer sets than BRANCH_MEMBER nodes";
+        return std::nullopt;
+      }
+      ++mpos;
+    }
+  }
+  f.leaf_val.assign(N * T, 0.0);
+  f.leaf_has.assign(N * T, 0);
+  for (size_t l = 0; l < NL; ++l) {
+    const size_t i = NI + l;
+    f.mode.push_back(LEAF);
+    f.feature.push_back(0);
+    f.thr.push_back(0);
+    f.miss_true.push_back(0);
+    f.tnode.push_back(static_cast<int32_t>(i));
+    f.fnode.push_back(static_cast<int32_t>(i));
+    if (targetids[l] < 0 || targetids[l] >= T) {
+      *why = "leaf_targetids out of range";
+      return std::nullopt;
+    }
+    f.leaf_val[i * T + (T == 1 ? 0 : targetids[l])] = (*lw)[l];
+    f.leaf_has[i * T + (T == 1 ? 0 : targetids[l])] = 1;
+  }
+  for (auto r : roots) {
+    if (r < 0 || static_cast<size_t>(r) >= NI) {
+      *why = "tree_roots out of range";
+      return std::nullopt;
+    }
+    // A one-leaf tree is a node whose two branches are the same leaf.
+    const bool leaf_tree = trueleafs[r] && falseleafs[r] && trueids[r] == falseids[r];
+    f.roots.push_back(leaf_tree ? f.tnode[r] : static_cast<int32_t>(r));
+  }
+  if (f.roots.empty()) {
+    *why = "no trees";
+    return std::nullopt;
+  }
+  if (!measure_depth(f, why)) return std::nullopt;
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation
+
+template <typename T>
+mx::array table(const std::vector<T>& v, mx::Dtype d, mx::Stream s) {
+  return mx::astype(mx::array(v.begin(), {static_cast<int>(v.size())}), d, s);
+}
+
+// The leaf reached in every tree: [N, trees] int32 node indices. x: [N, F] in dtype ct.
+mx::array find_leaves(const Forest& f, const mx::array& x, mx::Stream s) {
+  const int N = x.shape(0), Tr = static_cast<int>(f.roots.size());
+  const mx::Dtype ct = x.dtype();
+  std::set<uint8_t> used;
+  for (auto m : f.mode)
+    if (m != LEAF) used.insert(m);
+  auto feat = table(f.feature, mx::int32, s), tn = table(f.tnode, mx::int32, s), fn = table(f.fnode, mx::int32, s);
+  auto thr = mx::astype(mx::array(f.thr.data(), {static_cast<int>(f.thr.size())}, mx::float64), ct, s);
+  auto mode = table(std::vector<int32_t>(f.mode.begin(), f.mode.end()), mx::int32, s);
+  const bool any_missing = std::any_of(f.miss_true.begin(), f.miss_true.end(), [](auto v) { return v; });
+  auto miss = table(std::vector<int32_t>(f.miss_true.begin(), f.miss_true.end()), mx::bool_, s);
+  // Membership sets padded with NaN (which equals nothing) to [nodes, K].
+  std::optional<mx::array> sets;
+  if (used.count(MEMBER)) {
+    size_t K = 1;
+    for (const auto& m : f.members) K = std::max(K, m.size());
+    std::vector<double> tbl(f.members.size() * K, std::nan(""));
+    for (size_t i = 0; i < f.members.size(); ++i)
+      std::copy(f.members[i].begin(), f.members[i].end(), tbl.begin() + i * K);
+    sets = mx::astype(mx::array(tbl.data(), {static_cast<int>(f.members.size()), static_cast<int>(K)},
+                                mx::float64), ct, s);
+  }
+  auto cur = mx::broadcast_to(mx::reshape(table(f.roots, mx::int32, s), {1, Tr}, s), {N, Tr}, s);
+  for (int d = 0; d < f.depth; ++d) {
+    auto xv = mx::take_along_axis(x, mx::take(feat, cur, 0, s), 1, s);  // [N, Tr]
+    auto th = mx::take(thr, cur, 0, s);
+    auto cmp = [&](uint8_t m) -> mx::array {
+      switch (m) {
+        case LEQ: return mx::less_equal(xv, th, s);
+        case LT: return mx::less(xv, th, s);
+        case GTE: return mx::greater_equal(xv, th, s);
+        case GT: return mx::greater(xv, th, s);
+        case EQ: return mx::equal(xv, th, s);
+        case NEQ: return mx::not_equal(xv, th, s);
+        default:  // MEMBER
+          return mx::any(mx::equal(mx::expand_dims(xv, -1, s), mx::take(*sets, cur, 0, s), s), -1,
+                         false, s);
+      }
+    };
+    mx::array cond = mx::array(false);
+    if (used.size() == 1) {
+      cond = cmp(*used.begin());
+    } else if (!used.empty()) {
+      auto md = mx::take(mode, cur, 0, s);
+      cond = mx::zeros(cur.shape(), mx::bool_, s);
+      for (auto m : used)
+        cond = mx::where(mx::equal(md, mx::array(static_cast<int32_t>(m)), s), cmp(m), cond, s);
+    }
+    if (any_missing)
+      cond = mx::logical_or(cond, mx::logical_and(mx::take(miss, cur, 0, s), mx::isnan(xv, s), s), s);
+    cur = mx::where(cond, mx::take(tn, cur, 0, s), mx::take(fn, cur, 0, s), s);
+  }
+  return cur;
+}
+
+struct Scores {
+  mx::array sum;  // [N, T] aggregated over trees (without base values)
+  mx::array has;  // [N, T] bool: some reached leaf has a weight for the target
+};
+
+Scores aggregate(const Forest& f, const mx::array& leaves, mx::Dtype ct, mx::Stream s) {
+  const int T = f.n_targets, n = static_cast<int>(f.mode.size());
+  auto vals = mx::astype(mx::array(f.leaf_val.data(), {n, T}, mx::float64), ct, s);
+  auto hasv = table(std::vector<int32_t>(f.leaf_has.begin(), f.leaf_has.end()), mx::bool_, s);
+  auto v = mx::take(vals, leaves, 0, s);                                 // [N, Tr, T]
+  auto h = mx::take(mx::reshape(hasv, {n, T}, s), leaves, 0, s);
+  auto has = mx::any(h, 1, false, s);
+  mx::array sum = mx::array(0);
+  switch (f.agg) {
+    case Agg::Sum:
+    case Agg::Average: sum = mx::sum(v, 1, false, s); break;  // absent weights are 0
+    case Agg::Min: {
+      auto inf = mx::array(std::numeric_limits<double>::infinity(), ct);
+      sum = mx::min(mx::where(h, v, inf, s), 1, false, s);
+      sum = mx::where(has, sum, mx::array(0.0, ct), s);
+      break;
+    }
+    case Agg::Max: {
+      auto ninf = mx::array(-std::numeric_limits<double>::infinity(), ct);
+      sum = mx::max(mx::where(h, v, ninf, s), 1, false, s);
+      sum = mx::where(has, sum, mx::array(0.0, ct), s);
+      break;
+    }
+  }
+  if (f.agg == Agg::Average)
+    sum = mx::divide(sum, mx::array(static_cast<double>(f.roots.size()), ct), s);
+  return {sum, has};
+}
+
+mx::array transform_scores(PostTransform pt, const mx::array& z, mx::Stream s) {
+  if (pt == PostTransform::None) return z;
+  auto r = post_transform(pt, mx::astype(z, mx::float32, s), s);
+  return mx::astype(r, z.dtype(), s);
+}
+
+// Regressor finalisation (TreeAggregator*): base values, then the transform; with one target
+// ORT adds base_values[0] (when it is the only one) and applies only PROBIT.
+mx::array finish_regression(const Forest& f, const Scores& sc, mx::Dtype ct, mx::Stream s) {
+  const int T = f.n_targets;
+  mx::array z = sc.sum;
+  if (T == 1) {
+    if (f.base.size() == 1) z = mx::add(z, mx::array(f.base[0], ct), s);
+    return f.pt == PostTransform::Probit ? transform_scores(f.pt, z, s) : z;
+  }
+  if (static_cast<int>(f.base.size()) == T)
+    z = mx::add(z, mx::astype(mx::array(f.base.data(), {1, T}, mx::float64), ct, s), s);
+  return transform_scores(f.pt, z, s);
+}
+
+mx::array x_rows(OpContext& c, mx::Dtype* ct) {
+  const auto& x = c.in(0);
+  if (x.ndim() < 1 || x.ndim() > 2) c.fail("X must be 1-D or 2-D");
+  auto r = x.ndim() == 1 ? mx::reshape(x, {1, x.shape(0)}, c.s) : x;
+  // double input: double thresholds and sums (ORT); others (ints, half) in float32.
+  *ct = r.dtype() == mx::float64 ? mx::float64 : mx::float32;
+  return r.dtype() == *ct ? r : mx::astype(r, *ct, c.s);
+}
+
+void check_features(OpContext& c, const Forest& f, const mx::array& x) {
+  if (f.max_feature >= x.shape(1)) c.fail("a node reads feature " + std::to_string(f.max_feature) +
+                                          " of " + std::to_string(x.shape(1)));
+}
+
+Support tree_input(const NodeQuery& q, bool allow_int) {
+  if (auto s = allow_int ? input_dtype_in(q, 0, {DType::Float32, DType::Float64, DType::Int64,
+                                                  DType::Int32})
+                         : input_dtype_in(q, 0, kFloat);
+      !s)
+    return s;
+  if (q.gpu && q.input_dtype(0) == DType::Float64)
+    return Support::no("float64 is not supported on the GPU");
+  if (q.input_rank(0) > 2) return Support::no("input rank above 2");
+  return Support::yes();
+}
+
+// Classifier facts ORT derives from the attributes.
+struct ClassInfo {
+  bool binary_case = false, all_positive = true, all_leaves_class1 = true;
+};
+ClassInfo class_info(const graph::Node& n, const Forest& f) {
+  ClassInfo ci;
+  const auto ids = n.attr_ints("class_ids");
+  std::vector<double> w;
+  std::string why;
+  float_attr(n, "class_weights", &w, &why);
+  ci.binary_case = f.n_targets == 2 && std::set<int64_t>(ids.begin(), ids.end()).size() == 1;
+  for (double v : w)
+    if (v < 0) ci.all_positive = false;
+  if (f.n_targets == 2)
+    for (size_t i = 0; i < f.mode.size(); ++i)
+      if (f.mode[i] == LEAF && !f.leaf_has[i * 2 + 1]) ci.all_leaves_class1 = false;
+  return ci;
+}
+
+}  // namespace
+
+Support check_tree_regressor(const NodeQuery& q) {
+  if (auto s = tree_input(q, true); !s) return s;
+  std::string why;
+  if (!build_legacy(q.node, false, &why)) return Support::no(why);
+  return Support::yes();
+}
+
+Outputs translate_tree_regressor(OpContext& c) {
+  std::string why;
+  auto f = build_legacy(c.node, false, &why);
+  if (!f) c.fail(why);
+  mx::Dtype ct = mx::float32;
+  auto x = x_rows(c, &ct);
+  check_features(c, *f, x);
+  auto z = finish_regression(*f, aggregate(*f, find_leaves(*f, x, c.s), ct, c.s), ct, c.s);
+  return {mx::astype(z, mx::float32, c.s)};
+}
+
+Support check_tree_ensemble(const NodeQuery& q) {
+  if (auto s = tree_input(q, false); !s) return s;
+  std::string why;
+  if (!build_v5(q.node, &why)) return Support::no(why);
+  return Support::yes();
+}
+
+Outputs translate_tree_ensemble(OpContext& c) {
+  std::string why;
+  auto f = build_v5(c.node, &why);
+  if (!f) c.fail(why);
+  const mx::Dtype out_t = c.in(0).dtype();
+  mx::Dtype ct = mx::float32;
+  auto x = x_rows(c, &ct);
+  check_features(c, *f, x);
+  auto z = finish_regression(*f, aggregate(*f, find_leaves(*f, x, c.s), ct, c.s), ct, c.s);
+  return {z.dtype() == out_t ? z : mx::astype(z, out_t, c.s)};
+}
+
+Support check_tree_classifier(const NodeQuery& q) {
+  if (auto s = tree_input(q, true); !s) return s;
+  const auto* ls = q.node.attr("classlabels_strings");
+  if (ls && !ls->strings.empty()) return Support::no("string class labels (MLX has no string dtype)");
+  std::string why;
+  auto f = build_legacy(q.node, true, &why);
+  if (!f) return Support::no(why);
+  if (f->n_targets < 2) return Support::no("fewer than two classes");
+  if (f->n_targets == 2) {
+    // A sample whose leaves carry no class-1 weight keeps one score; ORT then writes the second
+    // column only for some paths (PROBIT and a non-binary model with one base value leave it
+    // uninitialised).
+    auto ci = class_info(q.node, *f);
+    const size_t B = f->base.size();
+    const bool one_score = (B == 0 || B == 1) && !ci.all_leaves_class1;
+    if (one_score && (f->pt == PostTransform::Probit || (!ci.binary_case && B == 1)))
+      return Support::no("binary classifier case where ORT leaves a score undefined");
+  }
+  return Support::yes();
+}
+
+Outputs translate_tree_classifier(OpContext& c) {
+  std::string why;
+  auto f = build_legacy(c.node, true, &why);
+  if (!f) c.fail(why);
+  mx::Dtype ct = mx::float32;
+  auto x = x_rows(c, &ct);
+  check_features(c, *f, x);
+  const auto s = c.s;
+  auto sc = aggregate(*f, find_leaves(*f, x, s), ct, s);
+  const auto labels = c.node.attr_ints("classlabels_int64s");
+  const int C = f->n_targets;
+  const size_t B = f->base.size();
+  auto lab = mx::array(labels.data(), {C}, mx::int64);
+  auto cst = [&](double v) { return mx::array(v, ct); };
+  if (C > 2) {
+    // Base values for the first classes; they also give those classes a score for the argmax.
+    mx::array z = sc.sum, has = sc.has;
+    if (B > 0) {
+      std::vector<double> b(f->base.begin(), f->base.begin() + std::min<size_t>(B, C));
+      b.resize(C, 0.0);
+      std::vector<int32_t> hb(C, 0);
+      for (size_t k = 0; k < std::min<size_t>(B, C); ++k) hb[k] = 1;
+      z = mx::add(z, mx::astype(mx::array(b.data(), {1, C}, mx::float64), ct, s), s);
+      has = mx::logical_or(has, mx::astype(mx::array(hb.data(), {1, C}, mx::int32), mx::bool_, s), s);
+    }
+    // First maximum among the classes with a score.
+    auto masked = mx::where(has, z, cst(-std::numeric_limits<double>::infinity()), s);
+    auto y = mx::take(lab, mx::argmax(masked, 1, false, s), 0, s);
+    return {y, mx::astype(transform_scores(f->pt, z, s), mx::float32, s)};
+  }
+
+  // Two classes: ORT's TreeAggregatorClassifier::FinalizeScores, per sample.
+  auto ci = class_info(c.node, *f);
+  auto col = [&](const mx::array& a, int k) { return mx::squeeze(mx::slice(a, {0, k}, {a.shape(0), k + 1}, s), 1, s); };
+  auto s0 = col(sc.sum, 0), s1 = col(sc.sum, 1);
+  auto h0 = col(sc.has, 0), h1 = col(sc.has, 1);
+  mx::array p0 = s0, p1 = s1;
+  mx::array two = mx::array(true);  // the sample keeps two scores
+  int was_static = -1;              // ORT's write_additional_scores before the label step
+  if (B == 2) {
+    // With a class-1 score ORT uses base[1] + score0 and its negation (not score1).
+    auto q1 = mx::add(cst(f->base[1]), s0, s);
+    p1 = mx::where(h1, q1, mx::add(s1, cst(f->base[1]), s), s);
+    p0 = mx::where(h1, mx::negative(q1, s), mx::add(s0, cst(f->base[0]), s), s);
+  } else if (B == 1) {
+    p0 = mx::add(s0, cst(f->base[0]), s);
+    two = h1;
+  } else if (B == 0) {
+    was_static = 3;
+    two = h1;
+  }
+  auto pos = mx::where(h1, p1, mx::where(h0, p0, cst(0), s), s);
+  mx::array y = mx::array(0), was = mx::array(was_static, mx::int32);
+  if (ci.binary_case) {
+    const double cut = ci.all_positive ? 0.5 : 0.0;
+    auto win = mx::greater(pos, cst(cut), s);
+    y = mx::where(win, mx::array(labels[1], mx::int64), mx::array(labels[0], mx::int64), s);
+    was = mx::where(win, mx::array(ci.all_positive ? 0 : 2), mx::array(ci.all_positive ? 1 : 3), s);
+  } else {  // ORT's fallback labels are the literals 1 / 0, not classlabels
+    y = mx::where(mx::greater(pos, cst(0), s), mx::array(int64_t{1}), mx::array(int64_t{0}), s);
+  }
+  // Two scores: the transform over both. One score v: [1 - v, v] (was 0/1), [-v, v] or
+  // [logistic(-v), logistic(v)] (was 2/3).
+  auto both = transform_scores(f->pt, mx::stack({p0, p1}, 1, s), s);
+  auto v = p0;
+  auto one_a = mx::where(mx::less(was, mx::array(2), s), mx::subtract(cst(1), v, s),
+                         f->pt == PostTransform::Logistic ? mx::sigmoid(mx::negative(v, s), s)
+                                                          : mx::negative(v, s), s);
+  auto one_b = mx::where(mx::less(was, mx::array(2), s), v,
+                         f->pt == PostTransform::Logistic ? mx::sigmoid(v, s) : v, s);
+  auto one = mx::stack({one_a, one_b}, 1, s);
+  auto z = mx::where(mx::expand_dims(two, -1, s), both, one, s);
+  return {y, mx::astype(z, mx::float32, s)};
+}
+
+}  // namespace ortmlx::ops::ml
