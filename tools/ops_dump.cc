@@ -7,8 +7,9 @@
 //                              "<domain>\t<op>\t<since>\t<in dtypes>\t<out dtypes>[\t<attrs>]"
 //                              where the dtype lists are comma-separated dtype names ("-" =
 //                              absent) and attrs is "name=i:1;name=is:2,2;name=f:0.5;
-//                              name=fs:1,2;name=s:text;name=t:<dtype>" (t: a zero scalar) for
-//                              required attributes.
+//                              name=fs:1,2;name=s:text;name=ss:a,b;name=t:<dtype>[:1,2]"
+//                              (t: a 1-D tensor of these values, or a zero scalar): required
+//                              attributes, and the parameters of ai.onnx.ml models.
 //                              The Python side builds these from ONNX's schemas, so that an
 //                              input with its own type constraint (Reshape's shape, Where's
 //                              condition) gets a dtype the schema allows.
@@ -20,6 +21,8 @@
 // rank-1 parameter inputs) and a dtype counts as accepted when any layout is claimed. The
 // default probe gives every input and output the same dtype T, with 1, 2 or 3 inputs.
 #include <cstdio>
+#include <cstring>
+#include <type_traits>
 #include <iostream>
 #include <memory>
 #include <map>
@@ -28,7 +31,8 @@
 #include <string>
 #include <vector>
 
-#include <mlx/version.h>  // mlx::core::version()
+#include <mlx/types/half_types.h>  // float16_t, bfloat16_t
+#include <mlx/version.h>            // mlx::core::version()
 
 #include "graph/view.h"
 #include "ops/registry.h"
@@ -204,6 +208,37 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// `vals` stored as dtype t (little-endian host layout, as ONNX raw data).
+std::optional<std::vector<std::byte>> tensor_bytes(DType t, const std::vector<double>& vals) {
+  std::vector<std::byte> out(vals.size() * graph::dtype_size(t));
+  auto put = [&](auto tag) {
+    using T = decltype(tag);
+    for (size_t i = 0; i < vals.size(); ++i) {
+      T v = static_cast<T>(static_cast<float>(vals[i]));
+      if constexpr (std::is_integral_v<T>) v = static_cast<T>(vals[i]);
+      std::memcpy(out.data() + i * sizeof(T), &v, sizeof(T));
+    }
+  };
+  switch (t) {
+    case DType::Float32: put(float{}); break;
+    case DType::Float64:
+      for (size_t i = 0; i < vals.size(); ++i) std::memcpy(out.data() + i * 8, &vals[i], 8);
+      break;
+    case DType::Float16: put(mlx::core::float16_t{}); break;
+    case DType::BFloat16: put(mlx::core::bfloat16_t{}); break;
+    case DType::Int8: put(int8_t{}); break;
+    case DType::Int16: put(int16_t{}); break;
+    case DType::Int32: put(int32_t{}); break;
+    case DType::Int64: put(int64_t{}); break;
+    case DType::UInt8: case DType::Bool: put(uint8_t{}); break;
+    case DType::UInt16: put(uint16_t{}); break;
+    case DType::UInt32: put(uint32_t{}); break;
+    case DType::UInt64: put(uint64_t{}); break;
+    default: return std::nullopt;
+  }
+  return out;
+}
+
 // "name=i:1;name=is:2,2;..." -> attributes; returns "" or what is malformed.
 std::string parse_attrs(const std::string& text, Attrs& attrs) {
   if (text.empty()) return {};
@@ -229,13 +264,26 @@ std::string parse_attrs(const std::string& text, Attrs& attrs) {
       } else if (kind == "s") {
         a.type = graph::AttrType::String;
         a.s = val;
+      } else if (kind == "ss") {
+        a.type = graph::AttrType::Strings;
+        a.strings = split(val, ',');
       } else if (kind == "t") {
-        auto t = parse_dtype(val);
-        if (!t || !graph::dtype_size(*t)) return "attribute tensor dtype '" + val + "'";
-        std::vector<std::byte> zero(graph::dtype_size(*t));
+        auto parts = split(val, ':');
+        auto t = parse_dtype(parts[0]);
+        if (!t || !graph::dtype_size(*t)) return "attribute tensor dtype '" + parts[0] + "'";
         a.type = graph::AttrType::Tensor;
-        a.t = std::make_shared<graph::ConstTensor>(
-            graph::ConstTensor::from_bytes(*t, {}, zero.data(), zero.size()));
+        if (parts.size() == 1) {
+          std::vector<std::byte> zero(graph::dtype_size(*t));
+          a.t = std::make_shared<graph::ConstTensor>(
+              graph::ConstTensor::from_bytes(*t, {}, zero.data(), zero.size()));
+        } else {
+          std::vector<double> vals;
+          for (auto& v : split(parts[1], ',')) vals.push_back(std::stod(v));
+          auto bytes = tensor_bytes(*t, vals);
+          if (!bytes) return "attribute tensor values of dtype '" + parts[0] + "'";
+          a.t = std::make_shared<graph::ConstTensor>(graph::ConstTensor::from_bytes(
+              *t, {static_cast<int64_t>(vals.size())}, bytes->data(), bytes->size()));
+        }
       } else {
         return "attribute kind '" + kind + "'";
       }

@@ -9,8 +9,8 @@ com.microsoft) has a schema for the op, each input/output gets a dtype its type 
 allows: T for the op's main type constraint, and for the others T when allowed, else int64, else
 the first type MLX has; optional inputs are tried present and absent. Without a schema every
 input and output gets T. Attributes are absent (defaults apply) except required ones, which get
-a plain value (1, [1, 1], ...; Cast's `to` is T), so the check may still decline particular
-nodes; the notes say when.
+a plain value (1, [1, 1], ...; Cast's `to` is T), and ai.onnx.ml ops, which get a tiny model
+(PROBE_ATTRS); the check may still decline particular nodes: the notes say when.
 
 The last section lists the ops the conformance run (build/conformance.json) saw declined.
 """
@@ -100,15 +100,42 @@ def _tool_dtype(type_str: str) -> str | None:
 
 
 # Required attributes need a value to probe with; these ops need a meaningful one (probed
-# dtype T is passed in). Other required attributes get 1 / [1, 1] / 1.0 / a zero scalar of T.
+# dtype T is passed in), and ai.onnx.ml ops need a small consistent model. Other required
+# attributes get 1 / [1, 1] / 1.0 / a zero scalar of T.
 ONNX_ELEM = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6,
              "int64": 7, "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
              "bfloat16": 16}
+_TREE = {"nodes_treeids": "is:0", "nodes_nodeids": "is:0", "nodes_featureids": "is:0",
+         "nodes_modes": "ss:LEAF", "nodes_values": "fs:0", "nodes_truenodeids": "is:0",
+         "nodes_falsenodeids": "is:0"}  # one tree that is a single leaf
 PROBE_ATTRS = {
     ("", "Cast"): lambda t: {"to": f"i:{ONNX_ELEM[t]}"},
     ("", "Constant"): lambda t: {"value": f"t:{t}"},
     ("", "Einsum"): lambda t: {"equation": "s:ij,jk->ik"},
     ("com.microsoft", "MatMulNBits"): lambda t: {"K": "i:32", "N": "i:8", "block_size": "i:32"},
+    # ai.onnx.ml models carry their parameters as attributes; 4 features (rank-2 layout [3, 4])
+    ("ai.onnx.ml", "LinearClassifier"): lambda t: {
+        "coefficients": "fs:" + ",".join(["1"] * 8), "intercepts": "fs:0,0",
+        "classlabels_ints": "is:0,1"},
+    ("ai.onnx.ml", "LinearRegressor"): lambda t: {
+        "coefficients": "fs:1,1,1,1", "intercepts": "fs:0", "targets": "i:1"},
+    ("ai.onnx.ml", "Scaler"): lambda t: {"scale": "fs:1", "offset": "fs:0"},
+    ("ai.onnx.ml", "Imputer"): lambda t: (
+        {"imputed_value_floats": "fs:0", "replaced_value_float": "f:0"} if t.startswith("float")
+        else {"imputed_value_int64s": "is:0", "replaced_value_int64": "i:0"}),
+    ("ai.onnx.ml", "OneHotEncoder"): lambda t: {"cats_int64s": "is:1,2"},
+    ("ai.onnx.ml", "FeatureVectorizer"): lambda t: {"inputdimensions": "is:4,4"},
+    ("ai.onnx.ml", "TreeEnsembleRegressor"): lambda t: {
+        **_TREE, "target_treeids": "is:0", "target_nodeids": "is:0", "target_ids": "is:0",
+        "target_weights": "fs:1", "n_targets": "i:1"},
+    ("ai.onnx.ml", "TreeEnsembleClassifier"): lambda t: {
+        **_TREE, "class_treeids": "is:0,0,0", "class_nodeids": "is:0,0,0",
+        "class_ids": "is:0,1,2", "class_weights": "fs:1,1,1", "classlabels_int64s": "is:0,1,2"},
+    ("ai.onnx.ml", "TreeEnsemble"): lambda t: {
+        "tree_roots": "is:0", "nodes_featureids": "is:0", "nodes_splits": f"t:{t}:0",
+        "nodes_modes": "t:uint8:0", "nodes_truenodeids": "is:0", "nodes_trueleafs": "is:1",
+        "nodes_falsenodeids": "is:1", "nodes_falseleafs": "is:1", "leaf_targetids": "is:0,0",
+        "leaf_weights": f"t:{t}:1,1", "n_targets": "i:1"},
 }
 
 
@@ -185,7 +212,7 @@ def _probe_with_schemas(tool: pathlib.Path, entries: list[dict]) -> None:
         if any(a.required and str(a.type).endswith("GRAPH") for a in schema.attributes.values()):
             # Control flow: what is claimed depends on the body graphs, not on a dtype.
             e["probe"] = "not probed: the body graphs decide"
-            e["dtypes"] = None
+            e["dtypes"], e["declined"] = None, {}
             continue
         formals = _Formals(schema)
         if not formals.ok or not formals.main:

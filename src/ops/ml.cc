@@ -143,8 +143,11 @@ Outputs translate_linear_classifier(OpContext& c) {
     int64_t pos = labels.size() == 2 ? labels[1] : 1, neg = labels.size() == 2 ? labels[0] : 0;
     y = mx::where(mx::greater(mx::squeeze(z, 1, c.s), mx::array(0.0f), c.s),
                   mx::array(pos, mx::int64), mx::array(neg, mx::int64), c.s);
-    if (labels.size() == 2)  // ORT adds the complementary class, without any transform
+    if (labels.size() == 2) {
+      // ORT adds the complementary class; of the transforms only LOGISTIC applies (first).
+      if (pt == PostTransform::Logistic) z = mx::sigmoid(z, c.s);
       z = mx::concatenate({mx::subtract(mx::array(1.0f), z, c.s), z}, 1, c.s);
+    }
     else if (pt == PostTransform::Probit)  // the only transform ORT applies to one score
       z = probit(z, c.s);
   } else {

@@ -440,6 +440,12 @@ mx::array transform_scores(PostTransform pt, const mx::array& z, mx::Stream s) {
   return mx::astype(r, z.dtype(), s);
 }
 
+// A score ORT writes out: its ScoreValue reads as 0 unless some leaf gave the target a weight
+// (base values do not count), before any transform.
+mx::array written(const mx::array& v, const mx::array& has, mx::Stream s) {
+  return mx::where(has, v, mx::array(0.0, v.dtype()), s);
+}
+
 // Regressor finalisation (TreeAggregator*): base values, then the transform; with one target
 // ORT adds base_values[0] (when it is the only one) and applies only PROBIT.
 mx::array finish_regression(const Forest& f, const Scores& sc, mx::Dtype ct, mx::Stream s) {
@@ -451,7 +457,7 @@ mx::array finish_regression(const Forest& f, const Scores& sc, mx::Dtype ct, mx:
   }
   if (static_cast<int>(f.base.size()) == T)
     z = mx::add(z, mx::astype(mx::array(f.base.data(), {1, T}, mx::float64), ct, s), s);
-  return transform_scores(f.pt, z, s);
+  return transform_scores(f.pt, written(z, sc.has, s), s);
 }
 
 mx::array x_rows(OpContext& c, mx::Dtype* ct) {
@@ -590,9 +596,12 @@ Outputs translate_tree_classifier(OpContext& c) {
     return {y, mx::astype(transform_scores(f->pt, z, s), mx::float32, s)};
   }
 
-  // Two classes: ORT's TreeAggregatorClassifier::FinalizeScores, per sample.
+  // Two classes: ORT's TreeAggregatorClassifier::FinalizeScores, per sample. The has-flags of
+  // the two scores stay those of the aggregation (h0, h1) on every path.
   auto ci = class_info(c.node, *f);
-  auto col = [&](const mx::array& a, int k) { return mx::squeeze(mx::slice(a, {0, k}, {a.shape(0), k + 1}, s), 1, s); };
+  auto col = [&](const mx::array& a, int k) {
+    return mx::squeeze(mx::slice(a, {0, k}, {a.shape(0), k + 1}, s), 1, s);
+  };
   auto s0 = col(sc.sum, 0), s1 = col(sc.sum, 1);
   auto h0 = col(sc.has, 0), h1 = col(sc.has, 1);
   mx::array p0 = s0, p1 = s1;
@@ -622,13 +631,13 @@ Outputs translate_tree_classifier(OpContext& c) {
   }
   // Two scores: the transform over both. One score v: [1 - v, v] (was 0/1), [-v, v] or
   // [logistic(-v), logistic(v)] (was 2/3).
-  auto both = transform_scores(f->pt, mx::stack({p0, p1}, 1, s), s);
-  auto v = p0;
-  auto one_a = mx::where(mx::less(was, mx::array(2), s), mx::subtract(cst(1), v, s),
-                         f->pt == PostTransform::Logistic ? mx::sigmoid(mx::negative(v, s), s)
-                                                          : mx::negative(v, s), s);
-  auto one_b = mx::where(mx::less(was, mx::array(2), s), v,
-                         f->pt == PostTransform::Logistic ? mx::sigmoid(v, s) : v, s);
+  auto w0 = written(p0, h0, s), w1 = written(p1, h1, s);
+  auto both = transform_scores(f->pt, mx::stack({w0, w1}, 1, s), s);
+  const bool logistic = f->pt == PostTransform::Logistic;
+  auto low = mx::less(was, mx::array(2), s);
+  auto one_a = mx::where(low, mx::subtract(cst(1), w0, s),
+                         logistic ? mx::sigmoid(mx::negative(w0, s), s) : mx::negative(w0, s), s);
+  auto one_b = mx::where(low, w0, logistic ? mx::sigmoid(w0, s) : w0, s);
   auto one = mx::stack({one_a, one_b}, 1, s);
   auto z = mx::where(mx::expand_dims(two, -1, s), both, one, s);
   return {y, mx::astype(z, mx::float32, s)};

@@ -10,7 +10,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxruntime_mlx as om
-from oracle import assert_close, check_model, placement_of, run_cpu
+from oracle import DEVICE, assert_close, check_model, run_cpu
 
 rng = np.random.default_rng(3)
 
@@ -33,7 +33,7 @@ def const(name, value):
 def mlx_session(model, **options):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so = om.record_assignment(om.session_options("cpu", fallback=False, so=so, **options))
+    so = om.record_assignment(om.session_options(DEVICE, fallback=False, so=so, **options))
     s = ort.InferenceSession(model.SerializeToString(), sess_options=so)
     placed = om.placement(s)
     assert set(placed) == {om.EP_NAME}, placed
@@ -332,7 +332,7 @@ def test_outer_value_from_a_cpu_node_reaches_the_body():
     m = make_model(nodes, [vi("c", TP.BOOL, []), vi("x", TP.FLOAT, [4])], [vi("y", TP.FLOAT, [4])])
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so = om.record_assignment(om.session_options("cpu", fallback=True, so=so))
+    so = om.record_assignment(om.session_options(DEVICE, fallback=True, so=so))
     s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
     assert ("the_if", "If") in om.placement(s)[om.EP_NAME]
     x = np.array([0.5, -1.25, 3.0, 100.0], np.float32)
@@ -356,7 +356,7 @@ def test_unsupported_body_node_declines_the_whole_if(tmp_path):
     m = make_model(nodes, [vi("c", TP.BOOL, []), vi("x", TP.FLOAT, [3])], [vi("y", TP.INT64, [])])
     report = tmp_path / "report.jsonl"
     so = ort.SessionOptions()
-    so = om.record_assignment(om.session_options("cpu", fallback=True, so=so,
+    so = om.record_assignment(om.session_options(DEVICE, fallback=True, so=so,
                                                  report_path=str(report)))
     s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
     assert om.EP_NAME not in om.placement(s)
@@ -376,6 +376,6 @@ def test_loop_without_m_and_cond_is_declined():
                              [vi("cond_out", TP.BOOL, []), vi("v_out", TP.FLOAT, [1])])
     nodes = [helper.make_node("Loop", ["", "", "x"], ["y"], name="endless", body=body)]
     m = make_model(nodes, [vi("x", TP.FLOAT, [1])], [vi("y", TP.FLOAT, [1])])
-    so = om.record_assignment(om.session_options("cpu", fallback=True))
+    so = om.record_assignment(om.session_options(DEVICE, fallback=True))
     s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
     assert om.EP_NAME not in om.placement(s)
