@@ -165,6 +165,7 @@ void MlxEp::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
     std::ofstream f(options_.report_path, std::ios::app);
     for (const auto& d : result.declined) {
       const auto& n = g.nodes[d.node];
+      if (n.domain == kEpName) continue;  // our own fused nodes, seen by a later ORT pass
       f << "{\"node\":\"" << json_escape(n.name) << "\",\"op\":\"" << json_escape(n.op_type)
         << "\",\"domain\":\"" << json_escape(n.domain) << "\",\"reason\":\""
         << json_escape(d.reason) << "\"}\n";

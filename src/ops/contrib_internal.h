@@ -15,10 +15,10 @@ Support check_gather_block_quantized(const NodeQuery& q);
 Outputs translate_gather_block_quantized(OpContext& c);
 
 // ---- rotary.cc ---------------------------------------------------------------------------------
-// Rotates the first `rotary_dim` features of x's last axis with per-position cos/sin.
-// x: [..., S, ..., H] where cos/sin broadcast against x's shape with their last axis = rotary_dim/2
-// (the caller lays them out). interleaved: pairs (2i, 2i+1); otherwise halves (i, i + dim/2).
-// Computed in x's dtype, or float32 when `f32` is set (the result is cast back).
+// Rotates the first `rotary_dim` features of x's last axis with per-position cos/sin, which the
+// caller lays out to broadcast against x with a last axis of rotary_dim / 2. interleaved: pairs
+// (2i, 2i+1) rotate together; otherwise halves (i, i + dim/2). Computed in compute_dtype(x) and
+// returned in x's dtype; features past rotary_dim pass through.
 mx::array apply_rotary(const mx::array& x, const mx::array& cos, const mx::array& sin,
                        int rotary_dim, bool interleaved, mx::Stream s);
 Support check_rotary_ms(const NodeQuery& q);

@@ -34,8 +34,8 @@ std::optional<GsPad> gs_pad(const std::string& p) {
 }
 
 struct Tap {
-  mx::array pos;                  // integral sample position (float)
-  std::optional<mx::array> w;     // weight; none for nearest
+  mx::array pos;               // integral sample position (float)
+  std::optional<mx::array> w;  // weight; none for nearest
 };
 
 // Mirrors positions outside [lo, hi] back inside (ORT's GsReflect, elementwise).
@@ -64,11 +64,13 @@ std::vector<mx::array> cubic_weights(const mx::array& t, mx::Stream s) {
   const double a = -0.75;
   auto k = [d](double v) { return mx::array(v, d); };
   auto near = [&](const mx::array& x) {  // |x| <= 1
-    return mx::add(mx::multiply(mx::subtract(mx::multiply(k(a + 2), x, s), k(a + 3), s),
-                                mx::square(x, s), s), k(1), s);
+    return mx::add(
+        mx::multiply(mx::subtract(mx::multiply(k(a + 2), x, s), k(a + 3), s), mx::square(x, s), s),
+        k(1), s);
   };
   auto far = [&](const mx::array& x) {  // 1 < |x| < 2
-    auto p = mx::add(mx::multiply(mx::subtract(mx::multiply(k(a), x, s), k(5 * a), s), x, s), k(8 * a), s);
+    auto p = mx::add(mx::multiply(mx::subtract(mx::multiply(k(a), x, s), k(5 * a), s), x, s),
+                     k(8 * a), s);
     return mx::subtract(mx::multiply(p, x, s), k(4 * a), s);
   };
   auto one_minus = mx::subtract(k(1), t, s);
@@ -99,7 +101,8 @@ Outputs translate_grid_sample(OpContext& c) {
   if (nd < 1 || nd > 3) c.fail("only 1 to 3 spatial dims are supported");
   if (static_cast<int>(grid.ndim()) != rank || grid.shape(-1) != nd || grid.shape(0) != x.shape(0))
     c.fail("grid must be (N, O1..On, n) for an input with n spatial dims");
-  const GsMode mode = *gs_mode(n.attr_string("mode", n.since_version >= 20 ? "linear" : "bilinear"));
+  const GsMode mode =
+      *gs_mode(n.attr_string("mode", n.since_version >= 20 ? "linear" : "bilinear"));
   const GsPad pad = *gs_pad(n.attr_string("padding_mode", "zeros"));
   const bool align = n.attr_int("align_corners", 0) != 0;
   const int N = x.shape(0), C = x.shape(1);
@@ -112,7 +115,8 @@ Outputs translate_grid_sample(OpContext& c) {
   }
   if (P == 0 || x.size() == 0) return {mx::zeros(out_shape, x.dtype(), c.s)};
 
-  const mx::Dtype t = x.dtype() == mx::float64 || grid.dtype() == mx::float64 ? mx::float64 : mx::float32;
+  const mx::Dtype t =
+      x.dtype() == mx::float64 || grid.dtype() == mx::float64 ? mx::float64 : mx::float32;
   auto k = [t](double v) { return mx::array(v, t); };
   const int Pi = static_cast<int>(P);
   mx::array g = mx::reshape(mx::astype(grid, t, c.s), {N, Pi, nd}, c.s);
@@ -123,8 +127,10 @@ Outputs translate_grid_sample(OpContext& c) {
     const double L = x.shape(2 + d);
     mx::array gn = mx::squeeze(mx::slice(g, {0, 0, nd - 1 - d}, {N, Pi, nd - d}, c.s), -1, c.s);
     // [-1, 1] -> [0, L-1] (align_corners) or [-0.5, L-0.5]
-    mx::array pos = align ? mx::multiply(mx::divide(mx::add(gn, k(1), c.s), k(2), c.s), k(L - 1), c.s)
-                          : mx::divide(mx::subtract(mx::multiply(mx::add(gn, k(1), c.s), k(L), c.s), k(1), c.s), k(2), c.s);
+    mx::array pos =
+        align ? mx::multiply(mx::divide(mx::add(gn, k(1), c.s), k(2), c.s), k(L - 1), c.s)
+              : mx::divide(mx::subtract(mx::multiply(mx::add(gn, k(1), c.s), k(L), c.s), k(1), c.s),
+                           k(2), c.s);
     if (mode == GsMode::Nearest) {
       taps[d].push_back({mx::round(pos, 0, c.s), std::nullopt});  // half to even, like nearbyint
       continue;
@@ -151,13 +157,16 @@ Outputs translate_grid_sample(OpContext& c) {
       const double L = x.shape(2 + d);
       mx::array p = tap.pos;
       if (pad == GsPad::Zeros) {
-        auto in = mx::logical_and(mx::greater_equal(p, k(0), c.s), mx::less_equal(p, k(L - 1), c.s), c.s);
+        auto in =
+            mx::logical_and(mx::greater_equal(p, k(0), c.s), mx::less_equal(p, k(L - 1), c.s), c.s);
         valid = valid ? mx::logical_and(*valid, in, c.s) : in;
       } else if (pad == GsPad::Reflection) {
         p = align ? reflect(p, 0, L - 1, c.s) : reflect(p, -0.5, L - 0.5, c.s);
       }
       p = mx::astype(mx::clip(p, k(0), k(L - 1), c.s), mx::int32, c.s);  // truncation, as ORT
-      flat = flat ? mx::add(mx::multiply(*flat, mx::array(static_cast<int>(L), mx::int32), c.s), p, c.s) : p;
+      flat = flat ? mx::add(mx::multiply(*flat, mx::array(static_cast<int>(L), mx::int32), c.s), p,
+                            c.s)
+                  : p;
       if (tap.w) weight = weight ? mx::multiply(*weight, *tap.w, c.s) : *tap.w;
     }
     auto idx = mx::broadcast_to(mx::reshape(*flat, {N, 1, Pi}, c.s), {N, C, Pi}, c.s);

@@ -4,6 +4,7 @@
 // weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
 #include <string>
+#include <string_view>
 
 #include "ops/nn_internal.h"
 
@@ -42,6 +43,23 @@ Support check_auto_pad(const NodeQuery& q) {
   if (a == "NOTSET" || a == "VALID" || a == "SAME_UPPER" || a == "SAME_LOWER")
     return Support::yes();
   return Support::no("auto_pad '" + a + "' is not an ONNX value");
+}
+
+Support check_spatial_attrs(const NodeQuery& q) {
+  const int r = q.input_rank(0);
+  if (r < 3) return Support::yes();
+  const size_t nd = r - 2;
+  for (const char* a : {"strides", "dilations", "kernel_shape", "output_padding", "pads"}) {
+    auto v = q.node.attr_ints(a);
+    size_t want = std::string_view(a) == "pads" ? 2 * nd : nd;
+    if (!v.empty() && v.size() != want)
+      return Support::no(std::string(a) + " has " + std::to_string(v.size()) + " values for " +
+                         std::to_string(nd) + " spatial dims");
+  }
+  for (const char* a : {"strides", "dilations", "kernel_shape"})
+    for (auto v : q.node.attr_ints(a))
+      if (v < 1) return Support::no(std::string(a) + " must be >= 1");
+  return Support::yes();
 }
 
 Support check_rank(const NodeQuery& q, size_t i, int min_rank, int max_rank) {
@@ -107,7 +125,8 @@ mx::array conv_f64(const mx::array& x, const mx::array& w, const std::vector<int
   const int N = x.shape(0), C = x.shape(-1), M = w.shape(0), cg = C / groups, mg = M / groups;
   // (N, out.., C, K..) -> (g, N*P, C/g * K)
   mx::array v = windows(xi, win, 1, mx::array(0.0, x.dtype()), s);
-  v = mx::transpose(mx::reshape(v, {static_cast<int>(N * P), groups, static_cast<int>(cg * K)}, s), {1, 0, 2}, s);
+  v = mx::transpose(mx::reshape(v, {static_cast<int>(N * P), groups, static_cast<int>(cg * K)}, s),
+                    {1, 0, 2}, s);
   mx::array wk = w;
   if (flip)
     for (int d = 0; d < nd; ++d)
@@ -137,8 +156,10 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
   int cg = x.shape(-1) / groups, mg = w.shape(0) / groups;
   std::vector<mx::array> parts;
   for (int g = 0; g < groups; ++g) {
-    auto xg = mx::slice(x, {0, 0, 0, 0, g * cg}, {x.shape(0), x.shape(1), x.shape(2), x.shape(3), (g + 1) * cg}, s);
-    auto wg = mx::slice(w, {g * mg, 0, 0, 0, 0}, {(g + 1) * mg, w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
+    auto xg = mx::slice(x, {0, 0, 0, 0, g * cg},
+                        {x.shape(0), x.shape(1), x.shape(2), x.shape(3), (g + 1) * cg}, s);
+    auto wg = mx::slice(w, {g * mg, 0, 0, 0, 0},
+                        {(g + 1) * mg, w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
     parts.push_back(mx::conv_general(xg, wg, stride, lo, hi, dilation, input_dilation, 1, flip, s));
   }
   return mx::concatenate(parts, -1, s);
@@ -154,10 +175,7 @@ Support check_conv_common(const NodeQuery& q) {
   if (q.node.attr_int("group", 1) < 1) return Support::no("group must be >= 1");
   for (auto p : q.node.attr_ints("pads"))
     if (p < 0) return Support::no("negative pads");
-  for (const char* a : {"strides", "dilations"})
-    for (auto v : q.node.attr_ints(a))
-      if (v < 1) return Support::no(std::string(a) + " must be >= 1");
-  return Support::yes();
+  return check_spatial_attrs(q);
 }
 
 Support check_conv(const NodeQuery& q) { return check_conv_common(q); }
@@ -211,8 +229,16 @@ Outputs translate_conv(OpContext& c) {
     }
     // A negative SAME padding (kernel smaller than stride) drops input: crop it, since MLX's
     // convolutions take non-negative padding on every backend.
-    if (b < 0) { crop_start[1 + d] = static_cast<int>(-b); b = 0; crop = true; }
-    if (e < 0) { crop_stop[1 + d] = static_cast<int>(in + e); e = 0; crop = true; }
+    if (b < 0) {
+      crop_start[1 + d] = static_cast<int>(-b);
+      b = 0;
+      crop = true;
+    }
+    if (e < 0) {
+      crop_stop[1 + d] = static_cast<int>(in + e);
+      e = 0;
+      crop = true;
+    }
     int64_t padded = in + b + e;
     if (padded < dk) c.fail("the dilated kernel is larger than the padded input");
     lo[d] = static_cast<int>(b);
@@ -308,8 +334,8 @@ Outputs translate_conv_transpose(OpContext& c) {
   mx::array w = mx::reshape(
       mx::transpose(mx::reshape(mx::astype(w0, cd, c.s), gshape, c.s), perm, c.s), wshape, c.s);
 
-  mx::array y = grouped_conv(x, w, std::vector<int>(nd, 1), lo_c, hi_c, to_int(dil), to_int(strides),
-                             groups, /*flip=*/true, c.s);
+  mx::array y = grouped_conv(x, w, std::vector<int>(nd, 1), lo_c, hi_c, to_int(dil),
+                             to_int(strides), groups, /*flip=*/true, c.s);
   if (slice_out) {
     stop = y.shape();
     for (size_t d = 0; d < nd; ++d) stop[1 + d] = start[1 + d] + out_shape[2 + d];

@@ -16,14 +16,16 @@ std::vector<int> channels_first_perm(int rank);
 
 // An int-list attribute with one value per spatial dim; `def` fills it when absent or empty.
 // Throws (-> decline / ORT error) when present with the wrong length.
-std::vector<int64_t> spatial_attr(const graph::Node& n, const char* name, size_t dims,
-                                  int64_t def);
+std::vector<int64_t> spatial_attr(const graph::Node& n, const char* name, size_t dims, int64_t def);
 // pads: [begin_1..begin_n, end_1..end_n], zeros when absent.
 std::vector<int64_t> pads_attr(const graph::Node& n, size_t dims);
 
 // Declines an auto_pad value ONNX does not define.
 Support check_auto_pad(const NodeQuery& q);
-// Declines input 0 when its rank is known and outside [min_rank, max_rank].
+// Declines when input 0's rank is known and strides / dilations / kernel_shape /
+// output_padding (one per spatial dim) or pads (two per spatial dim) have another length.
+Support check_spatial_attrs(const NodeQuery& q);
+// Declines input i when its rank is known and outside [min_rank, max_rank].
 Support check_rank(const NodeQuery& q, size_t i, int min_rank, int max_rank);
 
 // fp16/bf16 on the CPU backend are computed in float32 (see common.h); this is the dtype the

@@ -30,17 +30,22 @@ mx::array fold_trailing(const mx::array& x, int axis, mx::Stream s) {
   return mx::reshape(x, {static_cast<int>(lead), static_cast<int>(trail)}, s);
 }
 
-// (x - mean) / sqrt(var + eps) over the last axis, statistics in float32 (float64 for f64).
+// (x - mean) / sqrt(var + eps) over the last axis of a float32/float64 x (callers widen halves
+// first, so statistics are float32 on every backend). fast::layer_norm is fused on the GPU; its
+// CPU fallback would compute float64 in float32, so float64 is composed here.
 mx::array standardize_last(const mx::array& x, float eps, mx::Stream s) {
-  if (fast_ok(x)) {
-    // On the CPU backend fast::layer_norm is composed in x's dtype: widen halves first.
-    mx::array xf = compute_half_in_f32(x, s) ? mx::astype(x, mx::float32, s) : x;
-    return mx::astype(mx::fast::layer_norm(xf, std::nullopt, std::nullopt, eps, s), x.dtype(), s);
-  }
+  if (fast_ok(x)) return mx::fast::layer_norm(x, std::nullopt, std::nullopt, eps, s);
   auto mean = mx::mean(x, -1, true, s);
   auto d = mx::subtract(x, mean, s);
   auto var = mx::mean(mx::square(d, s), -1, true, s);
   return mx::multiply(d, mx::rsqrt(mx::add(var, mx::array(eps, x.dtype()), s), s), s);
+}
+
+// x / sqrt(mean(x^2) + eps) over the last axis; same dtype contract as standardize_last.
+mx::array rms_last(const mx::array& x, float eps, mx::Stream s) {
+  if (fast_ok(x)) return mx::fast::rms_norm(x, std::nullopt, eps, s);
+  auto ms = mx::mean(mx::square(x, s), -1, true, s);
+  return mx::multiply(x, mx::rsqrt(mx::add(ms, mx::array(eps, x.dtype()), s), s), s);
 }
 
 // A per-channel parameter (C,) reshaped to broadcast against (N, C, D1..Dn).
@@ -60,7 +65,8 @@ Support check_batch_norm(const NodeQuery& q) {
   if (q.node.attr_int("training_mode", 0) != 0)
     return Support::no("training_mode=1 (batch statistics) is not supported");
   for (size_t i = 1; i < q.node.outputs.size(); ++i)
-    if (q.node.has_output(i)) return Support::no("training outputs (running mean/var) are not supported");
+    if (q.node.has_output(i))
+      return Support::no("training outputs (running mean/var) are not supported");
   return Support::yes();
 }
 
@@ -80,7 +86,8 @@ Outputs translate_batch_norm(OpContext& c) {
   };
   float eps = c.node.attr_float("epsilon", 1e-5f);
   auto inv = mx::multiply(mx::rsqrt(mx::add(param(4), mx::array(eps, t), c.s), c.s), param(1), c.s);
-  auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv, c.s), param(2), c.s);
+  auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv, c.s),
+                   param(2), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
 }
 
@@ -120,7 +127,8 @@ Outputs translate_layer_norm(OpContext& c) {
     std::iota(axes.begin(), axes.end(), axis);
     mean = mx::mean(xf, axes, true, c.s);
     auto d = mx::subtract(xf, *mean, c.s);
-    inv = mx::rsqrt(mx::add(mx::mean(mx::square(d, c.s), axes, true, c.s), mx::array(eps, t), c.s), c.s);
+    inv = mx::rsqrt(mx::add(mx::mean(mx::square(d, c.s), axes, true, c.s), mx::array(eps, t), c.s),
+                    c.s);
     y = mx::multiply(d, *inv, c.s);
   }
   y = mx::multiply(y, mx::astype(scale, t, c.s), c.s);
@@ -149,9 +157,7 @@ Outputs translate_rms_norm(OpContext& c) {
 
   mx::Dtype t = stat_dtype(x);
   mx::array xf = fold_trailing(mx::astype(x, t, c.s), axis, c.s);
-  mx::array y = fast_ok(x) ? mx::fast::rms_norm(xf, std::nullopt, eps, c.s)
-                           : mx::multiply(xf, mx::rsqrt(mx::add(mx::mean(mx::square(xf, c.s), -1, true, c.s),
-                                                                mx::array(eps, t), c.s), c.s), c.s);
+  mx::array y = rms_last(xf, eps, c.s);
   y = mx::multiply(mx::reshape(y, x.shape(), c.s), mx::astype(scale, t, c.s), c.s);
   return {mx::astype(y, out_t, c.s)};
 }
@@ -165,8 +171,10 @@ Outputs translate_instance_norm(OpContext& c) {
   mx::Dtype t = stat_dtype(x);
   float eps = c.node.attr_float("epsilon", 1e-5f);
   // (N, C, D..) -> (N*C, prod(D)): each row is one instance-channel.
-  auto y = mx::reshape(standardize_last(fold_trailing(mx::astype(x, t, c.s), 2, c.s), eps, c.s), x.shape(), c.s);
-  y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s), per_channel(c.in(2), rank, t, c.s), c.s);
+  auto y = mx::reshape(standardize_last(fold_trailing(mx::astype(x, t, c.s), 2, c.s), eps, c.s),
+                       x.shape(), c.s);
+  y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s),
+              per_channel(c.in(2), rank, t, c.s), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
 }
 
@@ -195,7 +203,8 @@ Outputs translate_group_norm(OpContext& c) {
     y = mx::reshape(mx::add(mx::multiply(y, sc, c.s), b, c.s), x.shape(), c.s);
   } else {
     y = mx::reshape(y, x.shape(), c.s);
-    y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s), per_channel(c.in(2), rank, t, c.s), c.s);
+    y = mx::add(mx::multiply(y, per_channel(c.in(1), rank, t, c.s), c.s),
+                per_channel(c.in(2), rank, t, c.s), c.s);
   }
   return {mx::astype(y, x.dtype(), c.s)};
 }
@@ -230,8 +239,10 @@ Outputs translate_mvn(OpContext& c) {
   mx::Dtype t = stat_dtype(x);
   mx::array xf = mx::astype(x, t, c.s);
   auto mean = mx::mean(xf, axes, true, c.s);
-  auto var = mx::subtract(mx::mean(mx::square(xf, c.s), axes, true, c.s), mx::square(mean, c.s), c.s);
-  auto denom = mx::add(mx::sqrt(mx::maximum(var, mx::array(0, t), c.s), c.s), mx::array(1e-9, t), c.s);
+  auto var =
+      mx::subtract(mx::mean(mx::square(xf, c.s), axes, true, c.s), mx::square(mean, c.s), c.s);
+  auto denom =
+      mx::add(mx::sqrt(mx::maximum(var, mx::array(0, t), c.s), c.s), mx::array(1e-9, t), c.s);
   auto y = mx::divide(mx::subtract(xf, mean, c.s), denom, c.s);
   return {mx::astype(y, x.dtype(), c.s)};
 }

@@ -80,8 +80,16 @@ mx::array windows(const mx::array& x, const Window& w, int first, const mx::arra
     const int a = first + static_cast<int>(d);
     int64_t extent = (w.out[d] - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dil[d] + 1;
     int64_t b = w.lo[d], e = extent - w.in[d] - w.lo[d];  // e: what the last window needs
-    if (b < 0) { start[a] = static_cast<int>(-b); b = 0; crop = true; }
-    if (e < 0) { stop[a] = static_cast<int>(w.in[d] + e); e = 0; crop = true; }
+    if (b < 0) {
+      start[a] = static_cast<int>(-b);
+      b = 0;
+      crop = true;
+    }
+    if (e < 0) {
+      stop[a] = static_cast<int>(w.in[d] + e);
+      e = 0;
+      crop = true;
+    }
     axes.push_back(a);
     lo.push_back(static_cast<int>(b));
     hi.push_back(static_cast<int>(e));
@@ -153,12 +161,7 @@ Support check_pool_common(const NodeQuery& q, bool has_kernel) {
   if (!has_kernel) return Support::yes();
   if (auto s = check_auto_pad(q); !s) return s;
   if (q.node.attr_ints("kernel_shape").empty()) return Support::no("kernel_shape is required");
-  for (auto k : q.node.attr_ints("kernel_shape"))
-    if (k < 1) return Support::no("kernel_shape must be >= 1");
-  for (const char* a : {"strides", "dilations"})
-    for (auto v : q.node.attr_ints(a))
-      if (v < 1) return Support::no(std::string(a) + " must be >= 1");
-  return Support::yes();
+  return check_spatial_attrs(q);
 }
 
 // The flat input index of every element of x (N, C, D..), as ORT's MaxPool reports it:
@@ -170,8 +173,9 @@ mx::array flat_indices(const mx::array& x, bool column_major, mx::Stream s) {
   mx::Shape bshape(rank, 1);
   bshape[0] = x.shape(0);
   bshape[1] = x.shape(1);
-  mx::array idx = mx::multiply(mx::reshape(mx::arange(0, x.shape(0) * x.shape(1), mx::int64, s), bshape, s),
-                               mx::array(spatial, mx::int64), s);
+  mx::array idx =
+      mx::multiply(mx::reshape(mx::arange(0, x.shape(0) * x.shape(1), mx::int64, s), bshape, s),
+                   mx::array(spatial, mx::int64), s);
   int64_t step = 1;
   for (int k = 0; k < rank - 2; ++k) {
     int i = column_major ? 2 + k : rank - 1 - k;  // fastest-varying spatial axis first

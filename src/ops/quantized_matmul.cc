@@ -10,7 +10,6 @@
 // so that is never passed). block_size 256+ is exact with group 128 and each scale repeated; block
 // size 16, and act-order g_idx, dequantize with MLX ops and run a dense matmul.
 #include <cmath>
-#include <numeric>
 
 #include "ops/contrib_internal.h"
 

@@ -17,8 +17,15 @@ namespace ortmlx::ops::nn {
 namespace {
 
 enum class Mode { Nearest, Linear, Cubic };
-enum class Coord { HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric,
-                   TfHalfPixelForNN, TfCropAndResize };
+enum class Coord {
+  HalfPixel,
+  HalfPixelSymmetric,
+  PytorchHalfPixel,
+  AlignCorners,
+  Asymmetric,
+  TfHalfPixelForNN,
+  TfCropAndResize
+};
 // Simple: Resize-10 / Upsample (no nearest_mode): truncate, or ceil when downsampling.
 enum class Nearest { Simple, RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
 
@@ -62,20 +69,26 @@ struct Params {
 float original_coord(Coord m, float y, float scale, float out_len, float in_len, float roi_lo,
                      float roi_hi) {
   switch (m) {
-    case Coord::Asymmetric: return y / scale;
-    case Coord::PytorchHalfPixel: return out_len > 1 ? (y + 0.5f) / scale - 0.5f : 0.0f;
-    case Coord::TfHalfPixelForNN: return (y + 0.5f) / scale;
-    case Coord::AlignCorners: return out_len == 1 ? 0.f : y * (in_len - 1) / (out_len - 1);
+    case Coord::Asymmetric:
+      return y / scale;
+    case Coord::PytorchHalfPixel:
+      return out_len > 1 ? (y + 0.5f) / scale - 0.5f : 0.0f;
+    case Coord::TfHalfPixelForNN:
+      return (y + 0.5f) / scale;
+    case Coord::AlignCorners:
+      return out_len == 1 ? 0.f : y * (in_len - 1) / (out_len - 1);
     case Coord::TfCropAndResize:
-      return static_cast<float>(out_len > 1 ? roi_lo * (in_len - 1) +
-                                                  (y * (roi_hi - roi_lo) * (in_len - 1)) / (out_len - 1)
-                                            : 0.5 * (roi_lo + roi_hi) * (in_len - 1));
+      return static_cast<float>(out_len > 1
+                                    ? roi_lo * (in_len - 1) +
+                                          (y * (roi_hi - roi_lo) * (in_len - 1)) / (out_len - 1)
+                                    : 0.5 * (roi_lo + roi_hi) * (in_len - 1));
     case Coord::HalfPixelSymmetric: {
       float adjustment = out_len / (scale * in_len);
       float offset = in_len / 2 * (1 - adjustment);
       return static_cast<float>(offset + (y + 0.5) / scale - 0.5);
     }
-    case Coord::HalfPixel: break;
+    case Coord::HalfPixel:
+      break;
   }
   return (y + 0.5f) / scale - 0.5f;
 }
@@ -84,10 +97,14 @@ int64_t nearest_pixel(Nearest m, float x, bool downsampling) {
   switch (m) {
     case Nearest::Simple:
       return downsampling ? static_cast<int64_t>(std::ceil(x)) : static_cast<int64_t>(x);
-    case Nearest::RoundPreferCeil: return static_cast<int64_t>(std::round(x));
-    case Nearest::Floor: return static_cast<int64_t>(std::floor(x));
-    case Nearest::Ceil: return static_cast<int64_t>(std::ceil(x));
-    case Nearest::RoundPreferFloor: break;
+    case Nearest::RoundPreferCeil:
+      return static_cast<int64_t>(std::round(x));
+    case Nearest::Floor:
+      return static_cast<int64_t>(std::floor(x));
+    case Nearest::Ceil:
+      return static_cast<int64_t>(std::ceil(x));
+    case Nearest::RoundPreferFloor:
+      break;
   }
   if (x == static_cast<float>(static_cast<int64_t>(x)) + 0.5f)
     return static_cast<int64_t>(std::floor(x));
@@ -96,7 +113,7 @@ int64_t nearest_pixel(Nearest m, float x, bool downsampling) {
 
 // Keys' cubic convolution weights for the taps at floor(x)-1 .. floor(x)+2, s = x - floor(x).
 void cubic_coeffs(float s, float a, float* c) {
-  auto near = [a](float t) { return ((a + 2) * t - (a + 3)) * t * t + 1; };        // |t| <= 1
+  auto near = [a](float t) { return ((a + 2) * t - (a + 3)) * t * t + 1; };       // |t| <= 1
   auto far = [a](float t) { return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a; };  // 1 < |t| < 2
   c[0] = far(s + 1);
   c[1] = near(s);
@@ -138,10 +155,11 @@ Taps antialias_taps(const Params& p, int64_t in, int64_t out, float scale, float
   t.extrap.assign(out, 0);
   std::vector<float> buf(window);
   for (int64_t i = 0; i < out; ++i) {
-    float center = 0.5f + (inv_scale == 1.f ? static_cast<float>(i)
-                                            : original_coord(p.coord, static_cast<float>(i), scale,
-                                                             static_cast<float>(out),
-                                                             static_cast<float>(in), roi_lo, roi_hi));
+    float center =
+        0.5f + (inv_scale == 1.f
+                    ? static_cast<float>(i)
+                    : original_coord(p.coord, static_cast<float>(i), scale, static_cast<float>(out),
+                                     static_cast<float>(in), roi_lo, roi_hi));
     if (p.coord == Coord::TfCropAndResize &&
         (center - 0.5f < 0 || center - 0.5f > static_cast<float>(in - 1))) {
       t.extrap[i] = 1;
@@ -179,13 +197,16 @@ Taps antialias_taps(const Params& p, int64_t in, int64_t out, float scale, float
 }
 
 Taps axis_taps(const Params& p, int64_t in, int64_t out, float scale, float roi_lo, float roi_hi) {
-  if (p.antialias && p.mode != Mode::Nearest) return antialias_taps(p, in, out, scale, roi_lo, roi_hi);
+  if (p.antialias && p.mode != Mode::Nearest)
+    return antialias_taps(p, in, out, scale, roi_lo, roi_hi);
   Taps t;
   t.n = p.mode == Mode::Nearest ? 1 : p.mode == Mode::Linear ? 2 : 4;
   t.idx.reserve(out * t.n);
   t.w.reserve(out * t.n);
   t.extrap.assign(out, 0);
-  auto clamp = [in](int64_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), in - 1)); };
+  auto clamp = [in](int64_t i) {
+    return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), in - 1));
+  };
   for (int64_t o = 0; o < out; ++o) {
     float x = original_coord(p.coord, static_cast<float>(o), scale, static_cast<float>(out),
                              static_cast<float>(in), roi_lo, roi_hi);
@@ -254,8 +275,9 @@ mx::array apply_taps(const mx::array& x, int axis, const Taps& t, const Params& 
 }
 
 // Resizes x to `out` with per-axis `scales` (and roi, 2*rank values, for tf_crop_and_resize).
-mx::array resize(OpContext& c, const mx::array& x, const Params& p, const std::vector<float>& scales,
-                 const std::vector<int64_t>& out, const std::vector<float>& roi) {
+mx::array resize(OpContext& c, const mx::array& x, const Params& p,
+                 const std::vector<float>& scales, const std::vector<int64_t>& out,
+                 const std::vector<float>& roi) {
   const int rank = x.ndim();
   bool same = true;
   int64_t numel = 1;
@@ -307,8 +329,9 @@ Support check_dtype_for_mode(const NodeQuery& q, Mode m) {
   if (m == Mode::Nearest)
     return input_dtype_in(q, 0, kFloat, kSignedInt, kUnsignedInt, {DType::Bool});
   if (auto s = float_input(q, 0); !s)
-    return Support::no("linear/cubic resizing of integer inputs is not supported (ORT rounds "
-                       "them in fixed point)");
+    return Support::no(
+        "linear/cubic resizing of integer inputs is not supported (ORT rounds "
+        "them in fixed point)");
   return Support::yes();
 }
 
@@ -354,7 +377,8 @@ Outputs translate_resize(OpContext& c) {
   std::vector<int> axes;
   if (n.since_version >= 18) axes = to_axes(n.attr_ints("axes"), rank);
 
-  std::vector<double> scales_v = c.has(scales_in) ? c.host_floats(scales_in) : std::vector<double>{};
+  std::vector<double> scales_v =
+      c.has(scales_in) ? c.host_floats(scales_in) : std::vector<double>{};
   std::vector<int64_t> sizes_v;
   if (sizes_in && c.has(sizes_in)) sizes_v = c.host_ints(sizes_in);
   std::vector<float> scales(rank, 1.f);
@@ -367,13 +391,17 @@ Outputs translate_resize(OpContext& c) {
       out[i] = x.shape(i);
     }
     for (int i = 0; i < rank; ++i)
-      scales[i] = x.shape(i) == 0 ? 1.f : static_cast<float>(out[i]) / static_cast<float>(x.shape(i));
+      scales[i] =
+          x.shape(i) == 0 ? 1.f : static_cast<float>(out[i]) / static_cast<float>(x.shape(i));
     auto policy = n.attr_string("keep_aspect_ratio_policy", "stretch");
     if (policy != "stretch") {
-      auto in_axes = [&](int i) { return axes.empty() || std::find(axes.begin(), axes.end(), i) != axes.end(); };
+      auto in_axes = [&](int i) {
+        return axes.empty() || std::find(axes.begin(), axes.end(), i) != axes.end();
+      };
       float s = policy == "not_larger" ? INFINITY : 0.f;
       for (int i = 0; i < rank; ++i)
-        if (in_axes(i)) s = policy == "not_larger" ? std::min(s, scales[i]) : std::max(s, scales[i]);
+        if (in_axes(i))
+          s = policy == "not_larger" ? std::min(s, scales[i]) : std::max(s, scales[i]);
       for (int i = 0; i < rank; ++i) {
         scales[i] = in_axes(i) ? s : 1.f;
         out[i] = in_axes(i) ? static_cast<int64_t>(std::round(s * x.shape(i))) : x.shape(i);

@@ -14,7 +14,7 @@ MS = "com.microsoft"
 
 def float_type(inputs, initializers):
     for a in list(inputs.values()) + list((initializers or {}).values()):
-        if a is not None and a.dtype.kind == "f":
+        if a is not None and (a.dtype.kind == "f" or str(a.dtype) == "bfloat16"):
             return a.dtype
     return np.dtype(np.float32)
 
@@ -257,6 +257,8 @@ def test_gqa_token_ragged_batch(packed, rotary, interleaved):
 def test_gqa_token_shared_buffer(rotary):
     # past buffer of max length 12, present keeps that length; new rows land at seqlens_k
     gqa_check(B=2, S=1, past=12, seqlens=[4, 9], rotary=rotary)
+    # the prompt into the same buffer: rows 0..S-1, zeros after
+    gqa_check(B=2, S=5, past=12, seqlens=[4, 4], total=5, rotary=rotary)
 
 
 def test_gqa_subsequent_prompt():
@@ -697,3 +699,67 @@ def test_attention_onnx24_nonpad():
 
 def test_attention_onnx_half():
     attention_onnx_check(mask="bool", dtype=np.float16, causal=1, rtol=2e-2, atol=2e-3)
+
+
+# ---- bfloat16 --------------------------------------------------------------------------------
+
+def bf16_check(op, f32_inputs, attrs, *, initializers=None, input_order=None, n_out=1, domain=MS,
+               opset=oracle.DEFAULT_OPSET, rtol=3e-2, atol=3e-2):
+    """ORT's CPU EP has no bfloat16 kernels for these ops (and numpy cannot feed bfloat16 to ORT's
+    Python API), so the op runs in bfloat16 between Casts on MLX and is compared with the float32
+    model on the CPU EP, within bfloat16's rounding. Float inputs are cast; integer ones are not."""
+    from onnx import TensorProto, helper, numpy_helper
+    initializers = initializers or {}
+    order = input_order or (list(f32_inputs) + list(initializers))
+    nodes, g_inputs, inits, node_in = [], [], [], []
+    for name in order:
+        a = f32_inputs.get(name, initializers.get(name))
+        if a is None:
+            node_in.append("")
+            continue
+        if name in f32_inputs:
+            g_inputs.append(helper.make_tensor_value_info(name, oracle.tensor_type(a), list(a.shape)))
+        else:
+            inits.append(numpy_helper.from_array(a, name))
+        if a.dtype == np.float32:
+            nodes.append(helper.make_node("Cast", [name], [name + "_bf"], to=TensorProto.BFLOAT16))
+            node_in.append(name + "_bf")
+        else:
+            node_in.append(name)
+    outs = [f"y{i}" for i in range(n_out)]
+    nodes.append(helper.make_node(op, node_in, [o + "_bf" for o in outs], domain=domain, **attrs))
+    nodes += [helper.make_node("Cast", [o + "_bf"], [o], to=TensorProto.FLOAT) for o in outs]
+    g = helper.make_graph(nodes, "bf16", g_inputs, [helper.make_tensor_value_info(o, 1, None) for o in outs],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    ref_model = make_node_model(op, f32_inputs, n_out, attrs, initializers, opset, domain,
+                                output_types=[1] * n_out, input_order=order)
+    feeds = {k: v for k, v in f32_inputs.items() if v is not None}
+    ref = run_cpu(ref_model, feeds)
+    got, placed = run_mlx(m, feeds)
+    assert set(placed) == {om.EP_NAME}, placed
+    for a, e in zip(got, ref):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol)
+
+
+def test_bf16_matmul_nbits():
+    B, scales, zp = nbits_weights(64, 24, 4, 32, "u8")
+    bf16_check("MatMulNBits", {"A": rng.standard_normal((3, 64)).astype(np.float32)},
+               {"K": 64, "N": 24, "bits": 4, "block_size": 32},
+               initializers={"B": B, "scales": scales.astype(np.float32), "zp": zp})
+
+
+def test_bf16_gqa_and_norms():
+    B, S, N, Nkv, H = 1, 4, 4, 2, 16
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    cos, sin = rope_cache(8, H)
+    bf16_check("GroupQueryAttention",
+               {"q": f(B, S, N * H), "k": f(B, S, Nkv * H), "v": f(B, S, Nkv * H),
+                "seqlens_k": np.array([S - 1], np.int32), "total": np.array(S, np.int32)},
+               {"num_heads": N, "kv_num_heads": Nkv, "do_rotary": 1},
+               initializers={"cos": cos, "sin": sin}, n_out=3,
+               input_order=["q", "k", "v", "pk", "pv", "seqlens_k", "total", "cos", "sin"])
+    x = f(2, 3, 32)
+    bf16_check("SkipSimplifiedLayerNormalization", {"x": x, "s": f(2, 3, 32), "g": f(32)}, {})
+    bf16_check("FastGelu", {"x": x}, {})

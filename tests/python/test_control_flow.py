@@ -109,15 +109,16 @@ def test_if_constant_condition_translates_only_the_taken_branch():
 
 
 def test_if_branches_with_outer_scope_initializer():
-    w = rng.standard_normal((4, 4)).astype(np.float32)
-    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["a"])], "then", [],
+    """w is an initializer of the main graph read only inside the branches."""
+    w = rng.standard_normal((4,)).astype(np.float32)
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["a"])], "then", [],
                                [vi("a", TP.FLOAT, [2, 4])])
-    else_g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["g"], transB=1),
-                                helper.make_node("Sub", ["g", "x"], ["b"])], "else", [],
-                               [vi("b", TP.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["g"]),
+                                helper.make_node("Abs", ["g"], ["b"])], "else", [],
+                               [vi("b", TP.FLOAT, [2, 4])])
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
     m = make_model(nodes, [vi("c", TP.BOOL, []), vi("x", TP.FLOAT, [2, 4])],
-                   [vi("y", TP.FLOAT, None)], inits=[numpy_helper.from_array(w, "w")])
+                   [vi("y", TP.FLOAT, [2, 4])], inits=[numpy_helper.from_array(w, "w")])
     x = rng.standard_normal((2, 4)).astype(np.float32)
     check_runs(m, [{"c": np.array(True), "x": x}, {"c": np.array(False), "x": x}])
 
