@@ -36,8 +36,10 @@ const OpEntry kOps[] = {
      "mask_index is the count of ones per row (ORT's CPU kernel)"},
     // activations
     {kMs, "FastGelu", 1, kAnyOpset, check_float_activation, translate_fast_gelu},
-    {kMs, "BiasGelu", 1, kAnyOpset, check_float_activation, translate_bias_gelu},
-    {kMs, "Gelu", 1, kAnyOpset, check_float_activation, translate_gelu_ms},
+    {kMs, "BiasGelu", 1, kAnyOpset, check_erf_activation, translate_bias_gelu,
+     "float64 declined (MLX's erf is float32-accurate)"},
+    {kMs, "Gelu", 1, kAnyOpset, check_erf_activation, translate_gelu_ms,
+     "float64 declined (MLX's erf is float32-accurate)"},
     {kMs, "QuickGelu", 1, kAnyOpset, check_float_activation, translate_quick_gelu},
     {kMs, "BiasAdd", 1, kAnyOpset, check_bias_add, translate_bias_add},
     {kMs, "BiasSplitGelu", 1, kAnyOpset, check_bias_split_gelu, translate_bias_split_gelu},

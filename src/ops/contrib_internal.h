@@ -45,6 +45,7 @@ Outputs translate_simplified_layer_norm(OpContext& c);
 Support check_embed_layer_norm(const NodeQuery& q);
 Outputs translate_embed_layer_norm(OpContext& c);
 Support check_float_activation(const NodeQuery& q);
+Support check_erf_activation(const NodeQuery& q);
 Outputs translate_fast_gelu(OpContext& c);
 Outputs translate_bias_gelu(OpContext& c);
 Outputs translate_gelu_ms(OpContext& c);

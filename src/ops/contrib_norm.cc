@@ -145,6 +145,13 @@ Support check_float_activation(const NodeQuery& q) {
   return Support::yes();
 }
 
+// Gelu/BiasGelu need erf, which MLX evaluates at float32 accuracy even for float64.
+Support check_erf_activation(const NodeQuery& q) {
+  if (q.input_dtype(0) == DType::Float64)
+    return Support::no("MLX computes float64 erf at float32 accuracy");
+  return check_float_activation(q);
+}
+
 namespace {
 // x (+ optional bias input i) in the compute dtype.
 mx::array with_bias(OpContext& c, size_t bias_i, mx::Dtype ct) {
@@ -152,6 +159,15 @@ mx::array with_bias(OpContext& c, size_t bias_i, mx::Dtype ct) {
   return c.has(bias_i) ? mx::add(x, in_as(c, bias_i, ct), c.s) : x;
 }
 }  // namespace
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1) through exp_precise: MLX's float64 tanh (and sigmoid) are only
+// float32-accurate, exp_precise is exact to float64 (and plain mx::exp for other types).
+mx::array tanh_precise(const mx::array& x, mx::Stream s) {
+  if (x.dtype() != mx::float64) return mx::tanh(x, s);
+  auto e = exp_precise(mx::multiply(x, mx::array(2.0, x.dtype()), s), s);
+  auto one = mx::array(1.0, x.dtype());
+  return mx::subtract(one, mx::divide(mx::array(2.0, x.dtype()), mx::add(e, one, s), s), s);
+}
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with an optional bias added first.
 Outputs translate_fast_gelu(OpContext& c) {
@@ -162,7 +178,7 @@ Outputs translate_fast_gelu(OpContext& c) {
   auto inner = mx::multiply(mx::add(x, mx::multiply(x3, mx::array(0.044715, ct), c.s), c.s),
                             mx::array(0.7978845608028654, ct), c.s);
   auto y = mx::multiply(mx::multiply(x, mx::array(0.5, ct), c.s),
-                        mx::add(mx::tanh(inner, c.s), mx::array(1.0, ct), c.s), c.s);
+                        mx::add(tanh_precise(inner, c.s), mx::array(1.0, ct), c.s), c.s);
   return {mx::astype(y, t, c.s)};
 }
 
@@ -181,7 +197,9 @@ Outputs translate_quick_gelu(OpContext& c) {
   const auto ct = compute_dtype(c.in(0), c.s);
   auto x = in_as(c, 0, ct);
   const float alpha = c.node.attr_float("alpha", 1.702f);
-  auto y = mx::multiply(x, mx::sigmoid(mx::multiply(x, mx::array(alpha, ct), c.s), c.s), c.s);
+  // x / (1 + exp(-alpha x)): exp_precise keeps float64 exact (MLX's sigmoid is float32-accurate)
+  auto e = exp_precise(mx::multiply(x, mx::array(-alpha, ct), c.s), c.s);
+  auto y = mx::divide(x, mx::add(e, mx::array(1.0, ct), c.s), c.s);
   return {mx::astype(y, c.in(0).dtype(), c.s)};
 }
 

@@ -263,6 +263,12 @@ std::optional<Forest> build_v5(const graph::Node& n, std::string* why) {
     *why = "n_targets, aggregate_function or post_transform out of range";
     return std::nullopt;
   }
+  // ORT's CPU EP reads post_transform 1 as LOGISTIC and 2 as SOFTMAX (its legacy enum order),
+  // the spec says 1 = SOFTMAX, 2 = LOGISTIC: those two are ambiguous in practice.
+  if (pt == 1 || pt == 2) {
+    *why = "post_transform SOFTMAX/LOGISTIC (ORT's CPU EP swaps the two codes)";
+    return std::nullopt;
+  }
   f.agg = static_cast<Agg>(agg);  // AVERAGE 0, SUM 1, MIN 2, MAX 3
   static const PostTransform kPt[] = {PostTransform::None, PostTransform::Softmax,
                                       PostTransform::Logistic, PostTransform::SoftmaxZero,
@@ -635,9 +641,11 @@ Outputs translate_tree_classifier(OpContext& c) {
   auto both = transform_scores(f->pt, mx::stack({w0, w1}, 1, s), s);
   const bool logistic = f->pt == PostTransform::Logistic;
   auto low = mx::less(was, mx::array(2), s);
-  auto one_a = mx::where(low, mx::subtract(cst(1), w0, s),
+  // ORT 1.2x applies LOGISTIC on the [1 - v, v] path too (checked against its CPU EP).
+  auto v0 = logistic ? mx::sigmoid(w0, s) : w0;
+  auto one_a = mx::where(low, mx::subtract(cst(1), v0, s),
                          logistic ? mx::sigmoid(mx::negative(w0, s), s) : mx::negative(w0, s), s);
-  auto one_b = mx::where(low, w0, logistic ? mx::sigmoid(w0, s) : w0, s);
+  auto one_b = mx::where(low, v0, logistic ? mx::sigmoid(w0, s) : w0, s);
   auto one = mx::stack({one_a, one_b}, 1, s);
   auto z = mx::where(mx::expand_dims(two, -1, s), both, one, s);
   return {y, mx::astype(z, mx::float32, s)};

@@ -415,11 +415,18 @@ def test_tree_ensemble_v5(agg, n_targets):
     check("TreeEnsemble", {"X": tree_x(20, 5, nan=True)}, attrs, [("Y", F32)], ml_opset=5)
 
 
-@pytest.mark.parametrize("pt", [0, 1, 2, 3])
+@pytest.mark.parametrize("pt", [0, 1, 2, 3, 4])
 def test_tree_ensemble_v5_membership_and_transforms(pt):
     trees = [random_tree(4, 3, 3, MODES) for _ in range(4)]
     attrs = {**v5_attrs(trees, members=True), "n_targets": 3, "post_transform": pt}
-    check("TreeEnsemble", {"X": tree_x(20, 3)}, attrs, [("Y", F32)], ml_opset=5)
+    if pt == 4:  # PROBIT: scores in (0, 0.5)
+        w = numpy_helper.to_array(attrs["leaf_weights"])
+        attrs["leaf_weights"] = numpy_helper.from_array(np.abs(w) * 0.05, "w")
+    x = tree_x(20, 3)
+    if pt in (1, 2):  # ORT reads 1 as LOGISTIC, 2 as SOFTMAX (the spec: the reverse): declined
+        assert declined("TreeEnsemble", {"X": x}, attrs, [("Y", F32)], ml_opset=5)
+        return
+    check("TreeEnsemble", {"X": x}, attrs, [("Y", F32)], ml_opset=5)
 
 
 def test_tree_ensemble_v5_double():

@@ -386,3 +386,13 @@ def test_grid_sample_opset16_names():
     x, grid = rand((1, 2, 4, 4)), rand((1, 3, 3, 2), lo=-1.2, hi=1.2)
     for mode in ["bilinear", "bicubic", "nearest"]:
         check_node("GridSample", {"x": x, "grid": grid}, {"mode": mode}, opset=16)
+
+
+def test_empty_batch():
+    x = np.zeros((0, 2, 5, 5), np.float32)
+    check_node("Conv", {"x": x}, {"pads": [1, 1, 1, 1]}, initializers={"w": rand((4, 2, 3, 3))})
+    check_node("ConvTranspose", {"x": x}, {"strides": [2, 2]}, initializers={"w": rand((2, 3, 3, 3))})
+    check_node("MaxPool", {"x": x}, {"kernel_shape": [2, 2]})
+    check_node("AveragePool", {"x": x}, {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]})
+    check_node("GlobalAveragePool", {"x": x})
+    check_node("GlobalMaxPool", {"x": x})

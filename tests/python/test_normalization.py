@@ -202,3 +202,11 @@ def test_lrn(size, shape):
 def test_lrn_defaults_and_half():
     check_node("LRN", {"x": rand((2, 6, 4, 5))}, {"size": 3})
     check_half("LRN", {"x": rand((2, 6, 4, 5))}, {"size": 3})
+
+
+def test_empty_batch():
+    x = np.zeros((0, 3, 4), np.float32)
+    check_node("BatchNormalization", {"x": x}, initializers=bn_params(3))
+    check_node("LayerNormalization", {"x": x}, initializers={"scale": rand((4,))}, opset=17)
+    check_node("InstanceNormalization", {"x": x}, initializers={"scale": rand((3,)), "b": rand((3,))})
+    check_node("LRN", {"x": np.zeros((0, 3, 4, 4), np.float32)}, {"size": 3})
