@@ -345,6 +345,14 @@ std::optional<Forest> build_v5(const graph::Node& n, std::string* why) {
 // ---------------------------------------------------------------------------------------------
 // Evaluation
 
+// Host doubles as an array of dtype ct, converted on the host: the GPU backend has no float64,
+// not even for a constant that is cast right away.
+mx::array reals(const std::vector<double>& v, mx::Shape shape, mx::Dtype ct) {
+  if (ct == mx::float64) return mx::array(v.data(), std::move(shape), mx::float64);
+  std::vector<float> f(v.begin(), v.end());
+  return mx::array(f.data(), std::move(shape), mx::float32);
+}
+
 template <typename T>
 mx::array table(const std::vector<T>& v, mx::Dtype d, mx::Stream s) {
   return mx::astype(mx::array(v.begin(), {static_cast<int>(v.size())}), d, s);
@@ -358,7 +366,7 @@ mx::array find_leaves(const Forest& f, const mx::array& x, mx::Stream s) {
   for (auto m : f.mode)
     if (m != LEAF) used.insert(m);
   auto feat = table(f.feature, mx::int32, s), tn = table(f.tnode, mx::int32, s), fn = table(f.fnode, mx::int32, s);
-  auto thr = mx::astype(mx::array(f.thr.data(), {static_cast<int>(f.thr.size())}, mx::float64), ct, s);
+  auto thr = reals(f.thr, {static_cast<int>(f.thr.size())}, ct);
   auto mode = table(std::vector<int32_t>(f.mode.begin(), f.mode.end()), mx::int32, s);
   const bool any_missing = std::any_of(f.miss_true.begin(), f.miss_true.end(), [](auto v) { return v; });
   auto miss = table(std::vector<int32_t>(f.miss_true.begin(), f.miss_true.end()), mx::bool_, s);
@@ -370,8 +378,7 @@ mx::array find_leaves(const Forest& f, const mx::array& x, mx::Stream s) {
     std::vector<double> tbl(f.members.size() * K, std::nan(""));
     for (size_t i = 0; i < f.members.size(); ++i)
       std::copy(f.members[i].begin(), f.members[i].end(), tbl.begin() + i * K);
-    sets = mx::astype(mx::array(tbl.data(), {static_cast<int>(f.members.size()), static_cast<int>(K)},
-                                mx::float64), ct, s);
+    sets = reals(tbl, {static_cast<int>(f.members.size()), static_cast<int>(K)}, ct);
   }
   auto cur = mx::broadcast_to(mx::reshape(table(f.roots, mx::int32, s), {1, Tr}, s), {N, Tr}, s);
   for (int d = 0; d < f.depth; ++d) {
@@ -413,7 +420,7 @@ struct Scores {
 
 Scores aggregate(const Forest& f, const mx::array& leaves, mx::Dtype ct, mx::Stream s) {
   const int T = f.n_targets, n = static_cast<int>(f.mode.size());
-  auto vals = mx::astype(mx::array(f.leaf_val.data(), {n, T}, mx::float64), ct, s);
+  auto vals = reals(f.leaf_val, {n, T}, ct);
   auto hasv = table(std::vector<int32_t>(f.leaf_has.begin(), f.leaf_has.end()), mx::bool_, s);
   auto v = mx::take(vals, leaves, 0, s);                                 // [N, Tr, T]
   auto h = mx::take(mx::reshape(hasv, {n, T}, s), leaves, 0, s);
@@ -462,7 +469,7 @@ mx::array finish_regression(const Forest& f, const Scores& sc, mx::Dtype ct, mx:
     return f.pt == PostTransform::Probit ? transform_scores(f.pt, z, s) : z;
   }
   if (static_cast<int>(f.base.size()) == T)
-    z = mx::add(z, mx::astype(mx::array(f.base.data(), {1, T}, mx::float64), ct, s), s);
+    z = mx::add(z, reals(f.base, {1, T}, ct), s);
   return transform_scores(f.pt, written(z, sc.has, s), s);
 }
 
@@ -593,7 +600,7 @@ Outputs translate_tree_classifier(OpContext& c) {
       b.resize(C, 0.0);
       std::vector<int32_t> hb(C, 0);
       for (size_t k = 0; k < std::min<size_t>(B, C); ++k) hb[k] = 1;
-      z = mx::add(z, mx::astype(mx::array(b.data(), {1, C}, mx::float64), ct, s), s);
+      z = mx::add(z, reals(b, {1, C}, ct), s);
       has = mx::logical_or(has, mx::astype(mx::array(hb.data(), {1, C}, mx::int32), mx::bool_, s), s);
     }
     // First maximum among the classes with a score.

@@ -350,16 +350,18 @@ constexpr const char* kPoolNotes = "1-D to 3-D";
 
 const OpEntry kOps[] = {
     {"", "Conv", 1, kAnyOpset, check_conv, translate_conv,
-     "1-D to 3-D; 3-D grouped convolutions run one group at a time"},
+     "1-D to 3-D; 3-D grouped convolutions run one group at a time; float64 runs as im2col + "
+     "matmul (MLX's conv accumulates float64 in float32)"},
     {"", "ConvTranspose", 1, kAnyOpset, check_conv_transpose, translate_conv_transpose,
-     "1-D to 3-D; output_shape larger than the natural output is an error (as in ORT)"},
+     "1-D to 3-D; an output_shape a stride or more past the natural output is an error (as in "
+     "ORT)"},
     {"", "MaxPool", 1, kAnyOpset, check_max_pool, translate_max_pool,
      "1-D to 3-D; the Indices output is supported"},
     {"", "AveragePool", 1, kAnyOpset, check_avg_pool, translate_avg_pool, kPoolNotes},
     {"", "LpPool", 1, kAnyOpset, check_lp_pool, translate_lp_pool, kPoolNotes},
     {"", "GlobalAveragePool", 1, kAnyOpset, check_global_pool, translate_global_avg_pool},
     {"", "GlobalMaxPool", 1, kAnyOpset, check_global_pool, translate_global_max_pool},
-    {"", "GlobalLpPool", 2, kAnyOpset, check_global_pool, translate_global_lp_pool},
+    {"", "GlobalLpPool", 1, kAnyOpset, check_global_pool, translate_global_lp_pool},
     {"", "Resize", 10, kAnyOpset, check_resize, translate_resize,
      "linear/cubic on integer inputs declined"},
     {"", "Upsample", 7, 9, check_upsample, translate_upsample},
