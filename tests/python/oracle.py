@@ -92,7 +92,10 @@ def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: i
             first = outs
         else:
             for a, b in zip(first, outs):
-                np.testing.assert_array_equal(a, b, err_msg="eager and compiled runs differ")
+                if DEVICE == "gpu":  # fused CUDA kernels may contract to FMA: 1-ulp differences
+                    assert_close(a, b, name="eager vs compiled run")
+                else:
+                    np.testing.assert_array_equal(a, b, err_msg="eager and compiled runs differ")
     return outs, om.placement(s)
 
 
