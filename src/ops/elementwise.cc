@@ -60,14 +60,8 @@ Outputs translate_mod(OpContext& c) {
   const auto& a = c.in(0);
   const auto& b = c.in(1);
   if (c.node.attr_int("fmod", 0) == 0) return {mx::remainder(a, b, c.s)};
-  // fmod(a, b) = a - trunc(a / b) * b
-  if (mx::issubdtype(a.dtype(), mx::floating)) {
-    auto r = mx::remainder(a, b, c.s);
-    auto zero = mx::array(0, a.dtype());
-    auto fix = mx::logical_and(mx::not_equal(r, zero, c.s),
-                               mx::not_equal(mx::less(a, zero, c.s), mx::less(b, zero, c.s), c.s), c.s);
-    return {mx::where(fix, mx::subtract(r, b, c.s), r, c.s)};
-  }
+  // fmod(a, b) = a - trunc(a / b) * b: MLX's remainder has the divisor's sign (Python style),
+  // so move results whose sign differs from the dividend's back by one divisor.
   auto r = mx::remainder(a, b, c.s);
   auto zero = mx::array(0, a.dtype());
   auto fix = mx::logical_and(mx::not_equal(r, zero, c.s),
