@@ -8,9 +8,12 @@ optional inputs), then runs it on ORT's CPU EP and on the MLX EP. Findings:
 An error status from the EP is not a finding (bad models must give errors, not crashes).
 
     python tools/fuzz_ep.py [-runs=N] [-max_total_time=S] [corpus_dir]   # libFuzzer flags
-Coverage feedback is from the Python mutation code only (the EP is not built with
--fsanitize=fuzzer), so this is guided random testing of the native code; run it under the ASan
-build (scripts/sanitize) to catch memory errors that do not crash."""
+    FUZZ_FINDINGS=dir python tools/fuzz_ep.py ...   # save mismatches there and keep going
+    python tools/fuzz_ep.py --replay crash-<hash>   # print the mutated model, re-run it
+Coverage feedback is from the Python mutation code only (instrument_func: which seed, which
+mutation; the EP is not built with -fsanitize=fuzzer), so this is guided random testing of the
+native code; run it under the ASan build (scripts/sanitize fuzz) to catch memory errors that do
+not crash."""
 from __future__ import annotations
 
 import copy
@@ -49,9 +52,15 @@ for d in sorted(NODE_DIR.iterdir()):
         m = onnx.load(d / "model.onnx")
         if all(i.type.HasField("tensor_type") for i in m.graph.input):
             SEEDS.append(m)
-STATS = {"inputs": 0, "valid": 0, "mlx_ran": 0, "mlx_errors": 0}
+STATS = {"inputs": 0, "valid": 0, "mlx_ran": 0, "mlx_errors": 0, "mismatches": 0,
+         "known_mismatches": 0, "skipped_ort_crashers": 0, "mlx_only": 0}
+# FUZZ_FINDINGS=dir: a result that differs from the CPU EP is saved there and the run goes on
+# (crashes still stop it); unset, a mismatch stops the run like a crash.
+FINDINGS = os.environ.get("FUZZ_FINDINGS")
+SAVED: dict[str, int] = {}
 
 
+@atheris.instrument_func
 def random_feed(vi, fdp, dims_override):
     tt = vi.type.tensor_type
     shape = [dims_override.get((vi.name, k), d.dim_value if d.HasField("dim_value") else 2)
@@ -65,6 +74,7 @@ def random_feed(vi, fdp, dims_override):
     return rng.standard_normal(shape).astype(np_type)
 
 
+@atheris.instrument_func  # coverage of the mutation paths guides the corpus
 def mutate(m, fdp):
     m = copy.deepcopy(m)
     dims = {}
@@ -103,12 +113,124 @@ def mutate(m, fdp):
     return m, dims
 
 
+@atheris.instrument_func
+def crashes_ort(m) -> str | None:
+    """Mutations that crash ORT itself, seen here with ORT 1.31.1 (SIGSEGV in
+    onnxruntime_pybind11_state, also with no MLX EP in the session): a segfault there would end
+    the run. "graph": ORT crashes while loading the model, so it is skipped; "cpu kernel": only
+    ORT's CPU kernel crashes, so the model runs on the MLX EP alone, with no reference."""
+    for n in m.graph.node:
+        attrs = {a.name: a for a in n.attribute}
+        if n.op_type == "GatherND" and "batch_dims" in attrs and attrs["batch_dims"].i < 0:
+            return "graph"
+    for n in m.graph.node:
+        # Split with num_outputs <= 0: SIGFPE (a division by it) in the CPU kernel.
+        if n.op_type == "Split" and any(a.name == "num_outputs" and a.i <= 0 for a in n.attribute):
+            return "cpu kernel"
+        # LayerNormalization without its optional bias B.
+        if n.op_type == "LayerNormalization" and len(n.input) > 2 and n.input[2] == "":
+            return "cpu kernel"
+        # A required (or variadic) input dropped to "": ORT's CPU kernels do not check, e.g.
+        # Einsum("i,i", x, "") (the MLX EP reports "input 1 is missing").
+        if "" in n.input and not dropped_inputs_are_optional(m, n):
+            return "cpu kernel"
+    return None
+
+
+def dropped_inputs_are_optional(m, n) -> bool:
+    version = next((o.version for o in m.opset_import if o.domain == n.domain), 1)
+    try:
+        formal = onnx.defs.get_schema(n.op_type, version, n.domain).inputs
+    except Exception:
+        return False
+    for i, name in enumerate(n.input):
+        if name:
+            continue
+        p = formal[min(i, len(formal) - 1)] if formal else None
+        if p is None or p.option != onnx.defs.OpSchema.FormalParameterOption.Optional:
+            return False
+    return True
+
+
+def known_mismatch(m, feeds=None) -> str | None:
+    """Differences from the CPU EP already triaged (README "Reliability"): counted, not raised,
+    so a bounded run stops only at new findings. Remove an entry once its cause is fixed (the
+    matching regression test in tests/python/test_fuzz_regressions.py then says so)."""
+    for n in m.graph.node:
+        attrs = {a.name: a for a in n.attribute}
+        # Ours: 0/1 flags read as `!= 0`, where ORT's kernels keep only for `== 1`; values other
+        # than 0/1 should be declined at claim time (src/ops/reduce.cc, src/ops/pool.cc).
+        if "keepdims" in attrs and attrs["keepdims"].i not in (0, 1):
+            return "keepdims not 0/1"
+        if "ceil_mode" in attrs and attrs["ceil_mode"].i not in (0, 1):
+            return "ceil_mode not 0/1"
+        # Ours: a pooling window larger than the padded input. The ONNX shape formula gives 0
+        # outputs (the MLX EP), ORT's CPU kernel truncates toward zero and gives 1. Such nodes
+        # should be declined when the shapes are known (src/ops/pool.cc).
+        if n.op_type in ("MaxPool", "AveragePool", "LpPool") and window_exceeds_input(m, n, attrs):
+            return "pool window larger than input"
+        # ORT's: a reduction of an empty tensor over negative axes keeps the input's shape on
+        # the CPU EP (axes=[-3] of a [2,0,4] tensor gives [2,0,4]; onnx.reference gives [1,0,4]).
+        if n.op_type.startswith("Reduce") and feeds and empty_with_negative_axes(m, n, attrs, feeds):
+            return "empty Reduce over negative axes (ORT CPU)"
+        # ORT's: Resize with negative `axes` and a keep_aspect_ratio_policy gives the wrong shape
+        # on the CPU EP (the MLX EP follows the ONNX spec).
+        if n.op_type == "Resize" and "axes" in attrs and any(a < 0 for a in attrs["axes"].ints):
+            return "Resize negative axes (ORT CPU)"
+    return None
+
+
+def empty_with_negative_axes(m, n, attrs, feeds) -> bool:
+    values = dict(feeds)
+    values.update({i.name: numpy_helper.to_array(i) for i in m.graph.initializer})
+    data = values.get(n.input[0])
+    if data is None or np.asarray(data).size != 0:
+        return False
+    axes = list(attrs["axes"].ints) if "axes" in attrs else []
+    if len(n.input) > 1 and n.input[1] in values:
+        axes = list(np.asarray(values[n.input[1]]).ravel())
+    return any(a < 0 for a in axes)
+
+
+def window_exceeds_input(m, n, attrs) -> bool:
+    """A pooling node whose (dilated) window is larger than its padded input, by the static
+    input shape of the graph."""
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+                        for d in vi.type.tensor_type.shape.dim] for vi in m.graph.input}
+    spatial = shapes.get(n.input[0], [])[2:]
+    kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else []
+    r = len(kernel)
+    dil = list(attrs["dilations"].ints) if "dilations" in attrs else []
+    dil = dil if len(dil) == r else [1] * r
+    pads = list(attrs["pads"].ints) if "pads" in attrs else []
+    pads = pads if len(pads) == 2 * r else [0] * (2 * r)
+    return any(d is not None and (k - 1) * dil[i] + 1 > d + pads[i] + pads[i + r]
+               for i, (d, k) in enumerate(zip(spatial, kernel)))
+
+
+@atheris.instrument_func
 def TestOneInput(data: bytes):
     STATS["inputs"] += 1
+    if STATS["inputs"] % 50 == 0:  # libFuzzer exits without running Python's atexit handlers
+        print(f"[fuzz] {STATS}", file=sys.stderr, flush=True)
     fdp = atheris.FuzzedDataProvider(data)
     seed = SEEDS[fdp.ConsumeIntInRange(0, len(SEEDS) - 1)]
     m, dims = mutate(seed, fdp)
     blob = m.SerializeToString()
+    crash = crashes_ort(m)
+    if crash == "graph":
+        STATS["skipped_ort_crashers"] += 1
+        return
+    if crash == "cpu kernel":  # the MLX EP alone: an error or a result, never a crash
+        STATS["mlx_only"] += 1
+        try:
+            feeds = {vi.name: random_feed(vi, fdp, dims) for vi in m.graph.input
+                     if vi.name not in {i.name for i in m.graph.initializer}}
+            sess = ort.InferenceSession(blob, sess_options=om.session_options("cpu", fallback=False))
+            sess.run(None, feeds)
+        except Exception:
+            pass
+        return
     try:
         feeds = {vi.name: random_feed(vi, fdp, dims) for vi in m.graph.input
                  if vi.name not in {i.name for i in m.graph.initializer}}
@@ -118,12 +240,39 @@ def TestOneInput(data: bytes):
     STATS["valid"] += 1
     try:
         sess = ort.InferenceSession(blob, sess_options=om.session_options("cpu"))
+        sess.disable_fallback()  # an EP failure must not be retried on the CPU EP unnoticed
         outs = sess.run(None, feeds)
     except Exception:
         STATS["mlx_errors"] += 1  # an error status, not a crash: acceptable
         return
     STATS["mlx_ran"] += 1
+    try:
+        compare(outs, ref)
+    except AssertionError as e:
+        if known_mismatch(m, feeds):
+            STATS["known_mismatches"] += 1
+            return
+        if not FINDINGS:
+            raise
+        # Keep going: save the model and its feeds (a few per seed model) and count it.
+        STATS["mismatches"] += 1
+        seen = SAVED.setdefault(m.graph.name, 0)
+        if seen < 3:
+            SAVED[m.graph.name] = seen + 1
+            d = pathlib.Path(FINDINGS) / f"{m.graph.name}-{seen}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "model.onnx").write_bytes(blob)
+            np.savez(d / "feeds.npz", **feeds)
+            (d / "finding.txt").write_text(f"{e}\n{onnx.printer.to_text(m.graph)}\n")
+
+
+def compare(outs, ref):
+    assert len(outs) == len(ref), (len(outs), len(ref))
     for a, b in zip(outs, ref):
+        if isinstance(a, list) or isinstance(b, list):  # sequence outputs: item by item
+            assert isinstance(a, list) and isinstance(b, list), (type(a), type(b))
+            compare(a, b)
+            continue
         a, b = np.asarray(a), np.asarray(b)
         assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
         if a.dtype.kind == "f":
@@ -134,7 +283,22 @@ def TestOneInput(data: bytes):
             assert np.array_equal(a, b), "MLX EP result differs from the CPU EP"
 
 
+def replay(path: str) -> None:
+    """Re-runs one saved input and prints the mutated model (for turning findings into tests)."""
+    data = pathlib.Path(path).read_bytes()
+    fdp = atheris.FuzzedDataProvider(data)
+    seed = SEEDS[fdp.ConsumeIntInRange(0, len(SEEDS) - 1)]
+    m, dims = mutate(seed, fdp)
+    print(onnx.helper.printable_graph(m.graph), "\nopset",
+          [(o.domain, o.version) for o in m.opset_import], "\ndims override", dims)
+    TestOneInput(data)
+    print("no finding")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--replay":
+        replay(sys.argv[2])
+        return
     import atexit
     atexit.register(lambda: print(f"[fuzz] {STATS}", file=sys.stderr))
     atheris.Setup(sys.argv, TestOneInput)

@@ -1,7 +1,7 @@
 """Reliability gates, long forms (README "Reliability"; the fast forms run in scripts/test).
 
-    python tools/reliability.py leak    [--sessions 500]        RSS + MLX memory over session churn
-    python tools/reliability.py threads [--threads 16 --iters 500]  shared + separate sessions
+    python tools/reliability.py leak    [--sessions 500 --runs 2]   RSS + MLX memory over session churn
+    python tools/reliability.py threads [--threads 16 --iters 200]  shared + separate sessions
 
 The leak gate creates, runs and destroys sessions over a mixed model set (the demo encoder and
 ONNX node-test models of several op families) in one process and reports RSS growth after
@@ -65,63 +65,93 @@ def load_cases():
 def leak(args) -> int:
     import mlx.core as mx
     cases = load_cases()
-    opts = om.session_options("cpu")
 
-    def churn(n):
+    def churn(n, trace=None):
         for i in range(n):
             name, model, feeds = cases[i % len(cases)]
-            s = ort.InferenceSession(model, sess_options=om.session_options("cpu"))
-            s.run(None, feeds)
+            # fallback=False: every node of every case runs on MLX (else the session fails).
+            s = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False))
+            for _ in range(args.runs):  # run 1 probes eagerly, later runs are compiled
+                s.run(None, feeds)
             del s
+            if trace is not None and (i + 1) % 100 == 0:
+                gc.collect()
+                trace.append(round(rss_mb(), 1))
         gc.collect()
 
-    del opts
     churn(3 * len(cases))  # warm-up: JIT kernels, allocator pools, ORT arenas
+    base_cache = mx.get_cache_memory()
     mx.clear_cache()
     base_rss, base_active = rss_mb(), mx.get_active_memory()
     t0 = time.time()
-    churn(args.sessions)
+    trace = []
+    churn(args.sessions, trace)
+    cache = mx.get_cache_memory()  # before clearing: MLX's buffer cache must not grow either
     mx.clear_cache()
     grown = rss_mb() - base_rss
     active = mx.get_active_memory() - base_active
-    result = {"sessions": args.sessions, "models": len(cases), "rss_growth_mb": round(grown, 2),
-              "mlx_active_growth_bytes": int(active), "mlx_cache_bytes": int(mx.get_cache_memory()),
-              "seconds": round(time.time() - t0, 1), "bound_mb": args.bound_mb}
+    result = {"sessions": args.sessions, "runs_per_session": args.runs, "models": len(cases),
+              "rss_growth_mb": round(grown, 2), "rss_mb_every_100": trace,
+              "mlx_active_growth_bytes": int(active), "mlx_cache_bytes_warm": int(base_cache),
+              "mlx_cache_bytes_after": int(cache), "seconds": round(time.time() - t0, 1),
+              "bound_mb": args.bound_mb}
     print(json.dumps(result))
-    return 0 if grown < args.bound_mb and active == 0 else 1
+    return 0 if grown < args.bound_mb and active == 0 and cache <= base_cache + (1 << 20) else 1
+
+
+def variants(feeds: dict, k: int) -> list[dict]:
+    """k different feeds of the same shapes: float inputs scaled and shifted per variant (integer
+    inputs are indices/shapes and stay as they are)."""
+    out = []
+    for v in range(k):
+        f = {}
+        for n, a in feeds.items():
+            a = np.asarray(a)
+            f[n] = (a * (1 + 0.1 * v) + 0.01 * v).astype(a.dtype) if a.dtype.kind == "f" else a
+        out.append(f)
+    return out
 
 
 def threads(args) -> int:
-    d = NODE_DIR / "test_matmul_4d"
-    cases = [c for c in load_cases() if c[0] in ("demo", "test_matmul_4d", "test_softmax_axis_1")]
+    names = ("demo", "test_matmul_4d", "test_softmax_axis_1", "test_conv_with_strides_padding",
+             "test_layer_normalization_4d_axis1", "test_gather_0")
+    cases = [c for c in load_cases() if c[0] in names]
     failures = []
+    status = 0
     for name, model, feeds in cases:
-        ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
-        shared = ort.InferenceSession(model, sess_options=om.session_options("cpu"))
+        cpu = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        feeds_k = variants(feeds, 8)
+        refs = [cpu.run(None, f) for f in feeds_k]
+        shared = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False))
 
-        def work(tid, sess):
+        def work(tid, sess, checked):
             for it in range(args.iters):
-                outs = sess.run(None, feeds)
-                for a, b in zip(outs, ref):
+                k = (tid + it) % len(feeds_k)  # threads run different inputs at the same time
+                outs = sess.run(None, feeds_k[k])
+                for a, b in zip(outs, refs[k]):
                     if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
                         failures.append((name, tid, it))
                         return
+                checked[tid] += 1
 
         for mode in ("shared", "separate"):
+            checked = [0] * args.threads
             ts = [threading.Thread(target=work, args=(
                 t, shared if mode == "shared" else
-                ort.InferenceSession(model, sess_options=om.session_options("cpu"))))
-                for t in range(args.threads)]
+                ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False)),
+                checked)) for t in range(args.threads)]
             t0 = time.time()
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
+            ok = sum(checked) == args.threads * args.iters
+            status |= 0 if ok else 1
             print(json.dumps({"model": name, "mode": mode, "threads": args.threads,
-                              "iters": args.iters, "seconds": round(time.time() - t0, 1),
-                              "failures": len(failures)}))
-    del d
-    return 1 if failures else 0
+                              "iters": args.iters, "runs_checked": sum(checked),
+                              "seconds": round(time.time() - t0, 1), "failures": len(failures)}),
+                  flush=True)
+    return 1 if failures or status else 0
 
 
 def main() -> int:
@@ -130,6 +160,7 @@ def main() -> int:
     p = sub.add_parser("leak")
     p.add_argument("--sessions", type=int, default=500)
     p.add_argument("--bound-mb", type=float, default=5.0)
+    p.add_argument("--runs", type=int, default=2)
     p.set_defaults(fn=leak)
     p = sub.add_parser("threads")
     p.add_argument("--threads", type=int, default=16)
