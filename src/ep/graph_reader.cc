@@ -39,9 +39,12 @@ graph::ValueInfo read_value_info(const OrtValueInfo* v) {
   check(g_ort->GetSymbolicDimensions(tinfo, sym.data(), rank));
   vi.dim_names.resize(rank);
   for (size_t i = 0; i < rank; ++i) vi.dim_names[i] = sym[i] ? sym[i] : "";
-  // ORT reports an unknown rank as rank 0 with no dims; a real scalar also has rank 0. Shape
-  // inference output is trusted here; run time checks catch the difference.
-  vi.has_shape = true;
+  // ORT reports an unknown rank as rank 0 with no dims, as it does for a real scalar; from API
+  // 1.24 TensorTypeAndShape_HasShape tells them apart. Reading "unknown" as rank 0 would make
+  // rank checks decline nodes (MatMul's "rank >= 1") whose inputs simply had no inferred shape.
+  // Older hosts lack the call: their rank-0 reports stay trusted, and run time checks catch the
+  // difference.
+  vi.has_shape = g_api_version < 24 || g_ort->TensorTypeAndShape_HasShape(tinfo);
   return vi;
 }
 

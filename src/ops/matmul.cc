@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "ops/common.h"
+#include "ops/int_matmul.h"
 
 namespace ortmlx::ops {
 
@@ -51,6 +52,9 @@ mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
 mx::Dtype exact_float(mx::Stream s) { return s.device == mx::Device::cpu ? mx::float64 : mx::float32; }
 int mantissa_bits(mx::Dtype t) { return t == mx::float64 ? 53 : 24; }
 
+}  // namespace
+
+// Declared in ops/int_matmul.h (also used by ConvInteger/QLinearConv).
 // a @ b (rank >= 2, numpy batch broadcasting) for integer-valued arrays with |a|, |b| < 2^bits,
 // returned exactly as int64. Every product is below 2^(2 bits); K is cut into chunks whose sums
 // stay below 2^mantissa, each chunk is one float matmul (exact), and the chunks are added in
@@ -84,6 +88,8 @@ mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s) {
   b = mx::reshape(b, sb, s);
   return mx::sum(mx::astype(mx::matmul(a, b, s), mx::int64, s), -3, false, s);
 }
+
+namespace {
 
 mx::Dtype unsigned_of(mx::Dtype t) {
   switch (t.size()) {

@@ -382,6 +382,125 @@ Outputs translate_feature_vectorizer(OpContext& c) {
   return {mx::concatenate(parts, 1, c.s)};
 }
 
+// ---------------------------------------------------------------------------------------------
+// LabelEncoder (opsets 2-4): maps each input value found among `keys` to the value at the same
+// position, others to the default. Numeric keys/values only: strings have no MLX dtype. The
+// lookup compares every element with every key (an (..., K) mask) and gathers the value of the
+// matching key. Opset 4's keys may be NaN, which matches any NaN input (the spec's rule).
+
+struct LabelMap {
+  DType key_type = DType::Undefined, value_type = DType::Undefined;
+  std::vector<double> keys, values;  // int64 keys/values are held exactly as int64 below
+  std::vector<int64_t> ikeys, ivalues;
+  double def = 0;
+  int64_t idef = 0;
+};
+
+// Reads one side (keys or values) of the map: `<side>_tensor` (opset 4) or the typed lists.
+// Returns an error message, or "" on success.
+std::string read_side(const graph::Node& n, const std::string& side, DType* type,
+                      std::vector<double>* f, std::vector<int64_t>* i) {
+  if (const auto* a = n.attr(side + "_tensor"); a && a->t) {
+    *type = a->t->dtype;
+    if (!graph::is_float(*type) && !graph::is_integer(*type))
+      return side + "_tensor of type " + graph::dtype_name(*type) + " (numeric types only)";
+    if (graph::is_float(*type)) *f = a->t->to_floats(); else *i = a->t->to_ints();
+    return {};
+  }
+  if (has_strings(n, side + "_strings")) return side + "_strings (MLX has no string dtype)";
+  if (const auto* a = n.attr(side + "_int64s"); a && !a->ints.empty()) {
+    *type = DType::Int64;
+    *i = a->ints;
+    return {};
+  }
+  if (const auto* a = n.attr(side + "_floats"); a && !a->floats.empty()) {
+    *type = DType::Float32;
+    f->assign(a->floats.begin(), a->floats.end());
+    return {};
+  }
+  return "no " + side + " given";
+}
+
+std::string read_label_map(const graph::Node& n, LabelMap* m) {
+  if (auto e = read_side(n, "keys", &m->key_type, &m->keys, &m->ikeys); !e.empty()) return e;
+  if (auto e = read_side(n, "values", &m->value_type, &m->values, &m->ivalues); !e.empty())
+    return e;
+  const size_t nk = std::max(m->keys.size(), m->ikeys.size());
+  if (nk != std::max(m->values.size(), m->ivalues.size()))
+    return "keys and values differ in length";
+  if (nk > 65536) return "more than 65536 keys (the lookup compares every key)";
+  // Duplicate keys: which value wins is the map implementation's choice; leave them to ORT.
+  if (!m->ikeys.empty() && std::set<int64_t>(m->ikeys.begin(), m->ikeys.end()).size() != nk)
+    return "duplicate keys";
+  if (!m->keys.empty()) {
+    std::set<double> seen;
+    size_t nans = 0;
+    for (double k : m->keys) {
+      if (std::isnan(k)) ++nans; else seen.insert(k);
+    }
+    if (seen.size() + std::min<size_t>(nans, 1) != nk) return "duplicate keys";
+    if (nans && n.since_version < 4) return "NaN keys before opset 4 (no matching rule)";
+  }
+  if (const auto* a = n.attr("default_tensor"); a && a->t) {
+    if (a->t->numel() != 1 || a->t->dtype != m->value_type)
+      return "default_tensor must be one value of the values' type";
+    if (graph::is_float(m->value_type)) m->def = a->t->float_at(0); else m->idef = a->t->int_at(0);
+  } else if (graph::is_float(m->value_type)) {
+    m->def = n.attr_float("default_float", -0.0f);
+  } else {
+    m->idef = n.attr_int("default_int64", -1);
+  }
+  return {};
+}
+
+Support check_label_encoder(const NodeQuery& q) {
+  LabelMap m;
+  if (auto e = read_label_map(q.node, &m); !e.empty()) return Support::no(e);
+  for (DType t : {m.key_type, m.value_type}) {
+    if (!to_mlx_dtype(t)) return Support::no(std::string("type ") + graph::dtype_name(t));
+    if (q.gpu && t == DType::Float64) return Support::no("float64 is not supported on the GPU");
+  }
+  DType in = q.input_dtype(0);
+  if (in != DType::Undefined && in != m.key_type)
+    return Support::no(std::string("input type ") + graph::dtype_name(in) + " differs from keys' " +
+                       graph::dtype_name(m.key_type));
+  return Support::yes();
+}
+
+Outputs translate_label_encoder(OpContext& c) {
+  LabelMap m;
+  if (auto e = read_label_map(c.node, &m); !e.empty()) c.fail(e);
+  const auto s = c.s;
+  const auto& x = c.in(0);
+  const int nk = static_cast<int>(std::max(m.keys.size(), m.ikeys.size()));
+  // Host values -> arrays of their type (exact: they were read from that type). float64 stays
+  // float64 (CPU only, declined on GPUs); other floats go through float32, never float64, so
+  // no float64 op reaches a GPU stream.
+  auto host = [&](DType t, std::vector<double> f, std::vector<int64_t> i, int n) {
+    if (t == DType::Float64) return mx::array(f.data(), {n}, mx::float64);
+    if (graph::is_float(t)) {
+      std::vector<float> v(f.begin(), f.end());
+      return mx::astype(mx::array(v.data(), {n}, mx::float32), mlx_dtype(t), s);
+    }
+    return mx::astype(mx::array(i.data(), {n}, mx::int64), mlx_dtype(t), s);
+  };
+  auto side = [&](DType t, const std::vector<double>& f, const std::vector<int64_t>& i) {
+    return host(t, f, i, nk);
+  };
+  auto def = mx::reshape(host(m.value_type, {m.def}, {m.idef}, 1), {}, s);
+  if (nk == 0 || x.size() == 0) return {mx::broadcast_to(def, x.shape(), s)};
+  auto keys = side(m.key_type, m.keys, m.ikeys);
+  auto values = side(m.value_type, m.values, m.ivalues);
+  if (keys.dtype() != x.dtype()) c.fail("input type differs from the keys' type");
+  auto xe = mx::expand_dims(x, -1, s);
+  auto eq = mx::equal(xe, keys, s);
+  if (graph::is_float(m.key_type))
+    eq = mx::logical_or(eq, mx::logical_and(mx::isnan(xe, s), mx::isnan(keys, s), s), s);
+  auto found = mx::any(eq, -1, false, s);
+  auto pos = mx::argmax(mx::astype(eq, mx::uint8, s), -1, false, s);
+  return {mx::where(found, mx::take(values, pos, s), def, s)};
+}
+
 constexpr std::string_view kLinearNotes =
     "int64 class labels only (no strings); a binary classifier with two labels and PROBIT is "
     "declined; PROBIT uses ORT's erfinv approximation";
@@ -408,6 +527,8 @@ const OpEntry kOps[] = {
      translate_tree_classifier,
      "int64 class labels only; binary cases where ORT leaves a score undefined are declined"},
     {"ai.onnx.ml", "TreeEnsemble", 5, kAnyOpset, check_tree_ensemble, translate_tree_ensemble},
+    {"ai.onnx.ml", "LabelEncoder", 2, 4, check_label_encoder, translate_label_encoder,
+     "numeric keys/values only (no strings); duplicate keys declined; at most 65536 keys"},
 };
 
 }  // namespace

@@ -62,12 +62,49 @@ Support check_float(const NodeQuery& q) { return float_input(q, 0); }
 Support check_batch_norm(const NodeQuery& q) {
   for (size_t i = 0; i < 5; ++i)
     if (auto s = float_input(q, i); !s) return s;
-  if (q.node.attr_int("training_mode", 0) != 0)
-    return Support::no("training_mode=1 (batch statistics) is not supported");
+  // Opset 14+ (training_mode attribute): outputs running_mean/var exist only in training mode.
+  // Older opsets' training outputs (mean, var, saved_mean, saved_var) are not supported.
+  const bool training = q.node.attr_int("training_mode", 0) != 0;
+  if (training && q.node.since_version < 14)
+    return Support::no("training_mode before opset 14");
   for (size_t i = 1; i < q.node.outputs.size(); ++i)
-    if (q.node.has_output(i))
-      return Support::no("training outputs (running mean/var) are not supported");
+    if (q.node.has_output(i) && !(training && i <= 2))
+      return Support::no(training ? "training outputs beyond running mean/var"
+                                  : "training outputs (mean/var) without training_mode=1");
   return Support::yes();
+}
+
+// training_mode=1 (opset 14+): normalize with the batch statistics over every axis but the
+// channel axis 1, and blend them into the running statistics:
+//   running_mean = mean_in * momentum + batch_mean * (1 - momentum)   (same for var)
+// The batch variance is the biased (population) one, as in ONNX's reference and ORT's kernel.
+Outputs batch_norm_training(OpContext& c, float eps, mx::Dtype t) {
+  const mx::array& x = c.in(0);
+  const int rank = x.ndim();
+  std::vector<int> axes{0};
+  for (int i = 2; i < rank; ++i) axes.push_back(i);
+  for (size_t i = 1; i < 5; ++i)
+    if (c.in(i).ndim() != 1) c.fail("training mode needs (C,) scale, B, mean and var");
+  auto xf = mx::astype(x, t, c.s);
+  auto mean = mx::mean(xf, axes, true, c.s);
+  auto d = mx::subtract(xf, mean, c.s);
+  auto var = mx::mean(mx::square(d, c.s), axes, true, c.s);
+  auto inv = mx::multiply(mx::rsqrt(mx::add(var, mx::array(eps, t), c.s), c.s),
+                          per_channel(c.in(1), rank, t, c.s), c.s);
+  auto y = mx::add(mx::multiply(d, inv, c.s), per_channel(c.in(2), rank, t, c.s), c.s);
+  Outputs out{mx::astype(y, x.dtype(), c.s)};
+  const auto m = mx::array(c.node.attr_float("momentum", 0.9f), t);
+  const auto one_m = mx::subtract(mx::array(1.0f, t), m, c.s);
+  auto blend = [&](size_t i, const mx::array& batch) {
+    auto run = mx::astype(c.in(i), t, c.s);
+    auto v = mx::add(mx::multiply(run, m, c.s), mx::multiply(mx::flatten(batch, c.s), one_m, c.s), c.s);
+    return mx::astype(v, c.in(i).dtype(), c.s);
+  };
+  if (c.node.has_output(1) || c.node.has_output(2)) {
+    out.push_back(blend(3, mean));
+    out.push_back(blend(4, var));
+  }
+  return out;
 }
 
 // y = (x - mean) / sqrt(var + eps) * scale + B. Parameters are (C,) or, for the old
@@ -85,6 +122,7 @@ Outputs translate_batch_norm(OpContext& c) {
     return mx::reshape(mx::astype(p, t, c.s), sh, c.s);
   };
   float eps = c.node.attr_float("epsilon", 1e-5f);
+  if (c.node.attr_int("training_mode", 0) != 0) return batch_norm_training(c, eps, t);
   auto inv = mx::multiply(mx::rsqrt(mx::add(param(4), mx::array(eps, t), c.s), c.s), param(1), c.s);
   auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv, c.s),
                    param(2), c.s);

@@ -9,7 +9,8 @@ const std::vector<OpEntry>& registry() {
     for (auto family : {elementwise_ops(), activation_ops(), math_ops(), reduce_ops(),
                         shape_ops(), index_ops(), nn_ops(), normalization_ops(), matmul_ops(),
                         quantize_ops(), contrib_ops(), ml_ops(), recurrent_ops(),
-                        control_flow_ops()})
+                        control_flow_ops(), signal_ops(), detection_ops(), conv_extra_ops(),
+                        affine_grid_ops(), tensor_scatter_ops()})
       t.insert(t.end(), family.begin(), family.end());
     return t;
   }();

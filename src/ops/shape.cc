@@ -406,10 +406,18 @@ Outputs translate_identity(OpContext& c) { return {c.in(0)}; }
 // Inference only: output = input. The mask is all true from opset 12 (the spec: nothing is
 // dropped). Opsets 7-11 leave the test-mode mask undefined; ORT fills it with zeros/false, and
 // so do we, so old models behave as they did there. bool from opset 10, the input type before.
+// From opset 12 training_mode and ratio are inputs: training with ratio 0 drops nothing and is
+// the identity too (mask all true). Training with ratio > 0 draws random numbers, which cannot
+// match ORT's generator, so it is an error naming the op (read at run time: both may be
+// computed values).
 Outputs translate_dropout(OpContext& c) {
   const auto& x = c.in(0);
-  if (c.node.since_version >= 12 && c.has(2) && c.host_int(2) != 0)
-    c.fail("training_mode=true (random dropout) is not supported");
+  if (c.node.since_version >= 12 && c.has(2) && c.host_int(2) != 0) {
+    const double ratio = c.has(1) ? c.host_float(1) : 0.5;  // the spec's default ratio
+    if (ratio != 0.0)
+      c.fail("training_mode=true with ratio " + std::to_string(ratio) +
+             " (random dropout) is not supported; only ratio 0 is deterministic");
+  }
   Outputs outs{x};
   if (c.node.has_output(1)) {
     DType t = c.out_dtype(1);
@@ -423,8 +431,12 @@ Outputs translate_dropout(OpContext& c) {
 
 Support check_dropout(const NodeQuery& q) {
   if (q.node.since_version >= 12 && q.has_input(2)) {
-    if (auto* t = q.constant(2); t && t->numel() > 0 && t->int_at(0) != 0)
-      return Support::no("Dropout with training_mode=true (random) is not supported");
+    // Declined only when both are known: constant training_mode=true and a ratio that is a
+    // non-zero constant or absent (default 0.5). Run-time values are checked at run time.
+    const auto* r = q.has_input(1) ? q.constant(1) : nullptr;
+    const bool random = !q.has_input(1) || (r && r->numel() > 0 && r->float_at(0) != 0.0);
+    if (auto* t = q.constant(2); t && t->numel() > 0 && t->int_at(0) != 0 && random)
+      return Support::no("Dropout with training_mode=true and ratio > 0 (random) is not supported");
   }
   return Support::yes();
 }
@@ -447,7 +459,8 @@ const OpEntry kOps[] = {
     {"", "SpaceToDepth", 1, kAnyOpset, nullptr, translate_space_to_depth},
     {"", "Trilu", 14, kAnyOpset, nullptr, translate_trilu},
     {"", "Dropout", 7, kAnyOpset, check_dropout, translate_dropout,
-     "inference only: training_mode=true is declined (constant) or fails (run-time)"},
+     "training_mode=true only with ratio 0 (identity); a random ratio > 0 is declined when "
+     "constant, an error when given at run time"},
 };
 
 }  // namespace
