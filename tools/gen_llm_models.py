@@ -24,14 +24,31 @@ VOCAB = 512
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
               rms_norm_eps=1e-6, tie_word_embeddings=False)
+HEAD_DIM = 16
+# --size: "test" (the checked-in models: fast, exact comparisons) or the benchmark sizes (random
+# weights: only speed is measured, so any size works; "bench" ~ 60M parameters, "large" ~ 0.5B).
+SIZES = {
+    "test": {},
+    "bench": dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096),
+    "large": dict(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                  num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096),
+}
+
+
+def set_size(size: str) -> None:
+    global VOCAB, HEAD_DIM
+    COMMON.update(SIZES[size])
+    VOCAB = COMMON["vocab_size"]
+    HEAD_DIM = COMMON["hidden_size"] // COMMON["num_attention_heads"]
 
 
 def configs():
     from transformers import GemmaConfig, LlamaConfig, Qwen2Config, Phi3Config
     return {
-        "llama": (LlamaConfig(**COMMON, head_dim=16), "LlamaForCausalLM"),
+        "llama": (LlamaConfig(**COMMON, head_dim=HEAD_DIM), "LlamaForCausalLM"),
         "qwen2": (Qwen2Config(**COMMON), "Qwen2ForCausalLM"),
-        "gemma": (GemmaConfig(**COMMON, head_dim=16), "GemmaForCausalLM"),
+        "gemma": (GemmaConfig(**COMMON, head_dim=HEAD_DIM), "GemmaForCausalLM"),
         # original_max_position_embeddings == max_position_embeddings keeps the builder off its
         # LongRoPE path (which needs rope_scaling factors a random config lacks: KeyError
         # 'multi_cache' otherwise).
@@ -67,7 +84,9 @@ def build(family: str, precision: str, out: pathlib.Path) -> bool:
             print(f"[gen] {family}-{precision}: builder failed:\n{r.stderr[-2000:]}")
             shutil.rmtree(dest, ignore_errors=True)
             return False
-        # Keep the HF weights too: the benchmarks compare against the same checkpoint.
+        # Keep the HF checkpoint too (config + safetensors, no tokenizer): the benchmarks run
+        # the same weights through mlx-lm and PyTorch.
+        shutil.copytree(hf, dest / "hf", ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
         (dest / "source.json").write_text(json.dumps({"family": family, "class": cls_name,
                                                        "config": cfg.to_dict()}, default=str))
         for junk in dest.glob("tokenizer*"):
@@ -81,7 +100,9 @@ def main():
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "tests/models/llm"))
     ap.add_argument("--families", default="llama,qwen2,gemma,phi3")
     ap.add_argument("--precisions", default="fp32,int4")
+    ap.add_argument("--size", default="test", choices=sorted(SIZES))
     a = ap.parse_args()
+    set_size(a.size)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {f"{f}-{p}": build(f, p, out) for f in a.families.split(",") for p in a.precisions.split(",")}

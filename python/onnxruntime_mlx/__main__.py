@@ -17,6 +17,7 @@ COMMANDS = {
     "run": ("runner", "run a model on the MLX EP and ORT's CPU EP: placement, accuracy, latency"),
     "doctor": ("doctor", "versions, EP devices, and the sgemm GFLOP/s the EP gets"),
     "generate": ("generate", "greedy decoding of a genai-format LLM, KV cache kept between steps"),
+    "bench": ("bench", "benchmarks: the EP vs ORT's CPU EP, mlx-lm and PyTorch, as ratios"),
     "demo-model": ("demo_model", "write the built-in demo model (a 2-layer transformer encoder)"),
 }
 

@@ -14,14 +14,24 @@ using graph::DType;
 namespace {
 
 // Host reads of values derived from these ops depend only on shapes, never on tensor data.
+// (SequenceLength too: a sequence's length follows from the signature and from host reads
+// that were recorded with their own taint.)
 bool shape_only_op(const graph::Node& n) {
-  return n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size");
+  return n.domain.empty() &&
+         (n.op_type == "Shape" || n.op_type == "Size" || n.op_type == "SequenceLength");
 }
 
 std::string shape_str(const mx::array& a) {
   std::string s = "[";
   for (size_t i = 0; i < a.shape().size(); ++i) s += (i ? "," : "") + std::to_string(a.shape()[i]);
   return s + "]";
+}
+
+std::string value_str(const ops::Value& v) {
+  if (v.is_tensor())
+    return shape_str(*v.tensor) + " " + graph::dtype_name(ops::from_mlx_dtype(v.tensor->dtype()));
+  if (v.is_sequence()) return "sequence of " + std::to_string(v.items.size());
+  return "none";
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
@@ -215,19 +225,35 @@ struct Program::Run {
   }
 };
 
-std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> inputs,
-                                         std::vector<Taint> input_taints, Run& run) const {
+std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value> inputs,
+                                          std::vector<Taint> input_taints, Run& run) const {
   // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
   const bool top = &p == top_.get();
-  std::vector<std::optional<mx::array>> slots(p.num_slots);
+  std::vector<std::optional<ops::Value>> slots(p.num_slots);
   // taint[slot]: the fused inputs whose data flow into the value (shape reads reset it).
   std::vector<Taint> taint(p.num_slots);
+  // A sequence's items are noted one by one (a translator sees and builds on the arrays).
+  auto note = [&](const ops::Value& v, const Taint& t) {
+    if (v.is_tensor()) run.note(*v.tensor, t);
+    for (const auto& a : v.items) run.note(a, t);
+  };
+  // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
+  auto value_taint = [&](const ops::Value& v) {
+    Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};
+    for (const auto& a : v.items) {
+      auto ti = run.taint_of(a);
+      t.insert(t.end(), ti.begin(), ti.end());
+    }
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+    return t;
+  };
   for (size_t i = 0; i < p.num_inputs; ++i) {
     slots[i] = inputs[i];
     taint[i] = std::move(input_taints[i]);
-    if (top) run.note(inputs[i], taint[i]);
+    if (top) note(inputs[i], taint[i]);
   }
-  for (const auto& [sl, c] : p.constants) slots[sl] = c;
+  for (const auto& [sl, c] : p.constants) slots[sl] = ops::Value::of(c);
   for (size_t j = 0; j < p.outer_slots.size(); ++j) {
     slots[p.outer_slots[j]] = inputs[p.num_inputs + j];
     taint[p.outer_slots[j]] = std::move(input_taints[p.num_inputs + j]);
@@ -236,7 +262,7 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
   for (size_t k = 0; k < p.steps.size(); ++k) {
     const auto& node = p.graph->nodes[k];
     const auto& io = p.steps[k];
-    std::vector<std::optional<mx::array>> node_inputs;
+    std::vector<std::optional<ops::Value>> node_inputs;
     node_inputs.reserve(io.in.size());
     Taint node_taint;
     for (int sl : io.in) {
@@ -253,13 +279,15 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
     hooks.host_value = [&](size_t idx) -> mx::array {
       int sl = io.in.at(idx);
       if (sl < 0) throw std::logic_error("[engine] host read of an absent input");
-      return run.read(*slots[sl], taint[sl]);
+      if (!slots[sl]->is_tensor())
+        throw ops::TranslateError("[engine] host read of " + std::string(slots[sl]->kind_name()));
+      return run.read(*slots[sl]->tensor, taint[sl]);
     };
     hooks.host_eval = [&](const mx::array& v) -> mx::array {
       return run.read(v, run.tracking() ? run.taint_of(v) : Taint{});
     };
-    hooks.run_subgraph = [&](const graph::Graph& body,
-                             const std::vector<mx::array>& args) -> std::vector<mx::array> {
+    hooks.run_subgraph_values = [&](const graph::Graph& body, const std::vector<ops::Value>& args)
+        -> std::vector<ops::Value> {
       auto b = std::find_if(io.bodies.begin(), io.bodies.end(),
                             [&](const auto& e) { return e.first == &body; });
       if (b == io.bodies.end())
@@ -268,15 +296,28 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
       if (args.size() != bp.num_inputs)
         throw std::invalid_argument("subgraph takes " + std::to_string(bp.num_inputs) +
                                     " inputs, got " + std::to_string(args.size()));
-      std::vector<mx::array> values(args);
+      std::vector<ops::Value> values(args);
       std::vector<Taint> taints(args.size());
       if (run.tracking())
-        for (size_t i = 0; i < args.size(); ++i) taints[i] = run.taint_of(args[i]);
+        for (size_t i = 0; i < args.size(); ++i) taints[i] = value_taint(args[i]);
       for (int sl : b->second) {
         values.push_back(*slots[sl]);
         taints.push_back(taint[sl]);
       }
       return run_plan(bp, std::move(values), std::move(taints), run);
+    };
+    hooks.run_subgraph = [&](const graph::Graph& body,
+                             const std::vector<mx::array>& args) -> std::vector<mx::array> {
+      std::vector<ops::Value> values;
+      for (const auto& a : args) values.push_back(ops::Value::of(a));
+      std::vector<mx::array> outs;
+      for (auto& v : hooks.run_subgraph_values(body, values)) {
+        if (!v.is_tensor())
+          throw ops::TranslateError("[engine] " + node.describe() + ": a subgraph returned " +
+                                    v.kind_name() + " where a tensor is expected");
+        outs.push_back(*v.tensor);
+      }
+      return outs;
     };
     ops::OpContext ctx(node, *p.graph, std::move(node_inputs), run.s, &hooks);
     ops::Outputs outs;
@@ -288,9 +329,7 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
       os << node.describe() << " failed: " << e.what() << " (inputs:";
       for (size_t i = 0; i < io.in.size(); ++i) {
         if (io.in[i] < 0) { os << " -"; continue; }
-        const auto& a = *slots[io.in[i]];
-        os << " " << node.inputs[i] << " " << shape_str(a) << " "
-           << graph::dtype_name(ops::from_mlx_dtype(a.dtype()));
+        os << " " << node.inputs[i] << " " << value_str(*slots[io.in[i]]);
       }
       os << ")";
       // Keep the category: invalid_argument (bad shapes/values from the caller) becomes
@@ -299,42 +338,97 @@ std::vector<mx::array> Program::run_plan(const Plan& p, std::vector<mx::array> i
       if (dynamic_cast<const std::invalid_argument*>(&e)) throw std::invalid_argument(os.str());
       throw std::runtime_error(os.str());
     }
+    const auto& set_values = ctx.value_outputs();
     for (size_t j = 0; j < io.out.size(); ++j) {
       if (io.out[j] < 0) continue;
-      if (j >= outs.size())
+      // A sequence or optional output is set on the context (see OpContext::set_output).
+      if (j < set_values.size() && set_values[j]) {
+        slots[io.out[j]] = *set_values[j];
+      } else if (j < outs.size()) {
+        slots[io.out[j]] = ops::Value::of(outs[j]);
+      } else {
         throw std::runtime_error("[MLX EP] fused node '" + name_ + "': " + node.describe() +
                                  " failed: translator produced " + std::to_string(outs.size()) +
                                  " outputs, node needs output " + std::to_string(j));
-      slots[io.out[j]] = outs[j];
+      }
+      const ops::Value& v = *slots[io.out[j]];
       if (shape_only_op(node))
         taint[io.out[j]] = {};
       else if (!io.bodies.empty() && run.tracking())
-        taint[io.out[j]] = run.taint_of(outs[j]);  // precise: through the bodies' values
+        taint[io.out[j]] = value_taint(v);  // precise: through the bodies' values
       else
         taint[io.out[j]] = node_taint;
-      if (top) run.note(outs[j], taint[io.out[j]]);
+      if (top) note(v, taint[io.out[j]]);
     }
   }
-  std::vector<mx::array> result;
+  std::vector<ops::Value> result;
   result.reserve(p.output_slots.size());
   for (int sl : p.output_slots) {
     result.push_back(*slots[sl]);
-    if (!top) run.note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
+    if (!top) note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
   }
   return result;
 }
 
-std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mode mode,
-                                          HostRecord* record, std::vector<int>* host_deps,
-                                          mx::Stream s) const {
+Program::Layout Program::layout_of(const std::vector<HostTensor>& raw) {
+  Layout layout;
+  for (const auto& t : raw)
+    layout.push_back(t.kind == HostTensor::Kind::Tensor ? -1
+                     : t.kind == HostTensor::Kind::None ? -2
+                                                        : static_cast<int>(t.items.size()));
+  return layout;
+}
+
+std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) {
+  // A sequence's items are arguments of their own, so mx::compile sees them as inputs.
+  std::vector<mx::array> args;
+  for (const auto& t : raw) {
+    if (t.kind == HostTensor::Kind::Tensor) args.push_back(to_array(t));
+    for (const auto& item : t.items) args.push_back(to_array(item));
+  }
+  return args;
+}
+
+std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
+                                          const Layout& layout, Mode mode, HostRecord* record,
+                                          std::vector<int>* host_deps, mx::Stream s) const {
   Run run(mode, record, host_deps, s);
-  std::vector<Taint> taints(args.size());
-  for (size_t i = 0; i < input_names_.size(); ++i) taints[i] = {static_cast<int>(i)};
-  auto outs = run_plan(*top_, args, std::move(taints), run);
+  // The fused inputs back from the arguments (see arguments()), then the constants.
+  std::vector<ops::Value> values;
+  std::vector<Taint> taints;
+  size_t next = 0;
+  for (size_t i = 0; i < input_names_.size(); ++i) {
+    int l = i < layout.size() ? layout[i] : -1;
+    if (l == -1) {
+      values.push_back(ops::Value::of(args.at(next++)));
+    } else if (l == -2) {
+      values.push_back(ops::Value::none());
+    } else {
+      std::vector<mx::array> items(args.begin() + static_cast<std::ptrdiff_t>(next),
+                                   args.begin() + static_cast<std::ptrdiff_t>(next + l));
+      next += static_cast<size_t>(l);
+      const auto* vi = graph_.info(input_names_[i]);
+      DType elem = !items.empty() ? ops::from_mlx_dtype(items[0].dtype())
+                                  : vi ? vi->dtype : DType::Undefined;
+      values.push_back(ops::Value::sequence(std::move(items), elem));
+    }
+    taints.push_back({static_cast<int>(i)});
+  }
+  for (; next < args.size(); ++next) {
+    values.push_back(ops::Value::of(args[next]));
+    taints.emplace_back();
+  }
+  auto outs = run_plan(*top_, std::move(values), std::move(taints), run);
   std::vector<mx::array> result;
   result.reserve(outs.size());
   for (size_t i = 0; i < outs.size(); ++i) {
-    mx::array a = outs[i];
+    // The partitioner keeps sequences and optionals inside the group: ORT's kernel API has
+    // tensor outputs only.
+    if (!outs[i].is_tensor())
+      throw std::runtime_error("[MLX EP] fused node '" + name_ + "': output '" +
+                               output_names_[i] + "' is " + outs[i].kind_name() +
+                               ", a fused node can only return tensors");
+    mx::array a = *outs[i].tensor;
     // Safety net for declared output dtypes (ONNX promotion rules are stricter than MLX's).
     if (output_dtypes_[i] != DType::Undefined) {
       if (auto d = ops::to_mlx_dtype(output_dtypes_[i]); d && a.dtype() != *d) a = mx::astype(a, *d, s);
@@ -344,16 +438,29 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args, Mo
   return result;
 }
 
-std::string Program::signature_of(const std::vector<mx::array>& inputs,
-                                  const std::vector<HostTensor>& raw) const {
+std::string Program::signature_of(const std::vector<HostTensor>& raw) const {
   std::string sig;
+  auto tensor = [&](const HostTensor& t, bool keyed) {
+    sig += std::to_string(static_cast<int>(t.dtype)) + ":";
+    size_t numel = 1;
+    for (auto d : t.shape) {
+      sig += std::to_string(d) + ",";
+      numel *= static_cast<size_t>(d);
+    }
+    if (keyed && t.data) {
+      sig += "=";
+      sig.append(static_cast<const char*>(t.data), numel * graph::dtype_size(t.dtype));
+    }
+  };
   for (size_t i = 0; i < raw.size(); ++i) {
-    const auto& a = inputs[i];
-    sig += std::to_string(static_cast<int>(raw[i].dtype)) + ":";
-    for (auto d : a.shape()) sig += std::to_string(d) + ",";
-    if (keyed_inputs_[i]) sig.append(static_cast<const char*>(raw[i].data) ? "=" : "");
-    if (keyed_inputs_[i] && raw[i].data)
-      sig.append(static_cast<const char*>(raw[i].data), a.nbytes());
+    // Sequences: their length and every item; an empty optional: a mark of its own.
+    if (raw[i].kind == HostTensor::Kind::None) sig += "none";
+    if (raw[i].kind == HostTensor::Kind::Sequence) sig += "seq" + std::to_string(raw[i].items.size()) + "[";
+    if (raw[i].kind == HostTensor::Kind::Tensor) tensor(raw[i], keyed_inputs_[i]);
+    for (const auto& item : raw[i].items) {
+      tensor(item, keyed_inputs_[i]);
+      sig += "|";
+    }
     sig += ";";
   }
   return sig;
@@ -364,9 +471,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     throw std::invalid_argument("[MLX EP] fused node '" + name_ + "' expects " +
                                 std::to_string(input_names_.size()) + " inputs, got " +
                                 std::to_string(raw.size()));
-  std::vector<mx::array> args;
-  args.reserve(raw.size() + constants_.size());
-  for (const auto& t : raw) args.push_back(to_array(t));
+  std::vector<mx::array> args = arguments(raw);
+  const Layout layout = layout_of(raw);
   args.insert(args.end(), constants_.begin(), constants_.end());
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -378,7 +484,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     return outs;
   };
 
-  std::string sig = signature_of(args, raw) + "#" + std::to_string(s.index);
+  std::string sig = signature_of(raw) + "#" + std::to_string(s.index);
   auto it = cache_.find(sig);
   if (it == cache_.end()) {
     // Probe: translate with the real data, learning which host reads the graph makes and
@@ -388,7 +494,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     for (;;) {
       HostRecord record;
       std::vector<int> deps;
-      outs = translate(args, Mode::Probe, &record, &deps, s);
+      outs = translate(args, layout, Mode::Probe, &record, &deps, s);
       bool restart = false, data_dependent = false;
       for (int d : deps) {
         if (keyed_inputs_[d]) continue;
@@ -404,7 +510,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       entry.record = std::move(record);
       entry.eager_only = data_dependent || !opt_.compile;
       if (!restart) break;
-      sig = signature_of(args, raw) + "#" + std::to_string(s.index);
+      sig = signature_of(raw) + "#" + std::to_string(s.index);
       if (cache_.count(sig)) break;
     }
     ++stats_.eager_runs;
@@ -427,8 +533,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   if (!e.eager_only && !compile_broken_ && !e.fn && e.hits >= opt_.compile_after) {
     auto record = std::make_shared<HostRecord>(e.record);
     e.fn = mx::compile(
-        [this, record, s](const std::vector<mx::array>& a) {
-          return translate(a, Mode::Replay, record.get(), nullptr, s);
+        [this, record, layout, s](const std::vector<mx::array>& a) {
+          return translate(a, layout, Mode::Replay, record.get(), nullptr, s);
         },
         /*shapeless=*/false);
     ++stats_.traces;
@@ -450,7 +556,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     }
   }
   ++stats_.eager_runs;
-  return eval_all(translate(args, Mode::Eager, nullptr, nullptr, s));
+  return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, s));
 }
 
 }  // namespace ortmlx::engine

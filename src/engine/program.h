@@ -41,6 +41,10 @@ struct HostTensor {
   graph::DType dtype = graph::DType::Undefined;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  // An input may also be a sequence of tensors (`items`) or an empty optional (None).
+  enum class Kind { Tensor, Sequence, None };
+  Kind kind = Kind::Tensor;
+  std::vector<HostTensor> items{};
 };
 
 class Program {
@@ -104,13 +108,20 @@ class Program {
 
   std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,
                                   const std::vector<std::string>& outputs, bool top);
-  std::vector<mx::array> translate(const std::vector<mx::array>& args, Mode mode,
+  // What each fused input is, as arguments: -1 a tensor (one argument), -2 an empty optional
+  // (none), n >= 0 a sequence whose n items are n arguments. Part of the signature.
+  using Layout = std::vector<int>;
+  static Layout layout_of(const std::vector<HostTensor>& raw);
+  static std::vector<mx::array> arguments(const std::vector<HostTensor>& raw);
+  std::vector<mx::array> translate(const std::vector<mx::array>& args, const Layout& layout,
+                                   Mode mode,
                                    HostRecord* record, std::vector<int>* host_deps,
                                    mx::Stream s) const;
-  std::vector<mx::array> run_plan(const Plan& p, std::vector<mx::array> inputs,
-                                  std::vector<Taint> input_taints, Run& run) const;
-  std::string signature_of(const std::vector<mx::array>& inputs,
-                           const std::vector<HostTensor>& raw) const;
+  // Values, not arrays: inside a group (and its bodies) a value may be a sequence or an empty
+  // optional (ops::Value); the group's own inputs and outputs are tensors.
+  std::vector<ops::Value> run_plan(const Plan& p, std::vector<ops::Value> inputs,
+                                   std::vector<Taint> input_taints, Run& run) const;
+  std::string signature_of(const std::vector<HostTensor>& raw) const;
 
   std::string name_;
   graph::Graph graph_;  // nodes + value infos (constants' data are not kept here, nor in bodies)

@@ -57,11 +57,7 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
                                  std::to_string(n_out) + " outputs, compiled for " +
                                  std::to_string(program->num_inputs()) + "/" +
                                  std::to_string(program->num_outputs()));
-      std::vector<engine::HostTensor> inputs(n_in);
-      for (size_t i = 0; i < n_in; ++i) {
-        const OrtValue* v = nullptr;
-        check(g_ort->KernelContext_GetInput(ctx, i, &v));
-        if (!v) throw std::invalid_argument("input " + std::to_string(i) + " is missing");
+      auto read_tensor = [](const OrtValue* v, engine::HostTensor& t) {
         OrtTensorTypeAndShapeInfo* raw = nullptr;
         check(g_ort->GetTensorTypeAndShape(v, &raw));
         TypeShapePtr info(raw);
@@ -69,10 +65,45 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         check(g_ort->GetTensorElementType(info.get(), &et));
         size_t rank = 0;
         check(g_ort->GetDimensionsCount(info.get(), &rank));
-        inputs[i].shape.resize(rank);
-        check(g_ort->GetDimensions(info.get(), inputs[i].shape.data(), rank));
-        inputs[i].dtype = static_cast<graph::DType>(et);
-        check(g_ort->GetTensorData(v, &inputs[i].data));
+        t.shape.resize(rank);
+        check(g_ort->GetDimensions(info.get(), t.shape.data(), rank));
+        t.dtype = static_cast<graph::DType>(et);
+        check(g_ort->GetTensorData(v, &t.data));
+      };
+      std::vector<engine::HostTensor> inputs(n_in);
+      std::vector<ValuePtr> items;  // a sequence's tensors, copied out by ORT: alive until run
+      for (size_t i = 0; i < n_in; ++i) {
+        const OrtValue* v = nullptr;
+        check(g_ort->KernelContext_GetInput(ctx, i, &v));
+        // Sequences and optionals stay inside the group as outputs, but may come in: a graph
+        // input, or a value ORT's CPU EP produced. An empty optional has no value.
+        int has_value = v ? 1 : 0;
+        if (v) check(g_ort->HasValue(v, &has_value));
+        if (!has_value) {
+          inputs[i].kind = engine::HostTensor::Kind::None;
+          continue;
+        }
+        ONNXType type = ONNX_TYPE_UNKNOWN;
+        check(g_ort->GetValueType(v, &type));
+        if (type == ONNX_TYPE_SEQUENCE) {
+          inputs[i].kind = engine::HostTensor::Kind::Sequence;
+          size_t count = 0;
+          check(g_ort->GetValueCount(v, &count));
+          OrtAllocator* alloc = nullptr;
+          check(g_ort->GetAllocatorWithDefaultOptions(&alloc));
+          for (size_t k = 0; k < count; ++k) {
+            OrtValue* item = nullptr;
+            check(g_ort->GetValue(v, static_cast<int>(k), alloc, &item));
+            items.emplace_back(item);
+            inputs[i].items.emplace_back();
+            read_tensor(item, inputs[i].items.back());
+          }
+          continue;
+        }
+        if (type != ONNX_TYPE_TENSOR)
+          throw std::invalid_argument("input " + std::to_string(i) +
+                                      " is neither a tensor nor a sequence of tensors");
+        read_tensor(v, inputs[i]);
       }
       auto outputs = program->run(inputs);
       for (size_t i = 0; i < n_out; ++i) {

@@ -6,6 +6,10 @@ namespace ortmlx::ep {
 
 namespace {
 
+struct TypeInfoDeleter {
+  void operator()(OrtTypeInfo* t) const { if (t) g_ort->ReleaseTypeInfo(t); }
+};
+
 std::string value_name(const OrtValueInfo* v) {
   if (!v) return {};
   const char* name = nullptr;
@@ -21,8 +25,47 @@ graph::ValueInfo read_value_info(const OrtValueInfo* v) {
   if (!type) return vi;
   ONNXType onnx_type = ONNX_TYPE_UNKNOWN;
   check(g_ort->GetOnnxTypeFromTypeInfo(type, &onnx_type));
+  // Optionals and sequences: note the container, then read the tensor type inside (its
+  // element type; an optional tensor's shape too). The inner OrtTypeInfos are copies we free.
+  std::vector<std::unique_ptr<OrtTypeInfo, TypeInfoDeleter>> inner;
+  auto descend = [&](OrtTypeInfo* t) {
+    inner.emplace_back(t);
+    type = t;
+    onnx_type = ONNX_TYPE_UNKNOWN;
+    if (t) check(g_ort->GetOnnxTypeFromTypeInfo(t, &onnx_type));
+  };
+  if (onnx_type == ONNX_TYPE_OPTIONAL) {
+    vi.is_tensor = false;
+    vi.optional = true;
+    const OrtOptionalTypeInfo* o = nullptr;
+    check(g_ort->CastTypeInfoToOptionalTypeInfo(type, &o));
+    OrtTypeInfo* contained = nullptr;
+    if (o) check(g_ort->GetOptionalContainedTypeInfo(o, &contained));
+    descend(contained);
+  }
+  if (onnx_type == ONNX_TYPE_SEQUENCE) {
+    vi.is_tensor = false;
+    vi.kind = graph::ValueInfo::Kind::Sequence;
+    const OrtSequenceTypeInfo* sq = nullptr;
+    check(g_ort->CastTypeInfoToSequenceTypeInfo(type, &sq));
+    OrtTypeInfo* elem = nullptr;
+    if (sq) check(g_ort->GetSequenceElementType(sq, &elem));
+    descend(elem);
+    if (onnx_type != ONNX_TYPE_TENSOR) {  // a sequence of maps or of sequences
+      vi.kind = graph::ValueInfo::Kind::Other;
+      return vi;
+    }
+    const OrtTensorTypeAndShapeInfo* einfo = nullptr;
+    check(g_ort->CastTypeInfoToTensorInfo(type, &einfo));
+    ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (einfo) check(g_ort->GetTensorElementType(einfo, &et));
+    vi.dtype = static_cast<graph::DType>(et);  // items may differ in shape: none is kept
+    return vi;
+  }
   if (onnx_type != ONNX_TYPE_TENSOR) {
     vi.is_tensor = false;
+    vi.kind = onnx_type == ONNX_TYPE_MAP ? graph::ValueInfo::Kind::Map
+                                         : graph::ValueInfo::Kind::Other;
     return vi;
   }
   const OrtTensorTypeAndShapeInfo* tinfo = nullptr;
@@ -94,7 +137,12 @@ std::vector<const OrtValueInfo*> outputs_of(const OrtNode* n) {
 graph::Attribute read_attribute(const OrtOpAttr* a) {
   graph::Attribute out;
   OrtOpAttrType type;
-  check(g_ort->OpAttr_GetType(a, &type));
+  // Attribute kinds the C API has no type for (a TypeProto, e.g. Optional's `type`, or sparse
+  // tensors) fail here: keep them as Undefined rather than failing the whole graph read.
+  if (OrtStatus* st = g_ort->OpAttr_GetType(a, &type)) {
+    g_ort->ReleaseStatus(st);
+    return out;
+  }
   size_t size = 0;
   auto read_raw = [&](void* dst, size_t len) {
     check(g_ort->ReadOpAttr(a, type, dst, len, &size));

@@ -53,6 +53,11 @@ struct ConstTensor {
 struct ValueInfo {
   std::string name;
   bool is_tensor = true;  // false for sequences, maps, optionals
+  // Non-tensors: the container (optional(T) is kind Tensor with `optional` set; optional(seq)
+  // is kind Sequence with `optional` set), and `dtype` is the element type of its tensors.
+  enum class Kind { Tensor, Sequence, Map, Other };
+  Kind kind = Kind::Tensor;
+  bool optional = false;
   DType dtype = DType::Undefined;
   bool has_shape = false;
   std::vector<int64_t> dims;

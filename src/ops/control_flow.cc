@@ -6,8 +6,9 @@
 //     input (small) or makes it eager (large) -- the engine decides, from the host read.
 //   - Loop and Scan are unrolled: the trip count (M, or a Scan's sequence length) and a Loop's
 //     condition are read on the host each iteration, and a compiled replay is keyed by them.
-// Sequence and optional values have no MLX counterpart: the partitioner declines nodes whose
-// inputs or outputs (or whose bodies' values) are not tensors.
+// If and Loop also carry sequences and optionals (ops::Value: a host-side list of arrays, or
+// "none"), e.g. the common export of a Loop that appends one tensor per iteration with
+// SequenceInsert; the partitioner keeps those values inside the fused group.
 #include <climits>
 
 #include "ops/common.h"
@@ -54,7 +55,7 @@ Outputs translate_if(OpContext& ctx) {
   if (cond.size() != 1) ctx.fail("cond must hold exactly one element, has " + std::to_string(cond.size()));
   const auto* branch = body_of(ctx.node, cond[0] ? "then_branch" : "else_branch");
   if (!branch) ctx.fail("the branch subgraph is missing");
-  return ctx.run_subgraph(*branch, {});
+  return ctx.emit(ctx.run_subgraph_values(*branch, {}));
 }
 
 // ---- Loop ------------------------------------------------------------------------------------
@@ -85,20 +86,25 @@ Outputs translate_loop(OpContext& ctx) {
   // The body's `cond` input is the previous iteration's cond output (true at first when the
   // node has none). With only M given, that output does not end the loop (ONNX: "ignored").
   mx::array cond = has_cond ? ctx.in(1) : mx::array(true);
-  std::vector<mx::array> state;
-  for (size_t i = 0; i < carried; ++i) state.push_back(ctx.in(2 + i));
+  // Loop-carried values may be sequences or optionals (a sequence grown per iteration).
+  std::vector<Value> state;
+  for (size_t i = 0; i < carried; ++i) state.push_back(ctx.value(2 + i));
   std::vector<std::vector<mx::array>> per_iter(scans);
   for (int64_t it = 0; it < trip && go; ++it) {
-    std::vector<mx::array> args{mx::array(it), cond};
+    std::vector<Value> args{Value::of(mx::array(it)), Value::of(cond)};
     args.insert(args.end(), state.begin(), state.end());
-    auto outs = ctx.run_subgraph(body, args);
-    cond = outs[0];
+    auto outs = ctx.run_subgraph_values(body, args);
+    for (size_t j = 0; j < outs.size(); ++j)
+      if ((j == 0 || j > carried) && !outs[j].is_tensor())
+        ctx.fail("body output " + std::to_string(j) + " is " + outs[j].kind_name() +
+                 ", expected a tensor (the condition, or a scan output)");
+    cond = *outs[0].tensor;
     if (has_cond) go = ctx.host_scalar(cond) != 0;
     for (size_t i = 0; i < carried; ++i) state[i] = outs[1 + i];
-    for (size_t k = 0; k < scans; ++k) per_iter[k].push_back(outs[1 + carried + k]);
+    for (size_t k = 0; k < scans; ++k) per_iter[k].push_back(*outs[1 + carried + k].tensor);
   }
 
-  Outputs result = state;
+  Outputs result = ctx.emit(state);
   for (size_t k = 0; k < scans; ++k) {
     if (per_iter[k].empty()) {
       result.push_back(empty_stack(ctx, body, 1 + carried + k, carried + k, 0));

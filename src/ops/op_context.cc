@@ -28,8 +28,68 @@ const graph::ConstTensor* NodeQuery::constant(size_t i) const {
   return has_input(i) ? graph.constant(node.inputs[i]) : nullptr;
 }
 
+OpContext::OpContext(const graph::Node& node, const graph::Graph& graph,
+                     std::vector<std::optional<mx::array>> inputs, mx::Stream s,
+                     const EngineHooks* hooks)
+    : node(node), graph(graph), s(s), inputs_(std::move(inputs)), hooks_(hooks) {
+  values_.reserve(inputs_.size());
+  for (const auto& a : inputs_)
+    values_.push_back(a ? std::optional<Value>(Value::of(*a)) : std::nullopt);
+}
+
+OpContext::OpContext(const graph::Node& node, const graph::Graph& graph,
+                     std::vector<std::optional<Value>> values, mx::Stream s,
+                     const EngineHooks* hooks)
+    : node(node), graph(graph), s(s), values_(std::move(values)), hooks_(hooks) {
+  // Tensor-only translators keep reading in(i)/has(i): a non-tensor input is "not a tensor".
+  inputs_.reserve(values_.size());
+  for (const auto& v : values_)
+    inputs_.push_back(v && v->is_tensor() ? v->tensor : std::nullopt);
+}
+
+const Value& OpContext::value(size_t i) const {
+  if (!given(i)) fail("input " + std::to_string(i) + " is missing");
+  return *values_[i];
+}
+
+const std::vector<mx::array>& OpContext::seq_in(size_t i) const {
+  const Value& v = value(i);
+  if (!v.is_sequence())
+    fail("input " + std::to_string(i) + " is " + v.kind_name() + ", expected a sequence");
+  return v.items;
+}
+
+void OpContext::set_output(size_t j, Value v) {
+  if (value_outs_.size() <= j) value_outs_.resize(j + 1);
+  value_outs_[j] = std::move(v);
+}
+
+std::vector<mx::array> OpContext::emit(std::vector<Value> values) {
+  std::vector<mx::array> out;
+  out.reserve(values.size());
+  for (size_t j = 0; j < values.size(); ++j) {
+    if (values[j].is_tensor()) {
+      out.push_back(*values[j].tensor);
+    } else {
+      out.push_back(mx::array(false));  // placeholder: the engine takes the set output
+      set_output(j, std::move(values[j]));
+    }
+  }
+  return out;
+}
+
+std::vector<Value> OpContext::run_subgraph_values(const graph::Graph& body,
+                                                  const std::vector<Value>& inputs) const {
+  if (!hooks_ || !hooks_->run_subgraph_values)
+    fail("subgraphs need the engine (no run_subgraph_values hook)");
+  return hooks_->run_subgraph_values(body, inputs);
+}
+
 const mx::array& OpContext::in(size_t i) const {
-  if (!has(i)) fail("input " + std::to_string(i) + " is missing");
+  if (!has(i))
+    fail("input " + std::to_string(i) +
+         (given(i) ? " is " + std::string(values_[i]->kind_name()) + ", expected a tensor"
+                   : std::string(" is missing")));
   return *inputs_[i];
 }
 

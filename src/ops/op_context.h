@@ -49,6 +49,33 @@ struct TranslateError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A value flowing between the nodes of a fused group. Mostly a tensor; ONNX also has sequences
+// (seq(tensor)) and optionals. An optional holding an element is carried as that element (a
+// tensor or a sequence), so the only new kinds are a sequence -- a host-side list of arrays:
+// MLX has no list type, and ONNX sequences may hold tensors of different shapes -- and "none",
+// an optional without an element. A sequence's length is therefore structural: it follows
+// from the input signature and the recorded host reads (split sizes, loop trip counts,
+// positions), so a compiled replay, keyed by those, rebuilds the same list.
+struct Value {
+  enum class Kind { Tensor, Sequence, None };
+  Kind kind = Kind::None;
+  std::optional<mx::array> tensor;  // Kind::Tensor
+  std::vector<mx::array> items;     // Kind::Sequence
+  DType elem = DType::Undefined;    // Kind::Sequence: element dtype (an empty one has no item)
+
+  static Value of(mx::array a) { return {Kind::Tensor, std::move(a), {}, DType::Undefined}; }
+  static Value sequence(std::vector<mx::array> items, DType elem) {
+    return {Kind::Sequence, std::nullopt, std::move(items), elem};
+  }
+  static Value none() { return {}; }
+  bool is_tensor() const { return kind == Kind::Tensor; }
+  bool is_sequence() const { return kind == Kind::Sequence; }
+  bool is_none() const { return kind == Kind::None; }
+  const char* kind_name() const {
+    return kind == Kind::Tensor ? "a tensor" : kind == Kind::Sequence ? "a sequence" : "an empty optional";
+  }
+};
+
 // Engine services a translator may call back into (filled by the engine).
 struct EngineHooks {
   // Evaluate input `index` of the current node on the host. The engine records the value so a
@@ -66,13 +93,18 @@ struct EngineHooks {
   // Evaluates an array the translator built (e.g. a Loop body's condition output) on the
   // host; recorded and tracked exactly like host_value.
   std::function<mx::array(const mx::array& value)> host_eval;
+  // run_subgraph for bodies whose inputs or outputs may be sequences or optionals.
+  std::function<std::vector<Value>(const graph::Graph& body, const std::vector<Value>& inputs)>
+      run_subgraph_values;
 };
 
 class OpContext {
  public:
   OpContext(const graph::Node& node, const graph::Graph& graph,
-            std::vector<std::optional<mx::array>> inputs, mx::Stream s, const EngineHooks* hooks)
-      : node(node), graph(graph), s(s), inputs_(std::move(inputs)), hooks_(hooks) {}
+            std::vector<std::optional<mx::array>> inputs, mx::Stream s, const EngineHooks* hooks);
+  // Inputs of any kind (tensors, sequences, empty optionals); tensor inputs also answer in().
+  OpContext(const graph::Node& node, const graph::Graph& graph,
+            std::vector<std::optional<Value>> values, mx::Stream s, const EngineHooks* hooks);
 
   const graph::Node& node;
   const graph::Graph& graph;
@@ -97,11 +129,26 @@ class OpContext {
                                       const std::vector<mx::array>& inputs) const;
   int64_t host_scalar(const mx::array& value) const;
 
+  // Sequences and optionals. `given(i)`: input i is there, of any kind (has(i) is true only
+  // for tensors). A translator producing a non-tensor output j calls set_output(j, v); the
+  // engine takes that instead of the j-th returned array (return fewer arrays, or a placeholder).
+  bool given(size_t i) const { return i < values_.size() && values_[i].has_value(); }
+  const Value& value(size_t i) const;
+  const std::vector<mx::array>& seq_in(size_t i) const;  // fails unless input i is a sequence
+  void set_output(size_t j, Value v);
+  // Returns `values` as the node's outputs: tensors as arrays, the others through set_output.
+  std::vector<mx::array> emit(std::vector<Value> values);
+  const std::vector<std::optional<Value>>& value_outputs() const { return value_outs_; }
+  std::vector<Value> run_subgraph_values(const graph::Graph& body,
+                                         const std::vector<Value>& inputs) const;
+
   [[noreturn]] void fail(const std::string& why) const;
 
  private:
   mx::array host_array(size_t i) const;
   std::vector<std::optional<mx::array>> inputs_;
+  std::vector<std::optional<Value>> values_;
+  std::vector<std::optional<Value>> value_outs_;
   const EngineHooks* hooks_;
 };
 

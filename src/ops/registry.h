@@ -49,7 +49,8 @@ std::span<const OpEntry> quantize_ops();
 std::span<const OpEntry> contrib_ops();  // com.microsoft
 std::span<const OpEntry> ml_ops();       // ai.onnx.ml
 std::span<const OpEntry> recurrent_ops();  // RNN, GRU, LSTM
-std::span<const OpEntry> control_flow_ops();  // If, Loop, Scan (+ sequence ops)
+std::span<const OpEntry> control_flow_ops();  // If, Loop, Scan
+std::span<const OpEntry> sequence_ops();      // Sequence*, SplitToSequence, Optional*
 std::span<const OpEntry> signal_ops();        // Hann/Hamming/BlackmanWindow, MelWeightMatrix
 std::span<const OpEntry> detection_ops();     // NonMaxSuppression
 std::span<const OpEntry> conv_extra_ops();    // Col2Im, DeformConv, ConvInteger, QLinearConv, MaxUnpool

@@ -401,7 +401,8 @@ Outputs translate_trilu(OpContext& c) {
   return {upper ? mx::triu(x, static_cast<int>(k), c.s) : mx::tril(x, static_cast<int>(k), c.s)};
 }
 
-Outputs translate_identity(OpContext& c) { return {c.in(0)}; }
+// Sequences and optionals pass through as they are (Identity accepts any type from opset 14).
+Outputs translate_identity(OpContext& c) { return c.emit({c.value(0)}); }
 
 // Inference only: output = input. The mask is all true from opset 12 (the spec: nothing is
 // dropped). Opsets 7-11 leave the test-mode mask undefined; ORT fills it with zeros/false, and
@@ -454,7 +455,8 @@ const OpEntry kOps[] = {
     {"", "Pad", 1, kAnyOpset, check_pad, translate_pad,
      "modes constant/reflect/edge/wrap; negative pads crop first"},
     {"", "CenterCropPad", 18, kAnyOpset, nullptr, translate_center_crop_pad},
-    {"", "Identity", 1, kAnyOpset, nullptr, translate_identity, "tensors only"},
+    {"", "Identity", 1, kAnyOpset, nullptr, translate_identity,
+     "tensors, sequences and optionals (these only inside a fused group)"},
     {"", "DepthToSpace", 1, kAnyOpset, check_depth_to_space, translate_depth_to_space},
     {"", "SpaceToDepth", 1, kAnyOpset, nullptr, translate_space_to_depth},
     {"", "Trilu", 14, kAnyOpset, nullptr, translate_trilu},

@@ -30,7 +30,10 @@ std::string check_value(const graph::Graph& g, const std::string& name, bool gpu
   }
   auto* v = g.info(name);
   if (!v) return {};  // no static info: checked again at run time
-  if (!v->is_tensor) return where + " is not a tensor (sequence/map/optional)";
+  if (!v->is_tensor && v->kind != graph::ValueInfo::Kind::Tensor &&
+      v->kind != graph::ValueInfo::Kind::Sequence)
+    return where + " is not a tensor, a sequence of tensors or an optional of either (" +
+           (v->kind == graph::ValueInfo::Kind::Map ? "a map" : "a nested container") + ")";
   if (v->dtype != DType::Undefined && !mlx_can_hold(v->dtype, gpu))
     return where + " has dtype " + graph::dtype_name(v->dtype) +
            (gpu ? " (not on the GPU)" : " (no MLX dtype)");
@@ -189,6 +192,41 @@ std::vector<std::vector<size_t>> convex_groups(const graph::Graph& g,
   return groups;
 }
 
+namespace {
+
+bool non_tensor(const graph::Graph& g, const std::string& name) {
+  if (name.empty() || g.constant(name)) return false;
+  const auto* v = g.info(name);
+  return v && !v->is_tensor;
+}
+
+// ORT's kernel API gives a fused node tensor outputs only: a sequence or optional produced in a
+// group must be consumed there. Returns the reason a node's non-tensor output escapes its group
+// (another group, an ORT node, or a graph output), or "".
+std::string escaping_output(const graph::Graph& g, size_t i, const std::vector<int>& group_of) {
+  const graph::Node& n = g.nodes[i];
+  for (const auto& o : n.outputs) {
+    if (!non_tensor(g, o)) continue;
+    const char* kind = g.info(o)->kind == graph::ValueInfo::Kind::Sequence ? "sequence"
+                                                                            : "optional";
+    if (std::find(g.outputs.begin(), g.outputs.end(), o) != g.outputs.end())
+      return "output '" + o + "' is a " + kind +
+             " and a graph output: a plugin EP's fused node can only return tensors";
+    for (size_t k = 0; k < g.nodes.size(); ++k) {
+      const graph::Node& m = g.nodes[k];
+      bool reads = std::find(m.inputs.begin(), m.inputs.end(), o) != m.inputs.end() ||
+                   std::find(m.implicit_inputs.begin(), m.implicit_inputs.end(), o) !=
+                       m.implicit_inputs.end();
+      if (reads && group_of[k] != group_of[i])
+        return "output '" + o + "' is a " + kind + " read by " + m.describe() +
+               " outside the fused group: a plugin EP's fused node can only return tensors";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Result partition(const graph::Graph& g, const Options& opt) {
   Result r;
   std::vector<bool> claimed(g.nodes.size(), false);
@@ -199,7 +237,24 @@ Result partition(const graph::Graph& g, const Options& opt) {
     else
       r.declined.push_back({i, std::move(reason)});
   }
-  r.groups = convex_groups(g, claimed);
+  // Group, then decline the producers of sequences/optionals that would leave their group, and
+  // regroup: each round declines at least one node, so this ends.
+  for (;;) {
+    r.groups = convex_groups(g, claimed);
+    std::vector<int> group_of(g.nodes.size(), -1);
+    for (size_t k = 0; k < r.groups.size(); ++k)
+      for (size_t i : r.groups[k]) group_of[i] = static_cast<int>(k);
+    bool changed = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (!claimed[i]) continue;
+      if (auto why = escaping_output(g, i, group_of); !why.empty()) {
+        claimed[i] = false;
+        r.declined.push_back({i, std::move(why)});
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
   return r;
 }
 

