@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ops/lowp.h"
+
 namespace ortmlx::engine {
 
 using graph::DType;
@@ -150,6 +152,8 @@ std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
 }
 
 mx::array Program::to_array(const HostTensor& t) {
+  // float8/float4/int4/uint4: unpacked into their byte storage (ops/lowp.h).
+  if (ops::lowp::is_lowp(t.dtype)) return ops::lowp::from_host(t.dtype, ops::to_shape(t.shape), t.data);
   auto dtype = ops::mlx_dtype(t.dtype);
   auto shape = ops::to_shape(t.shape);
   size_t numel = 1;
@@ -166,6 +170,11 @@ void Program::copy_out(const mx::array& a, void* dst) {
   if (a.size() == 0 || !dst) return;
   if (!a.flags().row_contiguous) throw std::logic_error("[engine] output is not row-contiguous");
   std::memcpy(dst, a.data<void>(), a.nbytes());
+}
+
+void Program::copy_out(const mx::array& a, void* dst, DType t) {
+  if (ops::lowp::is_lowp(t)) return ops::lowp::to_host(a, t, dst);  // packs 4-bit pairs
+  copy_out(a, dst);
 }
 
 // State of one translation of the group (a probe, an eager run, or a compile trace).
@@ -449,7 +458,7 @@ std::string Program::signature_of(const std::vector<HostTensor>& raw) const {
     }
     if (keyed && t.data) {
       sig += "=";
-      sig.append(static_cast<const char*>(t.data), numel * graph::dtype_size(t.dtype));
+      sig.append(static_cast<const char*>(t.data), ops::lowp::host_nbytes(t.dtype, numel));
     }
   };
   for (size_t i = 0; i < raw.size(); ++i) {

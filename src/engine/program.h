@@ -69,6 +69,9 @@ class Program {
   static mx::array to_array(const HostTensor& t);
   // Copies an evaluated array into `dst` (nbytes = size * itemsize).
   static void copy_out(const mx::array& a, void* dst);
+  // The same for an output of ONNX type `t`: float8/float4/int4/uint4 storage is written in
+  // ORT's layout (4-bit values packed two per byte).
+  static void copy_out(const mx::array& a, void* dst, graph::DType t);
 
  private:
   using Taint = std::vector<int>;  // fused inputs whose data flow into a value (sorted, unique)

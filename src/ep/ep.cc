@@ -113,7 +113,13 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
         void* dst = nullptr;
         check(g_ort->GetTensorMutableData(out, &dst));
-        engine::Program::copy_out(a, dst);
+        // The element type ORT allocated: 4-bit types are packed two per byte in its buffer.
+        OrtTensorTypeAndShapeInfo* out_raw = nullptr;
+        check(g_ort->GetTensorTypeAndShape(out, &out_raw));
+        TypeShapePtr out_info(out_raw);
+        ONNXTensorElementDataType out_et;
+        check(g_ort->GetTensorElementType(out_info.get(), &out_et));
+        engine::Program::copy_out(a, dst, static_cast<graph::DType>(out_et));
       }
     });
   }

@@ -2,11 +2,15 @@
 //
 // Arithmetic follows ORT's CPU kernels (MLAS), which are the reference: quantization divides in
 // float32 (also for fp16/bf16 inputs), rounds half to even and saturates; dequantization computes
-// float32((x - zero_point) * scale) and casts to the output type. 4-bit, 2-bit and float8 types
-// have no MLX dtype and are declined. ConvInteger/QLinearConv are not claimed.
+// float32((x - zero_point) * scale) and casts to the output type. int4/uint4 saturate like the
+// 8/16-bit integers; float8 and float4e2m1 outputs are x / scale (+ zero point) in float32 encoded
+// with round-to-nearest-even (lowp::encode; `saturate` applies to float8, float4 always
+// saturates), and float8/float4 inputs are decoded exactly to float32. These types live in MLX as
+// bytes (see lowp.h). 2-bit types are declined.
 #include <cmath>
 
 #include "ops/common.h"
+#include "ops/lowp.h"
 
 namespace ortmlx::ops {
 
@@ -22,6 +26,8 @@ std::optional<QRange> qrange(DType t) {
     case DType::Int8: return QRange{-128.f, 127.f};
     case DType::UInt16: return QRange{0.f, 65535.f};
     case DType::Int16: return QRange{-32768.f, 32767.f};
+    case DType::UInt4: return QRange{0.f, 15.f};
+    case DType::Int4: return QRange{-8.f, 7.f};
     default: return std::nullopt;
   }
 }
@@ -83,9 +89,8 @@ Support check_quantize(const NodeQuery& q) {
   if (auto p = q.node.attr_int("precision", 0); p && p != static_cast<int64_t>(DType::Float32))
     return Support::no("precision other than float32");
   DType out = quantize_out(q);
-  if (out != DType::Undefined && !qrange(out))
-    return Support::no(std::string("output type ") + graph::dtype_name(out) +
-                       " (MLX has no 4-bit/2-bit/float8 types)");
+  if (out != DType::Undefined && !qrange(out) && !lowp::is_lowp_float(out))
+    return Support::no(std::string("output type ") + graph::dtype_name(out) + " (2-bit types)");
   return Support::yes();
 }
 
@@ -106,14 +111,23 @@ Outputs translate_quantize(OpContext& c) {
   DType out = DType::UInt8;
   std::optional<mx::array> zp;
   if (c.has(2)) {
-    out = c.in_dtype(2);
+    out = lowp::declared_in(c, 2);  // int4 is stored as int8: the declared type has the range
     zp = layout(c, c.in(2), x);
   } else if (auto t = c.node.attr_int("output_dtype", 0)) {
     out = static_cast<DType>(t);
   }
+  auto scale = layout(c, c.in(1), x);
+  if (lowp::is_lowp_float(out)) {
+    // y = encode(x / scale + zero_point): the zero point is decoded to its float value (ONNX
+    // requires it to be 0 for float8; the formula keeps float4's reference behaviour).
+    auto v = mx::divide(mx::astype(x, mx::float32, c.s), mx::astype(scale, mx::float32, c.s), c.s);
+    if (zp) v = mx::add(v, lowp::decode(*zp, out, c.s), c.s);
+    return {lowp::encode(v, out, c.node.attr_int("saturate", 1) != 0, c.s)};
+  }
   auto r = qrange(out);
   if (!r) c.fail(std::string("unsupported output type ") + graph::dtype_name(out));
-  return {quantize(x, layout(c, c.in(1), x), zp, *r, mlx_dtype(out), c.s)};
+  auto dtype = lowp::is_lowp(out) ? lowp::storage(out) : mlx_dtype(out);
+  return {quantize(x, scale, zp, *r, dtype, c.s)};
 }
 
 // ---- DequantizeLinear ----------------------------------------------------------------------
@@ -126,7 +140,9 @@ DType dequantize_out(const NodeQuery& q) {
 
 Support check_dequantize(const NodeQuery& q) {
   if (auto r = input_dtype_in(q, 0, {DType::Int8, DType::UInt8, DType::Int16, DType::UInt16,
-                                     DType::Int32});
+                                     DType::Int32, DType::Int4, DType::UInt4},
+                              {DType::Float8E4M3FN, DType::Float8E4M3FNUZ, DType::Float8E5M2,
+                               DType::Float8E5M2FNUZ, DType::Float4E2M1});
       !r)
     return r;
   if (auto r = input_dtype_in(q, 1, {DType::Float32, DType::Float16, DType::BFloat16}); !r)
@@ -141,11 +157,17 @@ Outputs translate_dequantize(OpContext& c) {
   const auto& x = c.in(0);
   DType out = c.in_dtype(1);
   if (auto t = c.node.attr_int("output_dtype", 0)) out = static_cast<DType>(t);
-  // (x - zp) in int32 is exact for every input type; float32 of it rounds like ORT's
-  // static_cast<float> (only int32 inputs beyond 2^24 can round).
+  auto scale = mx::astype(layout(c, c.in(1), x), mx::float32, c.s);
+  if (auto xt = lowp::declared_in(c, 0); lowp::is_lowp_float(xt)) {
+    // float8/float4: (decode(x) - decode(zero_point)) * scale, all exact up to the product.
+    auto v = lowp::decode(x, xt, c.s);
+    if (c.has(2)) v = mx::subtract(v, lowp::decode(layout(c, c.in(2), x), xt, c.s), c.s);
+    return {cast_to(mx::multiply(v, scale, c.s), out, c.s)};
+  }
+  // (x - zp) in int32 is exact for every input type (int4/uint4 storage holds the values);
+  // float32 of it rounds like ORT's static_cast<float> (only int32 inputs beyond 2^24 can round).
   auto v = mx::astype(x, mx::int32, c.s);
   if (c.has(2)) v = mx::subtract(v, mx::astype(layout(c, c.in(2), x), mx::int32, c.s), c.s);
-  auto scale = mx::astype(layout(c, c.in(1), x), mx::float32, c.s);
   return {cast_to(mx::multiply(mx::astype(v, mx::float32, c.s), scale, c.s), out, c.s)};
 }
 
@@ -176,9 +198,10 @@ Outputs translate_dynamic_quantize(OpContext& c) {
 const OpEntry kOps[] = {
     {"", "QuantizeLinear", 10, kAnyOpset, check_quantize, translate_quantize,
      "x float32/fp16/bf16 with a scale of the same type, divided in float32 as ORT does; "
-     "outputs int8/uint8/int16/uint16 (no 4-bit/2-bit/float8)"},
+     "outputs int8/uint8/int16/uint16/int4/uint4/float8/float4e2m1 (no 2-bit)", /*lowp=*/true},
     {"", "DequantizeLinear", 10, kAnyOpset, check_dequantize, translate_dequantize,
-     "inputs int8/uint8/int16/uint16/int32 (no 4-bit/2-bit/float8)"},
+     "inputs int8/uint8/int16/uint16/int32/int4/uint4/float8/float4e2m1 (no 2-bit)",
+     /*lowp=*/true},
     {"", "DynamicQuantizeLinear", 11, kAnyOpset, check_dynamic_quantize,
      translate_dynamic_quantize},
 };

@@ -10,7 +10,8 @@ const std::vector<OpEntry>& registry() {
                         shape_ops(), index_ops(), nn_ops(), normalization_ops(), matmul_ops(),
                         quantize_ops(), contrib_ops(), ml_ops(), recurrent_ops(),
                         control_flow_ops(), signal_ops(), detection_ops(), conv_extra_ops(),
-                        affine_grid_ops(), tensor_scatter_ops(), sequence_ops()})
+                        affine_grid_ops(), tensor_scatter_ops(), sequence_ops(),
+                        lowp_ops()})
       t.insert(t.end(), family.begin(), family.end());
     return t;
   }();

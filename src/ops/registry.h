@@ -28,6 +28,10 @@ struct OpEntry {
   Check check;          // claim-time decision (may be nullptr: only the common checks apply)
   Translate translate;  // builds MLX ops
   std::string_view notes = {};  // constraints shown in docs/ops.md (what is declined and why)
+  // Opts in to the low precision types MLX has no dtype for (float8, float4e2m1, int4, uint4;
+  // see ops/lowp.h). Without it the partitioner declines a node touching them, so no generic
+  // translator ever computes on their storage bytes as if they were integers.
+  bool lowp = false;
 };
 
 // The whole flat table (every family's entries, in family order).
@@ -56,5 +60,6 @@ std::span<const OpEntry> detection_ops();     // NonMaxSuppression
 std::span<const OpEntry> conv_extra_ops();    // Col2Im, DeformConv, ConvInteger, QLinearConv, MaxUnpool
 std::span<const OpEntry> affine_grid_ops();   // AffineGrid
 std::span<const OpEntry> tensor_scatter_ops();  // TensorScatter
+std::span<const OpEntry> lowp_ops();            // BitCast (float8/4-bit codecs: lowp.h)
 
 }  // namespace ortmlx::ops

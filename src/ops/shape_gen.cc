@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/lowp.h"
 
 namespace ortmlx::ops {
 
@@ -53,31 +54,42 @@ Outputs translate_size(OpContext& c) {
 // MLX's astype is a C static_cast per element, which is what ONNX (and ORT) do: float -> int
 // truncates toward zero, number -> bool is x != 0 (NaN -> true), bool -> number is 0/1.
 // Out-of-range float -> int is undefined in ONNX too.
+// float8/float4/int4/uint4 on either side go through lowp::convert (bit-level codecs, rounding
+// to nearest even; `saturate`, default 1, decides what out-of-range values become in float8).
 Outputs translate_cast(OpContext& c) {
   auto to = static_cast<DType>(c.node.attr_int("to", 0));
+  auto from = lowp::declared_in(c, 0);
+  if (lowp::is_lowp(from) || lowp::is_lowp(to))
+    return {lowp::convert(c.in(0), from, to, c.node.attr_int("saturate", 1) != 0, c.s)};
   return {cast_to(c.in(0), to, c.s)};
 }
 
 Outputs translate_cast_like(OpContext& c) {
   const auto& x = c.in(0);
+  auto from = lowp::declared_in(c, 0), to = lowp::declared_in(c, 1);
+  if (lowp::is_lowp(from) || lowp::is_lowp(to))
+    return {lowp::convert(x, from, to, c.node.attr_int("saturate", 1) != 0, c.s)};
   auto d = c.in(1).dtype();
   return {x.dtype() == d ? x : mx::astype(x, d, c.s)};
 }
 
 Support check_target_dtype(DType t, bool gpu, const char* what) {
   if (!to_mlx_dtype(t)) return Support::no(std::string(what) + " " + graph::dtype_name(t) +
-                                           " has no MLX dtype (float8/4-bit/string)");
+                                           " has no MLX dtype (float8e8m0/2-bit/string)");
   if (gpu && t == DType::Float64) return Support::no(std::string(what) + " float64 on the GPU");
   return Support::yes();
 }
 
 Support check_cast(const NodeQuery& q) {
-  return check_target_dtype(static_cast<DType>(q.node.attr_int("to", 0)), q.gpu, "Cast to");
+  auto to = static_cast<DType>(q.node.attr_int("to", 0));
+  if (lowp::is_lowp(to)) return Support::yes();  // stored as bytes (lowp.h)
+  return check_target_dtype(to, q.gpu, "Cast to");
 }
 
 Support check_cast_like(const NodeQuery& q) {
   auto t = q.input_dtype(1);  // unknown here: MLX has the dtype of whatever arrives
-  return t == DType::Undefined ? Support::yes() : check_target_dtype(t, q.gpu, "CastLike to");
+  if (t == DType::Undefined || lowp::is_lowp(t)) return Support::yes();
+  return check_target_dtype(t, q.gpu, "CastLike to");
 }
 
 // ---- Constant, ConstantOfShape -------------------------------------------------------------------
@@ -189,9 +201,10 @@ const OpEntry kOps[] = {
     {"", "Shape", 1, kAnyOpset, nullptr, translate_shape},
     {"", "Size", 1, kAnyOpset, nullptr, translate_size},
     {"", "Cast", 1, kAnyOpset, check_cast, translate_cast,
-     "no float8/int4/string targets (no MLX dtype); saturate only concerns float8"},
+     "float8/float4e2m1/int4/uint4 through bit-level codecs (RNE, saturate per ONNX's table); "
+     "no string/float8e8m0/2-bit types", /*lowp=*/true},
     {"", "CastLike", 15, kAnyOpset, check_cast_like, translate_cast_like,
-     "no float8/int4/string targets (no MLX dtype)"},
+     "as Cast; no string/float8e8m0/2-bit types", /*lowp=*/true},
     {"", "Constant", 1, kAnyOpset, check_constant, translate_constant,
      "no sparse_value/value_string(s)"},
     {"", "ConstantOfShape", 9, kAnyOpset, check_constant_of_shape, translate_constant_of_shape},

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "ops/lowp.h"
 #include "ops/registry.h"
 
 namespace ortmlx::partition {
@@ -14,17 +15,19 @@ using graph::DType;
 
 namespace {
 
-bool mlx_can_hold(DType t, bool gpu) {
+// `lowp_ok`: the op opted in to float8/float4/int4/uint4 (OpEntry::lowp), held as bytes.
+bool mlx_can_hold(DType t, bool gpu, bool lowp_ok = false) {
+  if (lowp_ok && ops::lowp::is_lowp(t)) return true;
   if (t == DType::Float64) return !gpu;  // MLX rejects float64 on every GPU backend
   return ops::to_mlx_dtype(t).has_value();
 }
 
 std::string check_value(const graph::Graph& g, const std::string& name, bool gpu,
-                        const char* role, size_t i) {
+                        const char* role, size_t i, bool lowp_ok = false) {
   if (name.empty()) return {};
   auto where = std::string(role) + " " + std::to_string(i) + " '" + name + "'";
   if (auto* c = g.constant(name)) {
-    if (!mlx_can_hold(c->dtype, gpu))
+    if (!mlx_can_hold(c->dtype, gpu, lowp_ok))
       return where + " has dtype " + graph::dtype_name(c->dtype) + (gpu ? " (not on the GPU)" : "");
     return {};
   }
@@ -34,7 +37,7 @@ std::string check_value(const graph::Graph& g, const std::string& name, bool gpu
       v->kind != graph::ValueInfo::Kind::Sequence)
     return where + " is not a tensor, a sequence of tensors or an optional of either (" +
            (v->kind == graph::ValueInfo::Kind::Map ? "a map" : "a nested container") + ")";
-  if (v->dtype != DType::Undefined && !mlx_can_hold(v->dtype, gpu))
+  if (v->dtype != DType::Undefined && !mlx_can_hold(v->dtype, gpu, lowp_ok))
     return where + " has dtype " + graph::dtype_name(v->dtype) +
            (gpu ? " (not on the GPU)" : " (no MLX dtype)");
   for (auto d : v->dims)
@@ -61,9 +64,11 @@ std::string check_node(const graph::Graph& g, const graph::Node& n, const Option
            "." + n.op_type + " opset " + std::to_string(n.since_version);
   }
   for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (auto r = check_value(g, n.inputs[i], opt.gpu, "input", i); !r.empty()) return r;
+    if (auto r = check_value(g, n.inputs[i], opt.gpu, "input", i, entry->lowp); !r.empty())
+      return r;
   for (size_t i = 0; i < n.outputs.size(); ++i)
-    if (auto r = check_value(g, n.outputs[i], opt.gpu, "output", i); !r.empty()) return r;
+    if (auto r = check_value(g, n.outputs[i], opt.gpu, "output", i, entry->lowp); !r.empty())
+      return r;
   if (entry->check) {
     ops::NodeQuery q{g, n, opt.gpu};
     auto s = entry->check(q);

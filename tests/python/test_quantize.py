@@ -245,14 +245,15 @@ def test_declines():
     import onnx
     from onnx import TensorProto, helper
     x = rng.uniform(-5, 5, size=(2, 4)).astype(np.float32)
-    # a 4-bit QDQ pair: MLX has no int4 dtype, so neither node is claimed
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], output_dtype=TensorProto.INT4),
+    # a 2-bit QDQ pair: int2 has no MLX storage (4-bit and float8 do: test_lowp.py), so neither
+    # node is claimed
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], output_dtype=TensorProto.INT2),
              helper.make_node("DequantizeLinear", ["q", "s"], ["y"])]
     g = helper.make_graph(nodes, "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
                           [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "s")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    m.ir_version = 10
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])  # int2: opset 25
+    m.ir_version = 11
     assert om.EP_NAME not in placement_of(m, {"x": x})
     # x and scale of different types (opset 23+): the division precision is ambiguous
     # (ORT's CPU kernel cannot run it either, so look at the placement without running)

@@ -1,0 +1,488 @@
+"""float8 / float4e2m1 / int4 / uint4 on the MLX EP (Cast, CastLike, QuantizeLinear,
+DequantizeLinear, BitCast) against ORT's CPU EP.
+
+ORT's Python layer has no numpy dtypes for these types, so tensors go in and out as OrtValues
+filled with raw bytes (4-bit values packed two per byte, element 2k in the low nibble) and are
+compared through ml_dtypes. Every MLX session runs with CPU fallback disabled and its placement
+must show every node on MLXExecutionProvider.
+
+Where ORT's CPU EP has no kernel (float4e2m1) or is known to differ from ONNX's reference
+(see the notes at each test), the expected values come from ml_dtypes, which ONNX's reference
+implementation uses for these conversions.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxruntime_mlx as om
+from oracle import DEVICE, assert_close
+
+ML = {
+    TP.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn,
+    TP.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
+    TP.FLOAT8E5M2: ml_dtypes.float8_e5m2,
+    TP.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
+    TP.FLOAT4E2M1: ml_dtypes.float4_e2m1fn,
+    TP.INT4: ml_dtypes.int4,
+    TP.UINT4: ml_dtypes.uint4,
+}
+F8 = [TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ]
+FOUR_BIT = {TP.INT4, TP.UINT4, TP.FLOAT4E2M1}
+NP = {TP.FLOAT: np.float32, TP.UINT16: np.uint16, TP.INT16: np.int16, TP.FLOAT16: np.float16, TP.DOUBLE: np.float64, TP.INT8: np.int8,
+      TP.UINT8: np.uint8, TP.INT32: np.int32, TP.INT64: np.int64, TP.BOOL: np.bool_}
+
+rng = np.random.default_rng(7)
+
+
+# ---- raw OrtValue plumbing --------------------------------------------------------------------
+
+def elem_of(arr: np.ndarray) -> int:
+    for k, v in ML.items():
+        if arr.dtype == v:
+            return k
+    return helper.np_dtype_to_tensor_dtype(arr.dtype)
+
+
+def nibbles(arr: np.ndarray) -> np.ndarray:
+    """4-bit values (ml_dtypes int4/uint4/float4) -> their 4-bit codes as uint8."""
+    if arr.dtype == ML[TP.FLOAT4E2M1]:
+        return arr.view(np.uint8) & 0x0F
+    return arr.astype(np.int8).view(np.uint8) & 0x0F
+
+
+def pack(arr: np.ndarray) -> bytes:
+    flat = nibbles(arr).ravel()
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def unpack(raw: bytes, elem: int, shape) -> np.ndarray:
+    b = np.frombuffer(raw, np.uint8)
+    n = int(np.prod(shape))
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).ravel()[:n]
+    if elem == TP.FLOAT4E2M1:
+        return codes.astype(np.uint8).view(ML[elem]).reshape(shape)
+    vals = codes.astype(np.int16)
+    if elem == TP.INT4:
+        vals = np.where(vals >= 8, vals - 16, vals)
+    return vals.astype(ML[elem]).reshape(shape)
+
+
+def to_ortvalue(arr: np.ndarray) -> ort.OrtValue:
+    elem = elem_of(arr)
+    if elem not in ML:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+    raw = pack(arr) if elem in FOUR_BIT else np.ascontiguousarray(arr).tobytes()
+    ov = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), elem)
+    assert ov.tensor_size_in_bytes() == len(raw)
+    if raw:
+        ctypes.memmove(ov.data_ptr(), raw, len(raw))
+    return ov
+
+
+def from_ortvalue(ov: ort.OrtValue) -> np.ndarray:
+    name = ov.data_type()[len("tensor("):-1].upper()
+    elem = TP.DataType.Value({"FLOAT": "FLOAT", "DOUBLE": "DOUBLE"}.get(name, name))
+    if elem not in ML:
+        return ov.numpy()
+    shape = ov.shape()
+    n = ov.tensor_size_in_bytes()
+    raw = ctypes.string_at(ov.data_ptr(), n) if n else b""
+    if elem in FOUR_BIT:
+        return unpack(raw, elem, shape)
+    return np.frombuffer(raw, np.uint8).view(ML[elem]).reshape(shape).copy()
+
+
+# ---- models and sessions ------------------------------------------------------------------------
+
+def model_of(nodes, inputs: dict, outputs: dict, initializers: dict | None = None, opset=23):
+    """inputs/outputs: name -> ONNX element type; initializers: name -> numpy array."""
+    inits = []
+    for name, arr in (initializers or {}).items():
+        elem = elem_of(arr)
+        if elem in ML:
+            raw = pack(arr) if elem in FOUR_BIT else arr.tobytes()
+            inits.append(helper.make_tensor(name, elem, list(arr.shape), raw, raw=True))
+        else:
+            inits.append(helper.make_tensor(name, elem, list(arr.shape), arr.tobytes(), raw=True))
+    g = helper.make_graph(
+        nodes, "lowp",
+        [helper.make_tensor_value_info(n, t, None) for n, t in inputs.items()],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 11 if opset >= 25 else 10
+    return m.SerializeToString()
+
+
+def run_cpu(model: bytes, feeds: dict) -> list:
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return [from_ortvalue(o) for o in
+            s.run_with_ort_values(None, {k: to_ortvalue(v) for k, v in feeds.items()})]
+
+
+def run_mlx(model: bytes, feeds: dict, runs: int = 3) -> list:
+    """Every node must run on MLX (fallback disabled, placement checked); the eager first run
+    and the compiled later runs must agree bit for bit."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so = om.record_assignment(om.session_options(DEVICE, fallback=False, so=so))
+    s = ort.InferenceSession(model, sess_options=so)
+    placed = om.placement(s)
+    assert set(placed) == {om.EP_NAME}, f"nodes not on MLX: {placed}"
+    first = None
+    for _ in range(runs):
+        outs = [from_ortvalue(o) for o in
+                s.run_with_ort_values(None, {k: to_ortvalue(v) for k, v in feeds.items()})]
+        if first is None:
+            first = outs
+        for a, b in zip(first, outs):
+            assert a.tobytes() == b.tobytes(), "eager and compiled runs differ"
+    return outs
+
+
+def same(actual: np.ndarray, expected: np.ndarray, name="output"):
+    """Exact equality; float8/float4 compared by value (NaN == NaN, whatever its encoding,
+    -0 == 0 only where the format has a single zero)."""
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} vs {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} vs {expected.dtype}"
+    if actual.dtype in (ML[t] for t in F8 + [TP.FLOAT4E2M1]):
+        a, e = actual.astype(np.float64), expected.astype(np.float64)
+        ok = (a == e) | (np.isnan(a) & np.isnan(e))
+        bad = np.argwhere(~ok.reshape(-1))
+        assert not bad.size, (f"{name}: {bad.size} differ, first at {int(bad[0][0])}: "
+                              f"{a.reshape(-1)[bad[0][0]]} vs {e.reshape(-1)[bad[0][0]]}")
+        assert np.array_equal(np.signbit(a[ok & ~np.isnan(a)]), np.signbit(e[ok & ~np.isnan(e)]))
+    elif actual.dtype.kind == "f":
+        assert_close(actual, expected, name)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=name)
+
+
+def check(model: bytes, feeds: dict, expected: list | None = None):
+    ref = expected if expected is not None else run_cpu(model, feeds)
+    outs = run_mlx(model, feeds)
+    assert len(outs) == len(ref)
+    for i, (a, e) in enumerate(zip(outs, ref)):
+        same(a, e, f"output {i}")
+    return outs
+
+
+def cast_model(src: int, dst: int, saturate: int | None = None, opset=23):
+    attrs = {"to": dst} if saturate is None else {"to": dst, "saturate": saturate}
+    return model_of([helper.make_node("Cast", ["x"], ["y"], **attrs)], {"x": src}, {"y": dst},
+                    opset=opset)
+
+
+def float_probe(n=600) -> np.ndarray:
+    """Values across every float8 range: random magnitudes from 2^-20 to 2^17, float8
+    subnormals and midpoints, signed zeros, Inf, NaN, huge values."""
+    mags = np.exp2(rng.uniform(-20, 17, size=n)) * rng.choice([-1, 1], size=n)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 2.0 ** -9, 2.0 ** -10, 2.0 ** -17,
+               1.0625, 1.1875, 0.5 + 2.0 ** -5, 240.0, 248.0, 448.0, 464.0, 57344.0, 61440.0]
+    return np.concatenate([mags, special]).astype(np.float32)
+
+
+def all_codes(elem: int) -> np.ndarray:
+    return np.arange(256, dtype=np.uint8).view(ML[elem]).reshape(16, 16)
+
+
+# ---- Cast to and from float8 -----------------------------------------------------------------
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("dst", F8)
+@pytest.mark.parametrize("src", [TP.FLOAT, TP.FLOAT16])
+def test_cast_to_float8(src, dst, saturate):
+    with np.errstate(over="ignore"):  # float16: the largest probes become Inf
+        x = float_probe().astype(NP[src])
+    if not saturate and dst in ORT_DIFFERS:
+        lo, hi = ORT_DIFFERS[dst]
+        x = x[~((np.abs(x.astype(np.float32)) >= lo) & (np.abs(x.astype(np.float32)) < hi))]
+    check(cast_model(src, dst, saturate), {"x": x})
+
+
+# Without saturation, ORT's CPU kernels part from ONNX's Cast table just past the largest finite
+# value: e4m3fn maps [480, 512) to 448 or NaN depending on one mantissa bit, and e5m2 maps
+# values that round up past 57344 ([61440, 65536)) to NaN. ONNX says: round to nearest even, and
+# a result past the largest finite value is NaN (e4m3fn) or Inf (e5m2), as ml_dtypes (which
+# ONNX's reference uses) does. Those ranges are checked against ml_dtypes instead.
+ORT_DIFFERS = {TP.FLOAT8E4M3FN: (480, 512), TP.FLOAT8E5M2: (61440, 65536)}
+
+
+@pytest.mark.parametrize("dst", sorted(ORT_DIFFERS))
+def test_cast_no_saturate_follows_onnx(dst):
+    lo, hi = ORT_DIFFERS[dst]
+    x = np.array([lo - 1, lo, (lo + hi) / 2, hi - 1, hi, 1e9], np.float32)
+    x = np.concatenate([x, -x])
+    want = x.astype(ML[dst])  # nearest even; past the range: NaN (e4m3fn) / Inf (e5m2)
+    assert not np.isfinite(want[1:6].astype(np.float32)).any()
+    check(cast_model(TP.FLOAT, dst, 0), {"x": x}, expected=[want])
+
+
+@pytest.mark.parametrize("dst", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("src", F8)
+def test_cast_from_float8(src, dst):
+    check(cast_model(src, dst), {"x": all_codes(src)})
+
+
+@pytest.mark.parametrize("src,dst", [(TP.FLOAT8E5M2, TP.FLOAT8E4M3FN),
+                                     (TP.FLOAT8E4M3FN, TP.FLOAT8E5M2),
+                                     (TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2FNUZ)])
+@pytest.mark.parametrize("saturate", [1, 0])
+def test_cast_float8_to_float8(src, dst, saturate):
+    x = all_codes(src)
+    want = x.astype(np.float32)
+    if saturate:
+        info = ml_dtypes.finfo(ML[dst])
+        want = np.clip(want, float(info.min), float(info.max))
+    check(cast_model(src, dst, saturate), {"x": x}, expected=[want.astype(ML[dst])])
+
+
+@pytest.mark.parametrize("dst", [TP.INT32, TP.INT8, TP.DOUBLE, TP.BOOL])
+def test_cast_float8_to_other(dst):
+    if DEVICE == "gpu" and dst == TP.DOUBLE:
+        pytest.skip("float64 is declined on the GPU")
+    x = np.array([0, 1.5, -2.75, 96, -0.0, 0.015625], np.float32).astype(ML[TP.FLOAT8E4M3FN])
+    want = x.astype(np.float32).astype(NP[dst])  # float -> int truncates, -> bool is != 0
+    check(cast_model(TP.FLOAT8E4M3FN, dst), {"x": x}, expected=[want])
+
+
+def test_cast_float64_to_float8_rounds_once():
+    if DEVICE == "gpu":
+        pytest.skip("float64 is declined on the GPU")
+    # Just above the midpoint of 1 and 1.125: float32 would round onto the midpoint first.
+    x = np.array([1.0625 + 2.0 ** -40, 1.0625 - 2.0 ** -40, 1e300, -3.3], np.float64)
+    want = np.array([1.125, 1.0, 448, -3.25], np.float32).astype(ML[TP.FLOAT8E4M3FN])
+    check(cast_model(TP.DOUBLE, TP.FLOAT8E4M3FN), {"x": x}, expected=[want])
+
+
+def test_castlike_float8():
+    like = np.zeros((1,), ML[TP.FLOAT8E5M2])
+    m = model_of([helper.make_node("CastLike", ["x", "like"], ["y"], saturate=0)],
+                 {"x": TP.FLOAT, "like": TP.FLOAT8E5M2}, {"y": TP.FLOAT8E5M2})
+    x = float_probe()
+    lo, hi = ORT_DIFFERS[TP.FLOAT8E5M2]
+    check(m, {"x": x[(np.abs(x) < lo) | (np.abs(x) >= hi)], "like": like})
+
+
+def test_cast_chain_stays_in_one_group():
+    """float32 -> float8 -> float16 inside one fused group: the float8 value never leaves MLX."""
+    m = model_of([helper.make_node("Cast", ["x"], ["q"], to=TP.FLOAT8E4M3FN),
+                  helper.make_node("Cast", ["q"], ["y"], to=TP.FLOAT16)],
+                 {"x": TP.FLOAT}, {"y": TP.FLOAT16})
+    check(m, {"x": float_probe()})
+
+
+# ---- int4 / uint4 ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dst", [TP.INT4, TP.UINT4])
+@pytest.mark.parametrize("src", [TP.FLOAT, TP.FLOAT16, TP.INT32, TP.INT8])
+def test_cast_to_4bit_int(src, dst):
+    # Integral values, out-of-range ones included (ONNX: the low 4 bits are kept). For
+    # non-integral floats ORT's CPU EP rounds to nearest, while ONNX (and this EP) truncate like
+    # every float -> integer Cast: covered by test_cast_float_to_int4_truncates.
+    x = np.arange(-20, 19).astype(NP[src]).reshape(3, 13)  # odd count: a half-used last byte
+    check(cast_model(src, dst), {"x": x})
+
+
+def test_cast_float_to_int4_truncates():
+    x = np.array([2.7, -2.7, 7.9, -8.9, 0.5], np.float32)
+    want = np.array([2, -2, 7, -8, 0]).astype(ML[TP.INT4])
+    check(cast_model(TP.FLOAT, TP.INT4), {"x": x}, expected=[want])
+
+
+@pytest.mark.parametrize("src,dst", [(TP.INT4, TP.FLOAT), (TP.INT4, TP.INT8), (TP.INT4, TP.FLOAT16),
+                                     (TP.UINT4, TP.FLOAT), (TP.UINT4, TP.UINT8),
+                                     (TP.INT4, TP.INT64), (TP.UINT4, TP.INT32)])
+def test_cast_from_4bit_int(src, dst):
+    lo, hi = (-8, 8) if src == TP.INT4 else (0, 16)
+    x = rng.integers(lo, hi, size=(5, 7)).astype(ML[src])
+    check(cast_model(src, dst), {"x": x})
+
+
+# ---- float4e2m1 (ORT's CPU EP has no kernels: ml_dtypes is the reference) ------------------------
+
+def test_cast_float_to_float4():
+    x = np.array([0.48, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, -3.5, -8, 9, 1e6, 1e-7,
+                  np.inf, -np.inf, -4, 0.01, -0.0], np.float32)
+    want = x.astype(ML[TP.FLOAT4E2M1])  # nearest even; beyond +-6 saturates
+    check(cast_model(TP.FLOAT, TP.FLOAT4E2M1), {"x": x}, expected=[want])
+
+
+@pytest.mark.parametrize("dst", [TP.FLOAT, TP.FLOAT16, TP.FLOAT8E4M3FN])
+def test_cast_from_float4(dst):
+    x = np.arange(16, dtype=np.uint8).view(ML[TP.FLOAT4E2M1])
+    want = x.astype(np.float32).astype(ML.get(dst, NP.get(dst)))
+    check(cast_model(TP.FLOAT4E2M1, dst), {"x": x}, expected=[want])
+
+
+# ---- QuantizeLinear / DequantizeLinear ------------------------------------------------------------
+
+def q_model(qtype: int, x_shape, scale, zp=None, opset=21, **attrs):
+    names = ["x", "scale"] + (["zp"] if zp is not None else [])
+    inits = {"scale": scale}
+    if zp is not None:
+        inits["zp"] = zp
+    return model_of([helper.make_node("QuantizeLinear", names, ["y"], **attrs)],
+                    {"x": TP.FLOAT}, {"y": qtype}, inits, opset=opset)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("qtype", F8)
+def test_quantize_float8(qtype, saturate):
+    x = (rng.standard_normal((4, 6)) * 300).astype(np.float32)
+    x[0, :3] = [np.inf, -np.inf, 1e9]
+    scale = np.array(0.5, np.float32)
+    if not saturate and qtype in ORT_DIFFERS:  # see ORT_DIFFERS
+        lo, hi = ORT_DIFFERS[qtype]
+        x[(np.abs(x / scale) >= lo) & (np.abs(x / scale) < hi)] = 1.0
+    zp = np.zeros((), ML[qtype])
+    check(q_model(qtype, x.shape, scale, zp, saturate=saturate), {"x": x})
+
+
+def test_quantize_float8_per_axis():
+    x = (rng.standard_normal((3, 4, 5)) * 50).astype(np.float32)
+    scale = np.array([0.5, 2.0, 0.125, 1.0], np.float32)
+    zp = np.zeros((4,), ML[TP.FLOAT8E5M2])
+    check(q_model(TP.FLOAT8E5M2, x.shape, scale, zp, axis=1), {"x": x})
+
+
+@pytest.mark.parametrize("qtype", [TP.INT4, TP.UINT4])
+def test_quantize_4bit_int(qtype):
+    x = (rng.standard_normal((3, 8)) * 10).astype(np.float32)
+    scale = np.array([2.0, 3.0, 4.0], np.float32)
+    zp = np.array([1, -2, 0] if qtype == TP.INT4 else [1, 8, 0]).astype(ML[qtype])
+    check(q_model(qtype, x.shape, scale, zp, axis=0), {"x": x})
+
+
+@pytest.mark.parametrize("qtype", [TP.INT4, TP.UINT4])
+def test_quantize_4bit_blocked(qtype):
+    x = (rng.standard_normal((4, 10)) * 8).astype(np.float32)
+    scale = rng.uniform(0.5, 2, size=(4, 3)).astype(np.float32)  # blocks of 4 along axis 1
+    zp = rng.integers(-3, 3 if qtype == TP.INT4 else 0, size=(4, 3), endpoint=True)
+    zp = (zp if qtype == TP.INT4 else zp + 6).astype(ML[qtype])
+    check(q_model(qtype, x.shape, scale, zp, axis=1, block_size=4), {"x": x})
+
+
+def dq_model(xtype: int, scale, zp=None, out=TP.FLOAT, opset=21, **attrs):
+    names = ["x", "scale"] + (["zp"] if zp is not None else [])
+    inits = {"scale": scale}
+    if zp is not None:
+        inits["zp"] = zp
+    return model_of([helper.make_node("DequantizeLinear", names, ["y"], **attrs)],
+                    {"x": xtype}, {"y": out}, inits, opset=opset)
+
+
+@pytest.mark.parametrize("xtype", F8)
+def test_dequantize_float8(xtype):
+    x = all_codes(xtype)
+    # NaN codes give NaN either way; keep them.
+    check(dq_model(xtype, np.array(0.25, np.float32), np.zeros((), ML[xtype])), {"x": x})
+
+
+def test_dequantize_float8_float16_scale():
+    x = all_codes(TP.FLOAT8E4M3FN)
+    check(dq_model(TP.FLOAT8E4M3FN, np.array(2.0, np.float16), out=TP.FLOAT16), {"x": x})
+
+
+@pytest.mark.parametrize("xtype", [TP.INT4, TP.UINT4])
+def test_dequantize_4bit_int(xtype):
+    lo, hi = (-8, 8) if xtype == TP.INT4 else (0, 16)
+    x = rng.integers(lo, hi, size=(3, 7)).astype(ML[xtype])
+    zp = rng.integers(lo, hi, size=(3,)).astype(ML[xtype])
+    check(dq_model(xtype, np.array([0.5, 1.5, 3.0], np.float32), zp, axis=0), {"x": x})
+
+
+@pytest.mark.parametrize("xtype", [TP.INT4, TP.UINT4])
+def test_dequantize_4bit_blocked(xtype):
+    lo, hi = (-8, 8) if xtype == TP.INT4 else (0, 16)
+    x = rng.integers(lo, hi, size=(2, 9)).astype(ML[xtype])
+    scale = rng.uniform(0.1, 1, size=(2, 3)).astype(np.float32)
+    zp = rng.integers(lo, hi, size=(2, 3)).astype(ML[xtype])
+    check(dq_model(xtype, scale, zp, axis=1, block_size=3), {"x": x})
+
+
+def test_quantize_dequantize_float4():
+    # float4 Q/DQ needs opset 23; ORT's CPU EP has no kernels for it: ml_dtypes' nearest-even
+    # is the reference.
+    x = np.array([[0, 2.5, 4.8, 8.6], [-30, -20, 6, 9], [-0.0, -2.5, -4.8, -8.6]], np.float32)
+    scale = np.array([2.0, 3.0, 4.0], np.float32)
+    zp = np.zeros((3,), ML[TP.FLOAT4E2M1])
+    # y = x / scale + zero_point (-0 + 0 is +0, as in ONNX's reference and test data)
+    want = (x / scale[:, None] + zp.astype(np.float32)[:, None]).astype(ML[TP.FLOAT4E2M1])
+    check(q_model(TP.FLOAT4E2M1, x.shape, scale, zp, opset=23, axis=0), {"x": x},
+          expected=[want])
+    dq = dq_model(TP.FLOAT4E2M1, scale, zp, opset=23, axis=0)
+    check(dq, {"x": want}, expected=[want.astype(np.float32) * scale[:, None]])
+
+
+# ---- BitCast (opset 26) ------------------------------------------------------------------------
+
+def bitcast_model(src: int, dst: int):
+    return model_of([helper.make_node("BitCast", ["x"], ["y"], to=dst)], {"x": src}, {"y": dst},
+                    opset=26)
+
+
+@pytest.mark.parametrize("src,dst", [(TP.FLOAT, TP.INT32), (TP.INT32, TP.FLOAT),
+                                     (TP.INT8, TP.UINT8), (TP.UINT16, TP.INT16),
+                                     (TP.FLOAT16, TP.UINT16), (TP.INT64, TP.DOUBLE)])
+def test_bitcast(src, dst):
+    if DEVICE == "gpu" and TP.DOUBLE in (src, dst):
+        pytest.skip("float64 is declined on the GPU")
+    x = rng.integers(0, 256, size=(3, 8), dtype=np.uint8).view(NP.get(src, np.uint16))
+    check(bitcast_model(src, dst), {"x": x})
+
+
+@pytest.mark.parametrize("src,dst", [(TP.FLOAT8E4M3FN, TP.UINT8), (TP.UINT8, TP.FLOAT8E5M2),
+                                     (TP.FLOAT8E5M2, TP.FLOAT8E4M3FNUZ), (TP.INT8, TP.FLOAT8E4M3FN),
+                                     (TP.BOOL, TP.UINT8), (TP.INT4, TP.UINT4),
+                                     (TP.UINT4, TP.INT4), (TP.FLOAT4E2M1, TP.INT4)])
+def test_bitcast_lowp(src, dst):
+    bits = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    if src in FOUR_BIT:
+        bits = (bits & 0x0F)[:3]
+    if src == TP.BOOL:
+        bits = bits & 1
+
+    def typed(b, t):  # the value whose bit pattern is b
+        if t in FOUR_BIT:
+            return unpack(pack_codes(b), t, b.shape)
+        return b.view(ML[t]) if t in ML else b.view(NP[t]) if t != TP.BOOL else b.astype(bool)
+
+    check(bitcast_model(src, dst), {"x": typed(bits, src)}, expected=[typed(bits, dst)])
+
+
+def pack_codes(codes: np.ndarray) -> bytes:
+    flat = codes.astype(np.uint8).ravel()
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+# ---- what stays off MLX ---------------------------------------------------------------------------
+
+def test_generic_op_on_float8_is_declined():
+    """A node with no opt-in (here Identity) must not see float8 storage bytes: the Casts around
+    it run on MLX, the Identity falls back to the CPU with a reason naming the dtype."""
+    m = model_of([helper.make_node("Cast", ["x"], ["q"], to=TP.FLOAT8E4M3FN),
+                  helper.make_node("Identity", ["q"], ["r"], name="ident"),
+                  helper.make_node("Cast", ["r"], ["y"], to=TP.FLOAT)],
+                 {"x": TP.FLOAT}, {"y": TP.FLOAT})
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep the Identity
+    so = om.record_assignment(om.session_options(DEVICE, fallback=True, so=so))
+    s = ort.InferenceSession(m, sess_options=so)
+    placed = om.placement(s)
+    assert ("ident", "Identity") in placed.get("CPUExecutionProvider", []), placed
+    assert len(placed.get(om.EP_NAME, [])) == 2, placed
+    x = float_probe()
+    y = s.run(None, {"x": x})[0]
+    want = np.clip(x, -448, 448).astype(ML[TP.FLOAT8E4M3FN])  # saturate=1: +-Inf -> +-448
+    np.testing.assert_array_equal(y, want.astype(np.float32))
