@@ -509,6 +509,12 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         if (keyed_inputs_[d]) continue;
         int64_t numel = 1;
         for (auto x : raw[d].shape) numel *= x;
+        if (raw[d].kind != HostTensor::Kind::Tensor) numel = 0;  // a sequence: all its items
+        for (const auto& item : raw[d].items) {
+          int64_t n = 1;
+          for (auto x : item.shape) n *= x;
+          numel += n;
+        }
         if (numel <= kMaxKeyedElements) {
           keyed_inputs_[d] = true;  // e.g. a shape tensor computed on the CPU EP
           restart = true;

@@ -272,3 +272,23 @@ def test_sequence_graph_output_is_declined_with_a_reason(tmp_path):
     reasons = [json.loads(line) for line in report.read_text().splitlines()]
     split = [r for r in reasons if r["node"] == "the_split"]
     assert split and "graph output" in split[0]["reason"], reasons
+
+
+def test_optional_sequence_graph_input_and_empty_sequence():
+    """optional(seq) fed with a list, and a plain sequence fed empty (length 0)."""
+    then_g = helper.make_graph([helper.make_node("OptionalGetElement", ["o"], ["s"]),
+                                helper.make_node("SequenceLength", ["s"], ["tn"])],
+                               "then", [], [vi("tn", TP.INT64, [])])
+    else_g = helper.make_graph([const("minus", np.int64(-1)),
+                                helper.make_node("Identity", ["minus"], ["en"])],
+                               "else", [], [vi("en", TP.INT64, [])])
+    nodes = [helper.make_node("OptionalHasElement", ["o"], ["has"]),
+             helper.make_node("If", ["has"], ["n"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("SequenceLength", ["e"], ["m"])]
+    opt_seq = helper.make_value_info(
+        "o", helper.make_optional_type_proto(
+            helper.make_sequence_type_proto(helper.make_tensor_type_proto(TP.FLOAT, None))))
+    m = make_model(nodes, [opt_seq, seq_vi("e", TP.FLOAT)],
+                   [vi("n", TP.INT64, []), vi("m", TP.INT64, [])])
+    a = np.ones((2,), np.float32)
+    check_runs(m, [{"o": [a, a, a], "e": []}, {"o": None, "e": [a]}, {"o": [a], "e": []}])
