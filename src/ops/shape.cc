@@ -443,20 +443,22 @@ Support check_dropout(const NodeQuery& q) {
 }
 
 const OpEntry kOps[] = {
-    {"", "Reshape", 1, kAnyOpset, check_reshape, translate_reshape},
-    {"", "Transpose", 1, kAnyOpset, nullptr, translate_transpose},
+    // Pure data movement: these also carry the byte storage of float8/float4/int4/uint4
+    // (OpEntry::lowp; ops/lowp.h), whose values they never look at.
+    {"", "Reshape", 1, kAnyOpset, check_reshape, translate_reshape, {}, /*lowp=*/true},
+    {"", "Transpose", 1, kAnyOpset, nullptr, translate_transpose, {}, /*lowp=*/true},
     {"", "Concat", 1, kAnyOpset, nullptr, translate_concat},
     {"", "Split", 1, kAnyOpset, nullptr, translate_split},
-    {"", "Unsqueeze", 1, kAnyOpset, nullptr, translate_unsqueeze},
-    {"", "Squeeze", 1, kAnyOpset, nullptr, translate_squeeze},
-    {"", "Flatten", 1, kAnyOpset, nullptr, translate_flatten},
+    {"", "Unsqueeze", 1, kAnyOpset, nullptr, translate_unsqueeze, {}, /*lowp=*/true},
+    {"", "Squeeze", 1, kAnyOpset, nullptr, translate_squeeze, {}, /*lowp=*/true},
+    {"", "Flatten", 1, kAnyOpset, nullptr, translate_flatten, {}, /*lowp=*/true},
     {"", "Expand", 8, kAnyOpset, nullptr, translate_expand},
     {"", "Tile", 6, kAnyOpset, nullptr, translate_tile},
     {"", "Pad", 1, kAnyOpset, check_pad, translate_pad,
      "modes constant/reflect/edge/wrap; negative pads crop first"},
     {"", "CenterCropPad", 18, kAnyOpset, nullptr, translate_center_crop_pad},
     {"", "Identity", 1, kAnyOpset, nullptr, translate_identity,
-     "tensors, sequences and optionals (these only inside a fused group)"},
+     "tensors, sequences and optionals (these only inside a fused group)", /*lowp=*/true},
     {"", "DepthToSpace", 1, kAnyOpset, check_depth_to_space, translate_depth_to_space},
     {"", "SpaceToDepth", 1, kAnyOpset, nullptr, translate_space_to_depth},
     {"", "Trilu", 14, kAnyOpset, nullptr, translate_trilu},
