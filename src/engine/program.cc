@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/memory_guard.h"
 #include "ops/lowp.h"
 
 namespace ortmlx::engine {
@@ -159,6 +160,7 @@ mx::array Program::to_array(const HostTensor& t) {
   size_t numel = 1;
   for (auto d : shape) numel *= static_cast<size_t>(d);
   size_t nbytes = numel * dtype.size();
+  check_allocation(nbytes, "a tensor copied into MLX");  // MLX's CPU allocator ignores the limit
   // An explicit copy: ORT's buffer dies after Compute and MLX may keep the array (constants,
   // cached host reads). allocator::malloc + memcpy never aliases, on any backend.
   auto data = mx::allocator::malloc(std::max<size_t>(nbytes, 1));
@@ -488,7 +490,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   ++stats_.runs;
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
-  auto eval_all = [](std::vector<mx::array> outs) {
+  auto eval_all = [this](std::vector<mx::array> outs) {
+    check_evaluation(outs, "fused node '" + name_ + "'");  // before MLX allocates (memory_guard.h)
     mx::eval(outs);
     return outs;
   };

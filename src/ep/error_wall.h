@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "engine/memory_guard.h"
 #include "ep/ort_api.h"
 
 namespace ortmlx::ep {
@@ -20,6 +21,10 @@ OrtStatus* guard(const std::string& where, F&& body) noexcept {
     return g_ort->CreateStatus(e.code, ("[MLX EP] " + where + ": " + e.what()).c_str());
   } catch (const std::invalid_argument& e) {
     return g_ort->CreateStatus(ORT_INVALID_ARGUMENT, ("[MLX EP] " + where + ": " + e.what()).c_str());
+  } catch (const engine::MemoryLimitError& e) {
+    // Not ORT_EP_FAIL: ORT's Python wrapper answers that by re-running on the CPU EP, which
+    // would take the memory the limit was set to protect.
+    return g_ort->CreateStatus(ORT_RUNTIME_EXCEPTION, ("[MLX EP] " + where + ": " + e.what()).c_str());
   } catch (const std::bad_alloc&) {
     return g_ort->CreateStatus(ORT_EP_FAIL, ("[MLX EP] " + where + ": out of memory").c_str());
   } catch (const std::exception& e) {

@@ -1,5 +1,7 @@
 #include <cctype>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include <mlx/mlx.h>
 
@@ -48,6 +50,47 @@ std::map<std::string, std::string> provider_options(const OrtSessionOptions* so)
   }
   return out;
 }
+
+// MLX's memory and cache limits are process-wide, the EP options are per session: the limit in
+// force is the smallest one a live session asked for, and what MLX had before once none asks
+// (a session with memory_limit_mb=16 must not leave every later session limited to 16 MiB).
+class Limits {
+ public:
+  static Limits& get() {
+    static Limits l;
+    return l;
+  }
+  void acquire(const EpOptions& o) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (o.memory_limit_mb) {
+      if (memory_.empty()) default_memory_ = mx::get_memory_limit();
+      memory_.insert(o.memory_limit_mb << 20);
+      mx::set_memory_limit(*memory_.begin());
+    }
+    if (o.cache_limit_mb != SIZE_MAX) {
+      size_t before = mx::set_cache_limit(o.cache_limit_mb << 20);
+      if (cache_.empty()) default_cache_ = before;
+      cache_.insert(o.cache_limit_mb << 20);
+      mx::set_cache_limit(*cache_.begin());
+    }
+  }
+  void release(const EpOptions& o) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (o.memory_limit_mb) {
+      if (auto it = memory_.find(o.memory_limit_mb << 20); it != memory_.end()) memory_.erase(it);
+      mx::set_memory_limit(memory_.empty() ? default_memory_ : *memory_.begin());
+    }
+    if (o.cache_limit_mb != SIZE_MAX) {
+      if (auto it = cache_.find(o.cache_limit_mb << 20); it != cache_.end()) cache_.erase(it);
+      mx::set_cache_limit(cache_.empty() ? default_cache_ : *cache_.begin());
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::multiset<size_t> memory_, cache_;
+  size_t default_memory_ = 0, default_cache_ = 0;
+};
 
 }  // namespace
 
@@ -126,15 +169,23 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
     bool gpu = opts.device == "gpu" || (opts.device == "auto" && any_gpu);
     if (gpu && !mlx_has_gpu())
       throw std::invalid_argument("option device=gpu, but this MLX build has no GPU backend");
-    if (opts.memory_limit_mb) mx::set_memory_limit(opts.memory_limit_mb << 20);
-    if (opts.cache_limit_mb != SIZE_MAX) mx::set_cache_limit(opts.cache_limit_mb << 20);
     auto* factory = static_cast<MlxEpFactory*>(self);
-    *ep = new MlxEp(*factory, std::move(opts), gpu, logger);  // released in ReleaseEpImpl
+    Limits::get().acquire(opts);  // released with the EP (ReleaseEpImpl)
+    try {
+      *ep = new MlxEp(*factory, opts, gpu, logger);  // released in ReleaseEpImpl
+    } catch (...) {
+      Limits::get().release(opts);
+      throw;
+    }
   });
 }
 
 void MlxEpFactory::ReleaseEpImpl(OrtEpFactory*, OrtEp* ep) noexcept {
-  delete static_cast<MlxEp*>(ep);
+  if (!ep) return;
+  auto* mlx_ep = static_cast<MlxEp*>(ep);
+  EpOptions opts = mlx_ep->options();
+  delete mlx_ep;
+  Limits::get().release(opts);
 }
 
 OrtStatus* MlxEpFactory::ValidateCompiledModelCompatibilityInfoImpl(

@@ -148,3 +148,15 @@ def test_einsum_with_a_dropped_input_is_a_clean_error():
     with pytest.raises(Exception) as e:
         mlx_only(m.SerializeToString(), {"x": np.ones(5)})
     assert "missing" in str(e.value), e.value
+
+
+@pytest.mark.xfail(strict=True, reason="src/ops/normalization.cc:67 reads training_mode as != 0 "
+                   "(ORT: == 1)")
+def test_batchnorm_training_mode_other_than_0_or_1():
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    p = {k: rng.random(3).astype(np.float32) + 0.5 for k in ("s", "b", "mean", "var")}
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"],
+                            ["y", "run_mean", "run_var"], training_mode=-3)
+    inputs = [vi("x", [2, 3, 4, 5])] + [vi(k, [3]) for k in p]
+    got, ref = run_both(model(node, inputs, opset=15, n_out=3), {"x": x, **p})
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
