@@ -160,3 +160,15 @@ def test_batchnorm_training_mode_other_than_0_or_1():
     inputs = [vi("x", [2, 3, 4, 5])] + [vi(k, [3]) for k in p]
     got, ref = run_both(model(node, inputs, opset=15, n_out=3), {"x": x, **p})
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="src/ops/nn.cc: Conv auto_pad SAME_LOWER with a stride above "
+                   "the kernel (negative total padding) differs from ORT; should be declined")
+def test_conv_same_padding_with_stride_above_kernel():
+    x = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((1, 1, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_LOWER", kernel_shape=[3, 3],
+                            strides=[6, 2])
+    got, ref = run_both(model(node, [vi("x", [1, 1, 5, 5]), vi("w", [1, 1, 3, 3])]), {"x": x, "w": w})
+    assert got[0].shape == ref[0].shape
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
