@@ -67,7 +67,7 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         check(g_ort->GetDimensionsCount(info.get(), &rank));
         t.shape.resize(rank);
         check(g_ort->GetDimensions(info.get(), t.shape.data(), rank));
-        t.dtype = static_cast<graph::DType>(et);
+        t.dtype = to_dtype(et);
         check(g_ort->GetTensorData(v, &t.data));
       };
       std::vector<engine::HostTensor> inputs(n_in);
@@ -119,7 +119,7 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         TypeShapePtr out_info(out_raw);
         ONNXTensorElementDataType out_et;
         check(g_ort->GetTensorElementType(out_info.get(), &out_et));
-        engine::Program::copy_out(a, dst, static_cast<graph::DType>(out_et));
+        engine::Program::copy_out(a, dst, to_dtype(out_et));
       }
     });
   }

@@ -59,7 +59,7 @@ graph::ValueInfo read_value_info(const OrtValueInfo* v) {
     check(g_ort->CastTypeInfoToTensorInfo(type, &einfo));
     ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     if (einfo) check(g_ort->GetTensorElementType(einfo, &et));
-    vi.dtype = static_cast<graph::DType>(et);  // items may differ in shape: none is kept
+    vi.dtype = to_dtype(et);  // items may differ in shape: none is kept
     return vi;
   }
   if (onnx_type != ONNX_TYPE_TENSOR) {
@@ -73,7 +73,7 @@ graph::ValueInfo read_value_info(const OrtValueInfo* v) {
   if (!tinfo) return vi;
   ONNXTensorElementDataType et;
   check(g_ort->GetTensorElementType(tinfo, &et));
-  vi.dtype = static_cast<graph::DType>(et);
+  vi.dtype = to_dtype(et);
   size_t rank = 0;
   check(g_ort->GetDimensionsCount(tinfo, &rank));
   vi.dims.resize(rank);
@@ -108,7 +108,7 @@ bool read_constant(const OrtValueInfo* v, graph::ConstTensor& out) {
   check(g_ort->GetDimensionsCount(info.get(), &rank));
   out.shape.resize(rank);
   check(g_ort->GetDimensions(info.get(), out.shape.data(), rank));
-  out.dtype = static_cast<graph::DType>(et);
+  out.dtype = to_dtype(et);
   if (out.dtype == graph::DType::String) return false;
   const void* data = nullptr;
   check(g_ort->GetTensorData(value, &data));
@@ -213,7 +213,7 @@ graph::Attribute read_attribute(const OrtOpAttr* a) {
       check(g_ort->GetDimensionsCount(info.get(), &rank));
       std::vector<int64_t> shape(rank);
       check(g_ort->GetDimensions(info.get(), shape.data(), rank));
-      auto dtype = static_cast<graph::DType>(et);
+      auto dtype = to_dtype(et);
       if (dtype == graph::DType::String) break;  // not representable; checks decline
       const void* data = nullptr;
       check(g_ort->GetTensorData(value.get(), &data));

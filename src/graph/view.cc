@@ -32,6 +32,9 @@ const char* dtype_name(DType t) {
     case DType::UInt4: return "uint4";
     case DType::Int4: return "int4";
     case DType::Float4E2M1: return "float4e2m1";
+    case DType::Float8E8M0: return "float8e8m0";
+    case DType::UInt2: return "uint2";
+    case DType::Int2: return "int2";
     default: return "undefined";
   }
 }

@@ -15,12 +15,15 @@
 
 namespace ortmlx::graph {
 
-// Values are ONNX's TensorProto.DataType numbers, so the ABI layer can cast ORT's enum directly.
+// Values are ONNX's TensorProto.DataType numbers (node attributes use them). ORT's element type
+// enum agrees up to float4e2m1 (23) and orders the 2-bit types and float8e8m0 differently: the
+// ABI layer converts with ep::to_dtype.
 enum class DType : int32_t {
   Undefined = 0, Float32 = 1, UInt8 = 2, Int8 = 3, UInt16 = 4, Int16 = 5, Int32 = 6, Int64 = 7,
   String = 8, Bool = 9, Float16 = 10, Float64 = 11, UInt32 = 12, UInt64 = 13, Complex64 = 14,
   Complex128 = 15, BFloat16 = 16, Float8E4M3FN = 17, Float8E4M3FNUZ = 18, Float8E5M2 = 19,
-  Float8E5M2FNUZ = 20, UInt4 = 21, Int4 = 22, Float4E2M1 = 23,
+  Float8E5M2FNUZ = 20, UInt4 = 21, Int4 = 22, Float4E2M1 = 23, Float8E8M0 = 24, UInt2 = 25,
+  Int2 = 26,
 };
 
 const char* dtype_name(DType t);

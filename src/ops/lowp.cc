@@ -66,14 +66,21 @@ bool is_lowp_float(DType t) {
   return t == DType::Float8E4M3FN || t == DType::Float8E4M3FNUZ || t == DType::Float8E5M2 ||
          t == DType::Float8E5M2FNUZ || t == DType::Float4E2M1;
 }
-bool is_4bit(DType t) { return t == DType::Int4 || t == DType::UInt4 || t == DType::Float4E2M1; }
-bool is_lowp(DType t) { return is_lowp_float(t) || is_4bit(t); }
+bool is_lowp_int(DType t) {
+  return t == DType::Int4 || t == DType::UInt4 || t == DType::Int2 || t == DType::UInt2;
+}
+bool is_lowp(DType t) { return is_lowp_float(t) || is_lowp_int(t); }
+int bits(DType t) {
+  if (t == DType::Int2 || t == DType::UInt2) return 2;
+  if (t == DType::Int4 || t == DType::UInt4 || t == DType::Float4E2M1) return 4;
+  return 8;
+}
 
 mx::Dtype storage(DType t) {
   if (!is_lowp(t))
     throw std::invalid_argument(std::string("[lowp] not a low precision type: ") +
                                 graph::dtype_name(t));
-  return t == DType::Int4 ? mx::int8 : mx::uint8;
+  return t == DType::Int4 || t == DType::Int2 ? mx::int8 : mx::uint8;
 }
 
 // Code -> float32 bits, field by field: a normal code (exponent field e != 0) is
@@ -176,27 +183,30 @@ mx::array encode(const mx::array& x, DType t, bool saturate, mx::Stream s) {
   return mx::astype(code, mx::uint8, s);
 }
 
-mx::array wrap4(const mx::array& ints, DType t, mx::Stream s) {
+mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s) {
+  if (!is_lowp_int(t)) throw std::invalid_argument("[lowp] wrap_int wants int4/uint4/int2/uint2");
+  const int b = bits(t);
   auto v = ints.dtype() == mx::int32 ? ints : mx::astype(ints, mx::int32, s);  // keeps low bits
-  auto n = mx::bitwise_and(v, mx::array(15, mx::int32), s);
-  if (t == DType::Int4)  // sign-extend the nibble: 0..7 stay, 8..15 become -8..-1
-    return mx::astype(mx::subtract(mx::bitwise_xor(n, mx::array(8, mx::int32), s),
-                                   mx::array(8, mx::int32), s),
-                      mx::int8, s);
-  if (t == DType::UInt4) return mx::astype(n, mx::uint8, s);
-  throw std::invalid_argument("[lowp] wrap4 wants int4/uint4");
+  auto n = mx::bitwise_and(v, mx::array((1 << b) - 1, mx::int32), s);
+  if (t == DType::Int4 || t == DType::Int2) {
+    // Sign-extend: (n ^ half) - half maps 0..half-1 to themselves and half..2*half-1 to
+    // -half..-1 (int4: 8..15 -> -8..-1).
+    auto half = mx::array(1 << (b - 1), mx::int32);
+    return mx::astype(mx::subtract(mx::bitwise_xor(n, half, s), half, s), mx::int8, s);
+  }
+  return mx::astype(n, mx::uint8, s);
 }
 
 // Routing (ONNX Cast semantics):
 // * from float8/float4: decode to float32 (exact), then on as a float32 would go;
-// * from int4/uint4: the storage already holds the values (int8/uint8);
+// * from int4/uint4/int2/uint2: the storage already holds the values (int8/uint8);
 // * to float8/float4: through float32. From float16/bfloat16 that is exact; from float64 it
 //   rounds to odd first (f64_to_f32_odd) so there is a single rounding; from integers and bool
 //   it is exact up to 2^24, and anything larger overflows every float8/float4 format anyway, so
 //   an int -> float32 rounding cannot change the result;
-// * to int4/uint4: floats truncate toward zero like every float -> integer Cast (ONNX leaves
-//   out-of-range values undefined; ORT's CPU EP rounds to nearest instead), integers keep their
-//   low 4 bits (ONNX: "discard higher bits and reinterpret").
+// * to int4/uint4/int2/uint2: floats truncate toward zero like every float -> integer Cast
+//   (ONNX leaves out-of-range values undefined; ORT's CPU EP rounds int4 to nearest instead),
+//   integers keep their low bits (ONNX: "discard higher bits and reinterpret").
 mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::Stream s) {
   if (is_lowp(from) && x.dtype() != storage(from))
     throw TranslateError(std::string("[Cast] a ") + graph::dtype_name(from) +
@@ -206,16 +216,16 @@ mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::S
   if (is_lowp_float(from)) {
     v = decode(x, from, s);
     from = DType::Float32;
-  } else if (is_4bit(from)) {
-    from = from == DType::Int4 ? DType::Int8 : DType::UInt8;
+  } else if (is_lowp_int(from)) {
+    from = storage(from) == mx::int8 ? DType::Int8 : DType::UInt8;
   }
   if (is_lowp_float(to)) {
     if (v.dtype() == mx::float64) v = f64_to_f32_odd(v, s);
     return encode(v, to, saturate, s);
   }
-  if (to == DType::Int4 || to == DType::UInt4) {
+  if (is_lowp_int(to)) {
     if (mx::issubdtype(v.dtype(), mx::floating)) v = mx::astype(v, mx::int32, s);  // truncates
-    return wrap4(v, to, s);
+    return wrap_int(v, to, s);
   }
   return cast_to(v, to, s);
 }
@@ -229,8 +239,7 @@ DType declared_in(const OpContext& c, size_t i) {
 DType declared_out(const OpContext& c, size_t i) { return c.out_dtype(i); }
 
 size_t host_nbytes(DType t, size_t numel) {
-  if (is_4bit(t)) return (numel + 1) / 2;
-  if (is_lowp(t)) return numel;
+  if (is_lowp(t)) return (numel * bits(t) + 7) / 8;
   return numel * graph::dtype_size(t);
 }
 
@@ -241,13 +250,17 @@ mx::array from_host(DType t, const mx::Shape& shape, const void* data) {
   auto* dst = static_cast<uint8_t*>(buf.buffer().raw_ptr());
   const auto* src = static_cast<const uint8_t*>(data);
   if (n && !src) throw std::invalid_argument("[lowp] no data for a non-empty tensor");
-  if (!is_4bit(t)) {
+  const int b = bits(t);
+  if (b == 8) {
     if (n) std::memcpy(dst, src, n);
   } else {
+    const size_t per = 8 / b;  // elements per byte, the first in the lowest bits
+    const int mask = (1 << b) - 1, half = 1 << (b - 1);
+    const bool sign = storage(t) == mx::int8;
     for (size_t i = 0; i < n; ++i) {
-      uint8_t nib = (i & 1) ? (src[i / 2] >> 4) : (src[i / 2] & 0x0F);
-      // int4 is stored as int8: sign-extend (two's complement nibble).
-      dst[i] = t == DType::Int4 ? static_cast<uint8_t>(static_cast<int8_t>((nib ^ 8) - 8)) : nib;
+      int v = (src[i / per] >> ((i % per) * b)) & mask;
+      // int4/int2 are stored as int8: sign-extend (two's complement field).
+      dst[i] = static_cast<uint8_t>(sign ? static_cast<int8_t>((v ^ half) - half) : v);
     }
   }
   return mx::array(std::move(buf), shape, storage(t));
@@ -261,13 +274,15 @@ void to_host(const mx::array& a, DType t, void* dst) {
   if (!a.flags().row_contiguous) throw std::logic_error("[engine] output is not row-contiguous");
   const auto* src = a.data<uint8_t>();
   auto* out = static_cast<uint8_t*>(dst);
-  if (!is_4bit(t)) {
+  const int b = bits(t);
+  if (b == 8) {
     std::memcpy(out, src, a.size());
     return;
   }
-  std::memset(out, 0, host_nbytes(t, a.size()));  // an odd count leaves the last high nibble 0
+  const size_t per = 8 / b;
+  std::memset(out, 0, host_nbytes(t, a.size()));  // unused fields of the last byte stay 0
   for (size_t i = 0; i < a.size(); ++i)
-    out[i / 2] |= static_cast<uint8_t>((src[i] & 0x0F) << ((i & 1) * 4));
+    out[i / per] |= static_cast<uint8_t>((src[i] & ((1 << b) - 1)) << ((i % per) * b));
 }
 
 }  // namespace ortmlx::ops::lowp
@@ -279,8 +294,7 @@ namespace ortmlx::ops {
 namespace {
 
 size_t bit_width(DType t) {
-  if (lowp::is_4bit(t)) return 4;
-  if (lowp::is_lowp(t)) return 8;
+  if (lowp::is_lowp(t)) return lowp::bits(t);
   return graph::dtype_size(t) * 8;
 }
 
@@ -300,16 +314,17 @@ Support check_bitcast(const NodeQuery& q) {
 }
 
 // Same-width reinterpretation. 8..64-bit types (float8 included: its storage is the raw byte)
-// are an mx::view. The 4-bit types are stored one per byte, so their bit pattern is the low
-// nibble: re-derive the target's storage from it (sign-extended for int4).
+// are an mx::view. The 4-bit and 2-bit types are stored one per byte, so their bit pattern is
+// the low bits: re-derive the target's storage from them (sign-extended for int4/int2).
 Outputs translate_bitcast(OpContext& c) {
   auto to = static_cast<DType>(c.node.attr_int("to", 0));
   auto from = lowp::declared_in(c, 0);
   const auto& x = c.in(0);
   if (from == to) return {x};
-  if (lowp::is_4bit(from)) {
-    auto nib = mx::bitwise_and(mx::view(x, mx::uint8, c.s), mx::array(uint8_t{15}), c.s);
-    return {to == DType::Int4 ? lowp::wrap4(nib, to, c.s) : nib};
+  if (lowp::bits(from) < 8 && lowp::is_lowp(from)) {
+    const auto mask = static_cast<uint8_t>((1 << lowp::bits(from)) - 1);
+    auto field = mx::bitwise_and(mx::view(x, mx::uint8, c.s), mx::array(mask), c.s);
+    return {lowp::is_lowp_int(to) ? lowp::wrap_int(field, to, c.s) : field};
   }
   auto td = lowp::is_lowp(to) ? lowp::storage(to) : mlx_dtype(to);
   if (td.size() != x.dtype().size()) c.fail("input and output widths differ");
@@ -318,7 +333,8 @@ Outputs translate_bitcast(OpContext& c) {
 
 const OpEntry kOps[] = {
     {"", "BitCast", 26, kAnyOpset, check_bitcast, translate_bitcast,
-     "same-width types (float8/int4/uint4/float4 included); not to bool from other types",
+     "same-width types (float8/float4/int4/uint4/int2/uint2 included); not to bool from other "
+     "types; no float8e8m0",
      /*lowp=*/true},
 };
 

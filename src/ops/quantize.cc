@@ -6,7 +6,7 @@
 // 8/16-bit integers; float8 and float4e2m1 outputs are x / scale (+ zero point) in float32 encoded
 // with round-to-nearest-even (lowp::encode; `saturate` applies to float8, float4 always
 // saturates), and float8/float4 inputs are decoded exactly to float32. These types live in MLX as
-// bytes (see lowp.h). 2-bit types are declined.
+// bytes (see lowp.h); int2/uint2 like int4/uint4.
 #include <cmath>
 
 #include "ops/common.h"
@@ -28,6 +28,8 @@ std::optional<QRange> qrange(DType t) {
     case DType::Int16: return QRange{-32768.f, 32767.f};
     case DType::UInt4: return QRange{0.f, 15.f};
     case DType::Int4: return QRange{-8.f, 7.f};
+    case DType::UInt2: return QRange{0.f, 3.f};
+    case DType::Int2: return QRange{-2.f, 1.f};
     default: return std::nullopt;
   }
 }
@@ -90,7 +92,7 @@ Support check_quantize(const NodeQuery& q) {
     return Support::no("precision other than float32");
   DType out = quantize_out(q);
   if (out != DType::Undefined && !qrange(out) && !lowp::is_lowp_float(out))
-    return Support::no(std::string("output type ") + graph::dtype_name(out) + " (2-bit types)");
+    return Support::no(std::string("output type ") + graph::dtype_name(out));
   return Support::yes();
 }
 
@@ -111,7 +113,7 @@ Outputs translate_quantize(OpContext& c) {
   DType out = DType::UInt8;
   std::optional<mx::array> zp;
   if (c.has(2)) {
-    out = lowp::declared_in(c, 2);  // int4 is stored as int8: the declared type has the range
+    out = lowp::declared_in(c, 2);  // int4/int2 are stored as int8: the declared type has the range
     zp = layout(c, c.in(2), x);
   } else if (auto t = c.node.attr_int("output_dtype", 0)) {
     out = static_cast<DType>(t);
@@ -140,7 +142,8 @@ DType dequantize_out(const NodeQuery& q) {
 
 Support check_dequantize(const NodeQuery& q) {
   if (auto r = input_dtype_in(q, 0, {DType::Int8, DType::UInt8, DType::Int16, DType::UInt16,
-                                     DType::Int32, DType::Int4, DType::UInt4},
+                                     DType::Int32, DType::Int4, DType::UInt4, DType::Int2,
+                                     DType::UInt2},
                               {DType::Float8E4M3FN, DType::Float8E4M3FNUZ, DType::Float8E5M2,
                                DType::Float8E5M2FNUZ, DType::Float4E2M1});
       !r)
@@ -164,7 +167,7 @@ Outputs translate_dequantize(OpContext& c) {
     if (c.has(2)) v = mx::subtract(v, lowp::decode(layout(c, c.in(2), x), xt, c.s), c.s);
     return {cast_to(mx::multiply(v, scale, c.s), out, c.s)};
   }
-  // (x - zp) in int32 is exact for every input type (int4/uint4 storage holds the values);
+  // (x - zp) in int32 is exact for every input type (4-/2-bit storage holds the values);
   // float32 of it rounds like ORT's static_cast<float> (only int32 inputs beyond 2^24 can round).
   auto v = mx::astype(x, mx::int32, c.s);
   if (c.has(2)) v = mx::subtract(v, mx::astype(layout(c, c.in(2), x), mx::int32, c.s), c.s);
@@ -198,9 +201,9 @@ Outputs translate_dynamic_quantize(OpContext& c) {
 const OpEntry kOps[] = {
     {"", "QuantizeLinear", 10, kAnyOpset, check_quantize, translate_quantize,
      "x float32/fp16/bf16 with a scale of the same type, divided in float32 as ORT does; "
-     "outputs int8/uint8/int16/uint16/int4/uint4/float8/float4e2m1 (no 2-bit)", /*lowp=*/true},
+     "outputs int8/uint8/int16/uint16/int4/uint4/int2/uint2/float8/float4e2m1", /*lowp=*/true},
     {"", "DequantizeLinear", 10, kAnyOpset, check_dequantize, translate_dequantize,
-     "inputs int8/uint8/int16/uint16/int32/int4/uint4/float8/float4e2m1 (no 2-bit)",
+     "inputs int8/uint8/int16/uint16/int32/int4/uint4/int2/uint2/float8/float4e2m1",
      /*lowp=*/true},
     {"", "DynamicQuantizeLinear", 11, kAnyOpset, check_dynamic_quantize,
      translate_dynamic_quantize},

@@ -28,9 +28,9 @@ struct OpEntry {
   Check check;          // claim-time decision (may be nullptr: only the common checks apply)
   Translate translate;  // builds MLX ops
   std::string_view notes = {};  // constraints shown in docs/ops.md (what is declined and why)
-  // Opts in to the low precision types MLX has no dtype for (float8, float4e2m1, int4, uint4;
-  // see ops/lowp.h). Without it the partitioner declines a node touching them, so no generic
-  // translator ever computes on their storage bytes as if they were integers.
+  // Opts in to the low precision types MLX has no dtype for (float8, float4e2m1, int4, uint4,
+  // int2, uint2; see ops/lowp.h). Without it the partitioner declines a node touching them, so
+  // no generic translator ever computes on their storage bytes as if they were integers.
   bool lowp = false;
 };
 

@@ -54,7 +54,7 @@ Outputs translate_size(OpContext& c) {
 // MLX's astype is a C static_cast per element, which is what ONNX (and ORT) do: float -> int
 // truncates toward zero, number -> bool is x != 0 (NaN -> true), bool -> number is 0/1.
 // Out-of-range float -> int is undefined in ONNX too.
-// float8/float4/int4/uint4 on either side go through lowp::convert (bit-level codecs, rounding
+// float8/float4/int4/uint4/int2/uint2 on either side go through lowp::convert (bit-level codecs, rounding
 // to nearest even; `saturate`, default 1, decides what out-of-range values become in float8).
 Outputs translate_cast(OpContext& c) {
   auto to = static_cast<DType>(c.node.attr_int("to", 0));
@@ -75,7 +75,7 @@ Outputs translate_cast_like(OpContext& c) {
 
 Support check_target_dtype(DType t, bool gpu, const char* what) {
   if (!to_mlx_dtype(t)) return Support::no(std::string(what) + " " + graph::dtype_name(t) +
-                                           " has no MLX dtype (float8e8m0/2-bit/string)");
+                                           " has no MLX dtype (float8e8m0/string)");
   if (gpu && t == DType::Float64) return Support::no(std::string(what) + " float64 on the GPU");
   return Support::yes();
 }
@@ -201,10 +201,10 @@ const OpEntry kOps[] = {
     {"", "Shape", 1, kAnyOpset, nullptr, translate_shape},
     {"", "Size", 1, kAnyOpset, nullptr, translate_size},
     {"", "Cast", 1, kAnyOpset, check_cast, translate_cast,
-     "float8/float4e2m1/int4/uint4 through bit-level codecs (RNE, saturate per ONNX's table); "
-     "no string/float8e8m0/2-bit types", /*lowp=*/true},
+     "float8/float4e2m1/int4/uint4/int2/uint2 through bit-level codecs (RNE, saturate per "
+     "ONNX's table); no string/float8e8m0", /*lowp=*/true},
     {"", "CastLike", 15, kAnyOpset, check_cast_like, translate_cast_like,
-     "as Cast; no string/float8e8m0/2-bit types", /*lowp=*/true},
+     "as Cast; no string/float8e8m0", /*lowp=*/true},
     {"", "Constant", 1, kAnyOpset, check_constant, translate_constant,
      "no sparse_value/value_string(s)"},
     {"", "ConstantOfShape", 9, kAnyOpset, check_constant_of_shape, translate_constant_of_shape},

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "ops/lowp.h"
@@ -240,16 +241,40 @@ TEST(Lowp, IntegersWrapToFourBits) {
   v.push_back(INT32_MAX);
   v.push_back(INT32_MIN);
   auto in = mx::array(v.data(), {static_cast<int>(v.size())}, mx::int32);
-  auto s4 = lowp::wrap4(in, DType::Int4, cpu());
-  auto u4 = lowp::wrap4(in, DType::UInt4, cpu());
-  mx::eval({s4, u4});
-  ASSERT_EQ(s4.dtype(), mx::int8);
-  ASSERT_EQ(u4.dtype(), mx::uint8);
-  for (size_t i = 0; i < v.size(); ++i) {
-    int64_t r = ((static_cast<int64_t>(v[i]) % 16) + 16) % 16;  // v mod 16 in [0, 16)
-    EXPECT_EQ(u4.data<uint8_t>()[i], r) << v[i];
-    EXPECT_EQ(s4.data<int8_t>()[i], r >= 8 ? r - 16 : r) << v[i];
+  for (auto [st, ut, mod] : {std::tuple{DType::Int4, DType::UInt4, 16}, {DType::Int2, DType::UInt2, 4}}) {
+    auto sv = lowp::wrap_int(in, st, cpu());
+    auto uv = lowp::wrap_int(in, ut, cpu());
+    mx::eval({sv, uv});
+    ASSERT_EQ(sv.dtype(), mx::int8);
+    ASSERT_EQ(uv.dtype(), mx::uint8);
+    for (size_t i = 0; i < v.size(); ++i) {
+      int64_t r = ((static_cast<int64_t>(v[i]) % mod) + mod) % mod;  // v mod 2^bits, >= 0
+      EXPECT_EQ(uv.data<uint8_t>()[i], r) << v[i];
+      EXPECT_EQ(sv.data<int8_t>()[i], r >= mod / 2 ? r - mod : r) << v[i];
+    }
   }
+}
+
+// 2-bit: four per byte, element 4k in the lowest two bits.
+TEST(Lowp, PackUnpackTwoBit) {
+  const uint8_t packed[] = {0xE4, 0x0B};  // 0b11100100, 0b00001011: elements 0,1,2,3,3,2
+  mx::Shape shape = {6};
+  auto s2 = lowp::from_host(DType::Int2, shape, packed);
+  auto u2 = lowp::from_host(DType::UInt2, shape, packed);
+  mx::eval({s2, u2});
+  const int8_t want_s[] = {0, 1, -2, -1, -1, -2};
+  const uint8_t want_u[] = {0, 1, 2, 3, 3, 2};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(s2.data<int8_t>()[i], want_s[i]);
+    EXPECT_EQ(u2.data<uint8_t>()[i], want_u[i]);
+  }
+  EXPECT_EQ(lowp::host_nbytes(DType::Int2, 6), 2u);
+  EXPECT_EQ(lowp::host_nbytes(DType::UInt2, 8), 2u);
+  EXPECT_EQ(lowp::host_nbytes(DType::UInt2, 9), 3u);
+  uint8_t out[2] = {0xFF, 0xFF};
+  lowp::to_host(s2, DType::Int2, out);
+  EXPECT_EQ(out[0], packed[0]);
+  EXPECT_EQ(out[1], packed[1]);  // the two unused fields are written as 0
 }
 
 // ORT's layout: element 2k in the low nibble of byte k; an odd count leaves the last high

@@ -1,9 +1,9 @@
-"""float8 / float4e2m1 / int4 / uint4 on the MLX EP (Cast, CastLike, QuantizeLinear,
-DequantizeLinear, BitCast) against ORT's CPU EP.
+"""float8 / float4e2m1 / int4 / uint4 / int2 / uint2 on the MLX EP (Cast, CastLike,
+QuantizeLinear, DequantizeLinear, BitCast, and the layout ops) against ORT's CPU EP.
 
 ORT's Python layer has no numpy dtypes for these types, so tensors go in and out as OrtValues
-filled with raw bytes (4-bit values packed two per byte, element 2k in the low nibble) and are
-compared through ml_dtypes. Every MLX session runs with CPU fallback disabled and its placement
+filled with raw bytes (4-bit values packed two per byte, element 2k in the low nibble; 2-bit
+values four per byte, lowest bits first) and are compared through ml_dtypes. Every MLX session runs with CPU fallback disabled and its placement
 must show every node on MLXExecutionProvider.
 
 Where ORT's CPU EP has no kernel (float4e2m1) or is known to differ from ONNX's reference
@@ -32,9 +32,12 @@ ML = {
     TP.FLOAT4E2M1: ml_dtypes.float4_e2m1fn,
     TP.INT4: ml_dtypes.int4,
     TP.UINT4: ml_dtypes.uint4,
+    TP.INT2: ml_dtypes.int2,
+    TP.UINT2: ml_dtypes.uint2,
 }
 F8 = [TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ]
-FOUR_BIT = {TP.INT4, TP.UINT4, TP.FLOAT4E2M1}
+BITS = {TP.INT4: 4, TP.UINT4: 4, TP.FLOAT4E2M1: 4, TP.INT2: 2, TP.UINT2: 2}  # sub-byte types
+SUB_BYTE = set(BITS)
 NP = {TP.FLOAT: np.float32, TP.UINT16: np.uint16, TP.INT16: np.int16, TP.FLOAT16: np.float16, TP.DOUBLE: np.float64, TP.INT8: np.int8,
       TP.UINT8: np.uint8, TP.INT32: np.int32, TP.INT64: np.int64, TP.BOOL: np.bool_}
 
@@ -50,29 +53,38 @@ def elem_of(arr: np.ndarray) -> int:
     return helper.np_dtype_to_tensor_dtype(arr.dtype)
 
 
-def nibbles(arr: np.ndarray) -> np.ndarray:
-    """4-bit values (ml_dtypes int4/uint4/float4) -> their 4-bit codes as uint8."""
+def codes_of(arr: np.ndarray) -> np.ndarray:
+    """Sub-byte values (ml_dtypes int4/uint4/float4/int2/uint2) -> their bit fields as uint8."""
+    mask = (1 << BITS[elem_of(arr)]) - 1
     if arr.dtype == ML[TP.FLOAT4E2M1]:
-        return arr.view(np.uint8) & 0x0F
-    return arr.astype(np.int8).view(np.uint8) & 0x0F
+        return arr.view(np.uint8) & mask
+    return arr.astype(np.int8).view(np.uint8) & mask
+
+
+def pack_codes(codes: np.ndarray, bits: int = 4) -> bytes:
+    """ORT/ONNX layout: 8 / bits fields per byte, the first in the lowest bits."""
+    per = 8 // bits
+    flat = codes.astype(np.uint8).ravel()
+    flat = np.append(flat, np.zeros(-flat.size % per, np.uint8)).reshape(-1, per)
+    return sum(flat[:, j].astype(np.uint8) << (j * bits) for j in range(per)).astype(np.uint8).tobytes()
 
 
 def pack(arr: np.ndarray) -> bytes:
-    flat = nibbles(arr).ravel()
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+    return pack_codes(codes_of(arr), BITS[elem_of(arr)])
 
 
 def unpack(raw: bytes, elem: int, shape) -> np.ndarray:
+    bits = BITS[elem]
     b = np.frombuffer(raw, np.uint8)
     n = int(np.prod(shape))
-    codes = np.stack([b & 0x0F, b >> 4], axis=-1).ravel()[:n]
+    codes = np.stack([(b >> (j * bits)) & ((1 << bits) - 1) for j in range(8 // bits)],
+                     axis=-1).ravel()[:n]
     if elem == TP.FLOAT4E2M1:
         return codes.astype(np.uint8).view(ML[elem]).reshape(shape)
     vals = codes.astype(np.int16)
-    if elem == TP.INT4:
-        vals = np.where(vals >= 8, vals - 16, vals)
+    if elem in (TP.INT4, TP.INT2):
+        half = 1 << (bits - 1)
+        vals = np.where(vals >= half, vals - 2 * half, vals)
     return vals.astype(ML[elem]).reshape(shape)
 
 
@@ -80,7 +92,7 @@ def to_ortvalue(arr: np.ndarray) -> ort.OrtValue:
     elem = elem_of(arr)
     if elem not in ML:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
-    raw = pack(arr) if elem in FOUR_BIT else np.ascontiguousarray(arr).tobytes()
+    raw = pack(arr) if elem in SUB_BYTE else np.ascontiguousarray(arr).tobytes()
     ov = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), elem)
     assert ov.tensor_size_in_bytes() == len(raw)
     if raw:
@@ -96,7 +108,7 @@ def from_ortvalue(ov: ort.OrtValue) -> np.ndarray:
     shape = ov.shape()
     n = ov.tensor_size_in_bytes()
     raw = ctypes.string_at(ov.data_ptr(), n) if n else b""
-    if elem in FOUR_BIT:
+    if elem in SUB_BYTE:
         return unpack(raw, elem, shape)
     return np.frombuffer(raw, np.uint8).view(ML[elem]).reshape(shape).copy()
 
@@ -109,7 +121,7 @@ def model_of(nodes, inputs: dict, outputs: dict, initializers: dict | None = Non
     for name, arr in (initializers or {}).items():
         elem = elem_of(arr)
         if elem in ML:
-            raw = pack(arr) if elem in FOUR_BIT else arr.tobytes()
+            raw = pack(arr) if elem in SUB_BYTE else arr.tobytes()
             inits.append(helper.make_tensor(name, elem, list(arr.shape), raw, raw=True))
         else:
             inits.append(helper.make_tensor(name, elem, list(arr.shape), arr.tobytes(), raw=True))
@@ -307,6 +319,32 @@ def test_cast_from_4bit_int(src, dst):
     check(cast_model(src, dst), {"x": x})
 
 
+# ---- int2 / uint2 (opset 25) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dst", [TP.INT2, TP.UINT2])
+@pytest.mark.parametrize("src", [TP.FLOAT, TP.INT32])
+def test_cast_to_2bit_int(src, dst):
+    x = np.arange(-9, 9).astype(NP[src]).reshape(2, 9)  # out of range: the low 2 bits are kept
+    check(cast_model(src, dst, opset=25), {"x": x})
+
+
+@pytest.mark.parametrize("src,dst", [(TP.INT2, TP.FLOAT), (TP.INT2, TP.INT8), (TP.UINT2, TP.UINT8),
+                                     (TP.UINT2, TP.FLOAT16)])
+def test_cast_from_2bit_int(src, dst):
+    lo, hi = (-2, 2) if src == TP.INT2 else (0, 4)
+    x = rng.integers(lo, hi, size=(3, 7)).astype(ML[src])
+    check(cast_model(src, dst, opset=25), {"x": x})
+
+
+@pytest.mark.parametrize("qtype", [TP.INT2, TP.UINT2])
+def test_quantize_dequantize_2bit(qtype):
+    x = (rng.standard_normal((3, 6)) * 3).astype(np.float32)
+    scale = np.array([0.5, 1.0, 2.0], np.float32)
+    zp = np.array([0, 1, -1] if qtype == TP.INT2 else [0, 1, 3]).astype(ML[qtype])
+    (q,) = check(q_model(qtype, x.shape, scale, zp, opset=25, axis=0), {"x": x})
+    check(dq_model(qtype, scale, zp, opset=25, axis=0), {"x": q})
+
+
 # ---- float4e2m1 (ORT's CPU EP has no kernels: ml_dtypes is the reference) ------------------------
 
 def test_cast_float_to_float4():
@@ -443,37 +481,31 @@ def test_bitcast(src, dst):
 @pytest.mark.parametrize("src,dst", [(TP.FLOAT8E4M3FN, TP.UINT8), (TP.UINT8, TP.FLOAT8E5M2),
                                      (TP.FLOAT8E5M2, TP.FLOAT8E4M3FNUZ), (TP.INT8, TP.FLOAT8E4M3FN),
                                      (TP.BOOL, TP.UINT8), (TP.INT4, TP.UINT4),
-                                     (TP.UINT4, TP.INT4), (TP.FLOAT4E2M1, TP.INT4)])
+                                     (TP.UINT4, TP.INT4), (TP.FLOAT4E2M1, TP.INT4),
+                                     (TP.INT2, TP.UINT2), (TP.UINT2, TP.INT2)])
 def test_bitcast_lowp(src, dst):
     bits = np.arange(256, dtype=np.uint8).reshape(16, 16)
-    if src in FOUR_BIT:
-        bits = (bits & 0x0F)[:3]
+    if src in SUB_BYTE:
+        bits = (bits & ((1 << BITS[src]) - 1))[:3]
     if src == TP.BOOL:
         bits = bits & 1
 
     def typed(b, t):  # the value whose bit pattern is b
-        if t in FOUR_BIT:
-            return unpack(pack_codes(b), t, b.shape)
+        if t in SUB_BYTE:
+            return unpack(pack_codes(b, BITS[t]), t, b.shape)
         return b.view(ML[t]) if t in ML else b.view(NP[t]) if t != TP.BOOL else b.astype(bool)
 
     check(bitcast_model(src, dst), {"x": typed(bits, src)}, expected=[typed(bits, dst)])
 
 
-def pack_codes(codes: np.ndarray) -> bytes:
-    flat = codes.astype(np.uint8).ravel()
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
-
-
 # ---- data movement (Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Identity opt in) ---------
 
 @pytest.mark.parametrize("elem", [TP.FLOAT8E4M3FN, TP.FLOAT8E5M2FNUZ, TP.INT4, TP.UINT4,
-                                  TP.FLOAT4E2M1])
+                                  TP.FLOAT4E2M1, TP.INT2])
 def test_data_movement(elem):
     """Bytes are bytes: a chain of layout ops on the storage, expected values from numpy."""
-    if elem in FOUR_BIT:
-        x = unpack(pack_codes(rng.integers(0, 16, size=15)), elem, (3, 5))  # odd count
+    if elem in SUB_BYTE:  # 15 elements: the last byte is partly used
+        x = unpack(pack_codes(rng.integers(0, 1 << BITS[elem], size=15), BITS[elem]), elem, (3, 5))
     else:
         x = rng.integers(0, 256, size=(3, 5), dtype=np.uint8).view(ML[elem])
     m = model_of([helper.make_node("Reshape", ["x", "shape"], ["a"]),
@@ -483,7 +515,8 @@ def test_data_movement(elem):
                   helper.make_node("Flatten", ["d"], ["e"], axis=1),
                   helper.make_node("Identity", ["e"], ["y"])],
                  {"x": elem}, {"y": elem},
-                 {"shape": np.array([5, 3], np.int64), "axes": np.array([0], np.int64)}, opset=23)
+                 {"shape": np.array([5, 3], np.int64), "axes": np.array([0], np.int64)},
+                 opset=25 if elem == TP.INT2 else 23)  # int2 from opset 25
     want = x.reshape(5, 3).T.copy()
     outs = check(m, {"x": x}, expected=[want])
     assert outs[0].tobytes() == want.tobytes()  # bit for bit (NaN codes included)
