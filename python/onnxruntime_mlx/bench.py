@@ -362,10 +362,11 @@ def plan(args) -> list[tuple[str, str, dict]]:
             hf = hf_dir(m)
             vocab = int(json.loads((hf / "config.json").read_text())["vocab_size"]) if hf.exists() else 512
             precision = m.name.rsplit("-", 1)[-1]
+            gpu = args.device == "gpu"
             base = {"model": str(m), "device": args.device, "vocab": vocab, "repeat": repeat,
-                    "prefill": [32] if quick else [128, 512, 2048],
+                    "prefill": [32] if quick else ([128, 512, 2048] if gpu else [128, 512]),
                     "decode": [32] if quick else [128, 1024],
-                    "steps": 8 if quick else 32}
+                    "steps": 8 if quick else (32 if gpu else 16)}
             if cfg.get("context_length", 4096) < 2048 + 64 and not quick:
                 base["prefill"] = [128, 512]
                 base["decode"] = [128]
@@ -528,6 +529,8 @@ def run(args) -> int:
             overhead = res
             subject, provider = label, "mlx"
         results.append({"group": group, "subject": subject, "provider": provider, "spec": spec, "result": res})
+        # Partial results survive an interrupted run.
+        (out / "bench.partial.json").write_text(json.dumps(results, indent=1))
     summary = summarize(results)
     import onnxruntime as ort
     import mlx.core as mx

@@ -1,16 +1,27 @@
 #include "engine/program.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "engine/memory_guard.h"
 #include "ops/lowp.h"
 
 namespace ortmlx::engine {
+
+namespace {
+// The calling thread's last run: which path it took and its time inside mx::eval (statistics
+// for the ABI layer's overhead figure; per thread because runs of a program may interleave).
+thread_local bool tl_last_run_compiled = false;
+thread_local uint64_t tl_last_eval_ns = 0;
+}  // namespace
+
+bool Program::last_run_compiled() { return tl_last_run_compiled; }
 
 using graph::DType;
 
@@ -35,6 +46,22 @@ std::string value_str(const ops::Value& v) {
     return shape_str(*v.tensor) + " " + graph::dtype_name(ops::from_mlx_dtype(v.tensor->dtype()));
   if (v.is_sequence()) return "sequence of " + std::to_string(v.items.size());
   return "none";
+}
+
+// Whether evaluating `outs` would touch a zero-size array (an input, a constant or an
+// intermediate): walks the lazy graph down to arrays that already hold data.
+bool touches_empty(const std::vector<mx::array>& outs) {
+  std::vector<mx::array> stack(outs.begin(), outs.end());
+  std::unordered_set<std::uintptr_t> seen;
+  while (!stack.empty()) {
+    mx::array a = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(a.id()).second) continue;
+    if (a.size() == 0) return true;
+    if (a.is_available() || !a.has_primitive()) continue;
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+  return false;
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
@@ -488,11 +515,16 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
 
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.runs;
+  tl_last_run_compiled = false;
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
   auto eval_all = [this](std::vector<mx::array> outs) {
     check_evaluation(outs, "fused node '" + name_ + "'");  // before MLX allocates (memory_guard.h)
+    auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
+    tl_last_eval_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t0).count());
+    stats_.eval_ns += tl_last_eval_ns;
     return outs;
   };
 
@@ -531,6 +563,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       sig = signature_of(raw) + "#" + std::to_string(s.index);
       if (cache_.count(sig)) break;
     }
+    if (opt_.gpu && touches_empty(outs)) {
+      entry.on_cpu = entry.eager_only = true;
+      outs = translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu));
+    }
     ++stats_.eager_runs;
     auto result = eval_all(std::move(outs));
     if (!cache_.count(sig)) {
@@ -548,6 +584,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   lru_.splice(lru_.begin(), lru_, it->second.second);
   Entry& e = it->second.first;
   ++e.hits;
+  if (e.on_cpu) {
+    ++stats_.eager_runs;
+    return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu)));
+  }
   if (!e.eager_only && !compile_broken_ && !e.fn && e.hits >= opt_.compile_after) {
     auto record = std::make_shared<HostRecord>(e.record);
     e.fn = mx::compile(
@@ -561,7 +601,11 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     try {
       auto outs = eval_all(e.fn(args));
       ++stats_.compiled_runs;
+      stats_.eval_ns_compiled += tl_last_eval_ns;
+      tl_last_run_compiled = true;
       return outs;
+    } catch (const MemoryLimitError&) {
+      throw;  // the run's size, not the graph's traceability: keep the compiled path
     } catch (const std::exception& ex) {
       // Some graphs cannot be traced (an op that reads data while tracing, an MLX primitive
       // without compile support): fall back to eager for this program, and say so once.

@@ -34,6 +34,11 @@ struct Options {
 
 struct Stats {
   std::atomic<uint64_t> runs{0}, compiled_runs{0}, eager_runs{0}, traces{0}, compile_fallbacks{0};
+  // Time accounting for the overhead figure (bench): the whole ORT Compute call (filled by the
+  // ABI layer), and the part of it spent inside mx::eval, where MLX does the arithmetic.
+  std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
+  // The same for compiled runs only (the steady state, without probes and traces).
+  std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).
@@ -63,6 +68,9 @@ class Program {
   size_t num_inputs() const { return input_names_.size(); }
   size_t num_outputs() const { return output_names_.size(); }
   const Stats& stats() const { return stats_; }
+  Stats& stats() { return stats_; }
+  // Whether the calling thread's last run() went through a compiled function.
+  static bool last_run_compiled();
   mx::Device device() const { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
 
   // Builds an MLX array that owns a copy of `t`.
@@ -104,6 +112,9 @@ class Program {
   struct Run;
   struct Entry {
     bool eager_only = false;
+    // MLX's CUDA kernels fault on zero-size arrays (SIGFPE/SIGSEGV in launch arithmetic): a
+    // signature whose graph holds one runs eagerly on the CPU stream instead (unified memory).
+    bool on_cpu = false;
     int hits = 0;
     HostRecord record;
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;

