@@ -263,6 +263,15 @@ struct Program::Run {
   }
 };
 
+bool Program::is_constant_slot(const Plan& p, int slot) const {
+  if (slot < 0) return false;
+  if (&p == top_.get())  // the group's constants follow its fused inputs
+    return static_cast<size_t>(slot) >= input_names_.size() && static_cast<size_t>(slot) < p.num_inputs;
+  for (const auto& c : p.constants)
+    if (c.first == slot) return true;
+  return false;
+}
+
 std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value> inputs,
                                           std::vector<Taint> input_taints, Run& run) const {
   // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
@@ -323,6 +332,20 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
     };
     hooks.host_eval = [&](const mx::array& v) -> mx::array {
       return run.read(v, run.tracking() ? run.taint_of(v) : Taint{});
+    };
+    hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
+    hooks.constant_memo = [&](const std::string& key, const std::vector<size_t>& idx,
+                              const std::function<mx::array()>& make) -> mx::array {
+      for (size_t i : idx)
+        if (i >= io.in.size() || !is_constant_slot(p, io.in[i])) return make();
+      const std::string full = std::to_string(reinterpret_cast<std::uintptr_t>(&node)) + "/" + key;
+      if (auto it = prepared_.find(full); it != prepared_.end()) return it->second;
+      // A compile trace sees constants as placeholders: it only reuses what a probe prepared.
+      if (run.mode == Mode::Replay) return make();
+      mx::array a = mx::contiguous(make(), false, run.s);
+      a.eval();
+      prepared_.emplace(full, a);
+      return a;
     };
     hooks.run_subgraph_values = [&](const graph::Graph& body, const std::vector<ops::Value>& args)
         -> std::vector<ops::Value> {

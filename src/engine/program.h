@@ -148,6 +148,10 @@ class Program {
   // Fused inputs whose *values* feed host reads (shape tensors computed outside the group):
   // they become part of the signature. Guarded by mu_.
   std::vector<bool> keyed_inputs_;
+  // Prepare-once results (EngineHooks::constant_memo), by node and key. Guarded by mu_ (runs,
+  // traces included, translate under it).
+  mutable std::unordered_map<std::string, mx::array> prepared_;
+  bool is_constant_slot(const Plan& p, int slot) const;
 
   std::mutex mu_;
   std::list<std::string> lru_;

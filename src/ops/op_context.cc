@@ -160,6 +160,12 @@ std::vector<mx::array> OpContext::run_subgraph(const graph::Graph& body,
   return hooks_->run_subgraph(body, inputs);
 }
 
+mx::array OpContext::prepared(const std::string& key, const std::vector<size_t>& inputs,
+                              const std::function<mx::array()>& make) const {
+  if (hooks_ && hooks_->constant_memo) return hooks_->constant_memo(key, inputs, make);
+  return make();
+}
+
 int64_t OpContext::host_scalar(const mx::array& value) const {
   mx::array a = value;
   if (hooks_ && hooks_->host_eval) {

@@ -96,6 +96,15 @@ struct EngineHooks {
   // run_subgraph for bodies whose inputs or outputs may be sequences or optionals.
   std::function<std::vector<Value>(const graph::Graph& body, const std::vector<Value>& inputs)>
       run_subgraph_values;
+  // Prepare-once: when every listed input of the node is a constant initializer, returns the
+  // evaluated result of `make` cached for the program's lifetime (keyed by node and `key`);
+  // otherwise `make()` itself. For layouts derived from weights (dequantized, repacked, ...),
+  // which would otherwise be recomputed by every run that is not a compiled replay.
+  std::function<mx::array(const std::string& key, const std::vector<size_t>& inputs,
+                          const std::function<mx::array()>& make)>
+      constant_memo;
+  // Whether input `index` of the node is a constant initializer (so constant_memo caches).
+  std::function<bool(size_t index)> is_constant;
 };
 
 class OpContext {
@@ -128,6 +137,10 @@ class OpContext {
   std::vector<mx::array> run_subgraph(const graph::Graph& body,
                                       const std::vector<mx::array>& inputs) const;
   int64_t host_scalar(const mx::array& value) const;
+  // See EngineHooks::constant_memo (without an engine: make()).
+  mx::array prepared(const std::string& key, const std::vector<size_t>& inputs,
+                     const std::function<mx::array()>& make) const;
+  bool is_constant(size_t i) const { return hooks_ && hooks_->is_constant && hooks_->is_constant(i); }
 
   // Sequences and optionals. `given(i)`: input i is there, of any kind (has(i) is true only
   // for tensors). A translator producing a non-tensor output j calls set_output(j, v); the
