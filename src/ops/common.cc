@@ -30,6 +30,13 @@ Support constant_input(const NodeQuery& q, size_t i, const char* what) {
   return Support::yes();
 }
 
+Support flag_attr_0_or_1(const NodeQuery& q, const char* name) {
+  if (!q.node.has_attr(name)) return Support::yes();
+  if (auto v = q.node.attr_int(name, 0); v != 0 && v != 1)
+    return Support::no(std::string(name) + " must be 0 or 1 (got " + std::to_string(v) + ")");
+  return Support::yes();
+}
+
 mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s) {
   auto d = mlx_dtype(t);
   return a.dtype() == d ? a : mx::astype(a, d, s);

@@ -28,6 +28,10 @@ Support float_input(const NodeQuery& q, size_t i = 0);    // kFloat
 Support numeric_input(const NodeQuery& q, size_t i = 0);  // kFloat + ints
 // Declines when input i is absent or not a constant initializer.
 Support constant_input(const NodeQuery& q, size_t i, const char* what);
+// Declines a 0/1 flag attribute (keepdims, ceil_mode, training_mode, ...) present with another
+// value: ONNX defines only 0 and 1, and ORT's CPU kernels read such flags as `== 1` where a
+// `!= 0` reading would give another result (shape) for e.g. keepdims=-3.
+Support flag_attr_0_or_1(const NodeQuery& q, const char* name);
 
 // MLX idioms
 mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s);

@@ -73,9 +73,17 @@ Outputs translate_pow(OpContext& c) {
   const auto& base = c.in(0);
   auto expo = c.in(1);
   // ONNX: output dtype = base dtype; the exponent may have another numeric type.
+  // Integer base: ORT's CPU kernel computes std::pow in double and casts the result back, which
+  // truncates toward zero (3^-0.13 -> 0, 7^0.5 -> 2, 2^-1 -> 0). On the CPU stream this does the
+  // same in float64 (astype truncates like static_cast). The GPU has no float64: there only integer
+  // exponents reach here (check_pow declines float ones), whose exact results float32 can miss
+  // by an ulp, so they are rounded instead of truncated.
   if (mx::issubdtype(base.dtype(), mx::integer)) {
-    auto r = mx::power(mx::astype(base, mx::float64 == base.dtype() ? mx::float64 : mx::float32, c.s),
-                       mx::astype(expo, mx::float32, c.s), c.s);
+    if (c.s.device == mx::Device::cpu) {
+      auto r = mx::power(mx::astype(base, mx::float64, c.s), mx::astype(expo, mx::float64, c.s), c.s);
+      return {mx::astype(r, base.dtype(), c.s)};
+    }
+    auto r = mx::power(mx::astype(base, mx::float32, c.s), mx::astype(expo, mx::float32, c.s), c.s);
     return {mx::astype(mx::round(r, 0, c.s), base.dtype(), c.s)};
   }
   return {mx::power(base, mx::astype(expo, base.dtype(), c.s), c.s)};
@@ -149,7 +157,10 @@ Support check_mod(const NodeQuery& q) {
 }
 Support check_pow(const NodeQuery& q) {
   if (auto s = input_dtype_in(q, 0, kFloat, {DType::Int32, DType::Int64}); !s) return s;
-  return numeric_input(q, 1);
+  if (auto s = numeric_input(q, 1); !s) return s;
+  if (q.gpu && graph::is_integer(q.input_dtype(0)) && graph::is_float(q.input_dtype(1)))
+    return Support::no("integer Pow with a float exponent truncates a float64 result (CPU only)");
+  return Support::yes();
 }
 Support check_isinf(const NodeQuery& q) { return float_input(q, 0); }
 Support check_bitshift(const NodeQuery& q) { return input_dtype_in(q, 0, kUnsignedInt); }

@@ -85,8 +85,10 @@ using namespace nn;
 std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
 // The begin padding of an auto_pad SAME split: the odd one goes to the end for SAME_UPPER and
-// to the beginning for SAME_LOWER.
-int64_t same_begin(int64_t total, bool upper) { return upper ? total / 2 : total - total / 2; }
+// to the beginning for SAME_LOWER. Written as ORT's ComputePad does, with C++ division that
+// truncates toward zero: for a negative total (stride above the kernel) SAME_LOWER's begin is
+// (total + 1) / 2, e.g. 0 for -2 (total - total / 2 would give -1 and shift every window).
+int64_t same_begin(int64_t total, bool upper) { return upper ? total / 2 : (total + 1) / 2; }
 
 // MLX's CPU convolution accumulates float64 in float32, so float64 convolutions run as im2col
 // (a strided window view) + a float64 matmul, which is exact. Same contract as conv_general:
@@ -178,7 +180,39 @@ Support check_conv_common(const NodeQuery& q) {
   return check_spatial_attrs(q);
 }
 
-Support check_conv(const NodeQuery& q) { return check_conv_common(q); }
+// auto_pad SAME with a stride above the dilated kernel can ask for a negative total padding
+// ((ceil(in/s) - 1) * s + dk - in < 0). A negative end padding only drops unused input (the crop
+// in translate_conv matches ORT), but ORT's CPU kernel places the windows differently from that
+// crop when the begin padding is negative (fuzz finding): declined at claim time then, and when
+// the spatial size or the kernel is not known statically.
+Support check_same_pad_stride(const NodeQuery& q) {
+  auto auto_pad = q.node.attr_string("auto_pad", "NOTSET");
+  if (auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER") return Support::yes();
+  auto strides = q.node.attr_ints("strides");
+  auto kernel = q.node.attr_ints("kernel_shape");
+  const auto* w = q.input_info(1);
+  if (kernel.empty() && w && w->has_shape && w->dims.size() > 2)
+    kernel.assign(w->dims.begin() + 2, w->dims.end());
+  const auto* x = q.input_info(0);
+  auto dil = q.node.attr_ints("dilations");
+  for (size_t d = 0; d < strides.size(); ++d) {
+    int64_t s = strides[d], k = d < kernel.size() ? kernel[d] : -1;
+    if (s <= 1) continue;
+    if (k < 1) return Support::no("auto_pad SAME with a stride > 1 and an unknown kernel size");
+    int64_t dk = (k - 1) * (d < dil.size() ? dil[d] : 1) + 1;
+    if (s <= dk) continue;
+    int64_t in = x && x->has_shape && x->dims.size() == strides.size() + 2 ? x->dims[2 + d] : -1;
+    if (in < 0 || same_begin(((in + s - 1) / s - 1) * s + dk - in, auto_pad == "SAME_UPPER") < 0)
+      return Support::no("auto_pad SAME with a stride above the (dilated) kernel size and a "
+                         "negative begin padding (ORT places those windows differently)");
+  }
+  return Support::yes();
+}
+
+Support check_conv(const NodeQuery& q) {
+  if (auto s = check_conv_common(q); !s) return s;
+  return check_same_pad_stride(q);
+}
 
 // Validates the weight against the input and returns the kernel's spatial shape.
 std::vector<int64_t> conv_kernel(OpContext& c, const mx::array& x, const mx::array& w) {

@@ -62,6 +62,7 @@ Support check_float(const NodeQuery& q) { return float_input(q, 0); }
 Support check_batch_norm(const NodeQuery& q) {
   for (size_t i = 0; i < 5; ++i)
     if (auto s = float_input(q, i); !s) return s;
+  if (auto s = flag_attr_0_or_1(q, "training_mode"); !s) return s;
   // Opset 14+ (training_mode attribute): outputs running_mean/var exist only in training mode.
   // Older opsets' training outputs (mean, var, saved_mean, saved_var) are not supported.
   const bool training = q.node.attr_int("training_mode", 0) != 0;

@@ -156,12 +156,38 @@ mx::array tap_counts(const Window& w, bool include_pad, mx::Dtype t) {
   return mx::astype(mx::array(counts.begin(), shape, mx::float32), t);
 }
 
+// A (dilated) window larger than its padded input: ONNX's formula gives <= 0 outputs, ORT's
+// kernel (integer division truncating toward zero) gives 1 for a small overhang, whose window
+// then reaches past the declared padding. Declined where the input's spatial sizes are static
+// (SAME padding always fits one window); dynamic ones keep ONNX's formula.
+Support check_window_fits(const NodeQuery& q) {
+  const auto* x = q.input_info(0);
+  if (!x || !x->has_shape || x->dims.size() < 3) return Support::yes();
+  const size_t nd = x->dims.size() - 2;
+  auto auto_pad = q.node.attr_string("auto_pad", "NOTSET");
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") return Support::yes();
+  auto kernel = q.node.attr_ints("kernel_shape");
+  auto dil = q.node.attr_ints("dilations");
+  auto pads = q.node.attr_ints("pads");
+  for (size_t d = 0; d < nd && d < kernel.size(); ++d) {
+    int64_t in = x->dims[2 + d];
+    if (in < 0) continue;
+    if (auto_pad != "VALID" && pads.size() == 2 * nd) in += pads[d] + pads[nd + d];
+    if ((kernel[d] - 1) * (d < dil.size() ? dil[d] : 1) + 1 > in)
+      return Support::no("pooling window larger than its padded input (ORT's output size differs "
+                         "from ONNX's there)");
+  }
+  return Support::yes();
+}
+
 Support check_pool_common(const NodeQuery& q, bool has_kernel) {
   if (auto s = check_rank(q, 0, 3, 5); !s) return s;
   if (!has_kernel) return Support::yes();
   if (auto s = check_auto_pad(q); !s) return s;
+  if (auto s = flag_attr_0_or_1(q, "ceil_mode"); !s) return s;
   if (q.node.attr_ints("kernel_shape").empty()) return Support::no("kernel_shape is required");
-  return check_spatial_attrs(q);
+  if (auto s = check_spatial_attrs(q); !s) return s;
+  return check_window_fits(q);
 }
 
 // The flat input index of every element of x (N, C, D..), as ORT's MaxPool reports it:

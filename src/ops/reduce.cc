@@ -213,6 +213,8 @@ Support check_reduce(const NodeQuery& q) {
   DType t = q.input_dtype(0);
   if ((K == R::Max || K == R::Min) && t == DType::Bool) return Support::yes();
   if (auto ok = numeric_input(q, 0); !ok) return ok;
+  if (auto ok = flag_attr_0_or_1(q, "keepdims"); !ok) return ok;
+  if (auto ok = flag_attr_0_or_1(q, "noop_with_empty_axes"); !ok) return ok;
   if (K == R::L2 && q.gpu && graph::is_integer(t))
     return Support::no("integer ReduceL2 computes its sqrt in float64 (CPU only)");
   return Support::yes();
@@ -246,6 +248,10 @@ Outputs translate_arg(OpContext& c) {
 }
 
 Support check_numeric(const NodeQuery& q) { return numeric_input(q, 0); }
+Support check_arg(const NodeQuery& q) {
+  if (auto ok = numeric_input(q, 0); !ok) return ok;
+  return flag_attr_0_or_1(q, "keepdims");
+}
 Support check_float(const NodeQuery& q) { return float_input(q, 0); }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,8 +377,8 @@ const OpEntry kOps[] = {
      kIntReduceNote},
     {"", "ReduceLogSumExp", 1, kAnyOpset, check_reduce<R::LogSumExp>,
      translate_reduce<R::LogSumExp>, kIntReduceNote},
-    {"", "ArgMax", 1, kAnyOpset, check_numeric, translate_arg<true>},
-    {"", "ArgMin", 1, kAnyOpset, check_numeric, translate_arg<false>},
+    {"", "ArgMax", 1, kAnyOpset, check_arg, translate_arg<true>},
+    {"", "ArgMin", 1, kAnyOpset, check_arg, translate_arg<false>},
     {"", "TopK", 1, kAnyOpset, check_numeric, translate_topk,
      "ties: lower index first; NaN order unspecified (sorted last)"},
     {"", "CumSum", 11, kAnyOpset, check_cumulative, translate_cumulative<false>},

@@ -7,6 +7,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
 
 rng = np.random.default_rng(3)
 
@@ -42,71 +43,112 @@ def test_layer_normalization_without_bias_runs_on_mlx():
         np.testing.assert_allclose(inv, iv, rtol=1e-4)
 
 
-def run_both(m, feeds):
+def declined_to_cpu(m, feeds, tmp_path, why):
+    """The node is declined at claim time with a reason containing `why`, and the session still
+    runs it on ORT's CPU EP (fallback) with the CPU EP's own result."""
     ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
-    s = ort.InferenceSession(m, sess_options=om.session_options("cpu", fallback=True))
-    s.disable_fallback()
-    return s.run(None, feeds), ref
+    report = tmp_path / "report.jsonl"
+    so = om.record_assignment(om.session_options("cpu", fallback=True, report_path=str(report)))
+    s = ort.InferenceSession(m, sess_options=so)
+    got = s.run(None, feeds)
+    placed = om.placement(s)
+    assert om.EP_NAME not in placed and "CPUExecutionProvider" in placed, placed
+    reasons = [r.get("reason", "") for r in runner.read_report(str(report))]
+    assert any(why in r for r in reasons), reasons
+    assert len(got) == len(ref)
+    for a, e in zip(got, ref):
+        if e is None:  # an output the CPU kernel leaves unset (BatchNorm not in training mode)
+            assert a is None
+            continue
+        assert a.shape == e.shape and a.dtype == e.dtype
+        np.testing.assert_array_equal(a, e)
 
 
 # Fuzz mismatches: a 0/1 flag attribute set to another value. ORT's CPU kernels read keepdims /
-# ceil_mode as `== 1`; the MLX EP reads `!= 0` and gives other shapes. It should decline such
-# values at claim time (then the CPU EP runs the node and these pass).
-@pytest.mark.xfail(strict=True, reason="src/ops/reduce.cc reads keepdims as != 0 (ORT: == 1)")
+# ceil_mode / noop_with_empty_axes / training_mode as `== 1`; the MLX EP read `!= 0` and gave
+# other shapes. Such values are declined at claim time (the CPU EP runs the node).
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ArgMax"])
-def test_keepdims_other_than_0_or_1(op):
+def test_keepdims_other_than_0_or_1(op, tmp_path):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     if op == "ArgMax":
         node = helper.make_node(op, ["x"], ["z"], axis=1, keepdims=-3)
-        m = model(node, [vi("x", [3, 4])])
+        g = helper.make_graph([node], "g", [vi("x", [3, 4])], [vi("z", None, TP.INT64)])
+        mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        mp.ir_version = 9
+        m = mp.SerializeToString()
     else:
         node = helper.make_node(op, ["x", "axes"], ["z"], keepdims=-3)
         axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
         m = model(node, [vi("x", [3, 4])], [axes], opset=18)
-    got, ref = run_both(m, {"x": x})
-    assert got[0].shape == ref[0].shape
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    declined_to_cpu(m, {"x": x}, tmp_path, "keepdims must be 0 or 1")
 
 
-@pytest.mark.xfail(strict=True, reason="src/ops/pool.cc reads ceil_mode as != 0 (ORT: == 1)")
 @pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
-def test_ceil_mode_other_than_0_or_1(op):
+def test_ceil_mode_other_than_0_or_1(op, tmp_path):
     x = rng.standard_normal((1, 1, 8, 8)).astype(np.float32)
     node = helper.make_node(op, ["x"], ["z"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=-3)
-    got, ref = run_both(model(node, [vi("x", [1, 1, 8, 8])]), {"x": x})
-    assert got[0].shape == ref[0].shape
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    declined_to_cpu(model(node, [vi("x", [1, 1, 8, 8])]), {"x": x}, tmp_path,
+                    "ceil_mode must be 0 or 1")
 
 
-@pytest.mark.xfail(strict=True, reason="src/ops/reduce.cc reads noop_with_empty_axes as != 0")
-def test_noop_with_empty_axes_other_than_0_or_1():
+def test_noop_with_empty_axes_other_than_0_or_1(tmp_path):
     x = rng.standard_normal((3, 2, 2)).astype(np.float32)
     node = helper.make_node("ReduceSum", ["x", "axes"], ["z"], keepdims=1, noop_with_empty_axes=2)
     axes = numpy_helper.from_array(np.zeros(0, np.int64), "axes")
-    got, ref = run_both(model(node, [vi("x", [3, 2, 2])], [axes], opset=18), {"x": x})
-    assert got[0].shape == ref[0].shape
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    declined_to_cpu(model(node, [vi("x", [3, 2, 2])], [axes], opset=18), {"x": x}, tmp_path,
+                    "noop_with_empty_axes must be 0 or 1")
 
 
-@pytest.mark.xfail(strict=True, reason="pooling window larger than the input: src/ops/pool.cc gives "
-                   "0 outputs (ONNX formula), ORT's kernel 1; should be declined")
-def test_pool_window_larger_than_input():
+def test_pool_window_larger_than_input(tmp_path):
+    # ONNX's formula gives 0 outputs along the first spatial dim, ORT's kernel 1: declined.
     x = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
     node = helper.make_node("AveragePool", ["x"], ["z"], kernel_shape=[6, 2], strides=[2, 2])
-    got, ref = run_both(model(node, [vi("x", [1, 1, 5, 5])]), {"x": x})
-    assert got[0].shape == ref[0].shape
+    declined_to_cpu(model(node, [vi("x", [1, 1, 5, 5])]), {"x": x}, tmp_path,
+                    "pooling window larger than its padded input")
 
 
-@pytest.mark.xfail(strict=True, reason="src/ops/elementwise.cc: int ** float rounds, ORT truncates")
-def test_pow_of_int_base_with_float_exponent():
-    x = np.array([0, 3, 3, 7], np.int32)
-    y = np.array([0.5, -0.13, 0.64, 0.5], np.float32)
+def test_pool_window_fitting_only_with_its_pads_runs_on_mlx():
+    # The same window fits once the declared pads are counted: claimed, and matches ORT.
+    x = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
+    node = helper.make_node("AveragePool", ["x"], ["z"], kernel_shape=[6, 2], strides=[2, 2],
+                            pads=[1, 0, 0, 0])
+    m = model(node, [vi("x", [1, 1, 5, 5])])
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    s = ort.InferenceSession(m, sess_options=om.session_options("cpu", fallback=False))
+    for _ in range(2):
+        got = s.run(None, {"x": x})
+        assert got[0].shape == ref[0].shape
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+
+
+# Integer base: ORT computes std::pow in double and casts back (truncation toward zero), e.g.
+# 3^-0.13 -> 0 and 7^0.5 -> 2 (the EP rounded before); int64 results need float64's precision.
+@pytest.mark.parametrize("case", ["int32_float", "int64_double", "int64_int64"])
+def test_pow_of_int_base_matches_ort(case):
+    if case == "int32_float":
+        x = np.array([0, 3, 3, 7, 10, 2], np.int32)
+        y = np.array([0.5, -0.13, 0.64, 0.5, 2.9999, -1], np.float32)
+        tx, ty = TP.INT32, TP.FLOAT
+    elif case == "int64_double":
+        x = np.array([3, 7, -2, 10**9, 5], np.int64)
+        y = np.array([0.5, 0.5, -1.0, 2.0, 1.5], np.float64)
+        tx, ty = TP.INT64, TP.DOUBLE
+    else:
+        x = np.array([3, 2, -2, 0, 3, 3], np.int64)
+        y = np.array([4, -1, -1, 0, 39, 27], np.int64)
+        tx, ty = TP.INT64, TP.INT64
+    n = len(x)
     g = helper.make_graph([helper.make_node("Pow", ["x", "y"], ["z"])], "g",
-                          [vi("x", [4], TP.INT32), vi("y", [4])], [vi("z", [4], TP.INT32)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
-    m.ir_version = 9
-    got, ref = run_both(m.SerializeToString(), {"x": x, "y": y})
-    np.testing.assert_array_equal(got[0], ref[0])
+                          [vi("x", [n], tx), vi("y", [n], ty)], [vi("z", [n], tx)])
+    mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    mp.ir_version = 9
+    m = mp.SerializeToString()
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x, "y": y})
+    s = ort.InferenceSession(m, sess_options=om.session_options("cpu", fallback=False))
+    for _ in range(2):  # eager probe, then compiled
+        got = s.run(None, {"x": x, "y": y})
+        assert got[0].dtype == ref[0].dtype
+        np.testing.assert_array_equal(got[0], ref[0])
 
 
 # Fuzz crashes of ORT's CPU kernels (SIGSEGV / SIGFPE there, so no CPU reference): the same
@@ -150,25 +192,42 @@ def test_einsum_with_a_dropped_input_is_a_clean_error():
     assert "missing" in str(e.value), e.value
 
 
-@pytest.mark.xfail(strict=True, reason="src/ops/normalization.cc:67 reads training_mode as != 0 "
-                   "(ORT: == 1)")
-def test_batchnorm_training_mode_other_than_0_or_1():
+def test_batchnorm_training_mode_other_than_0_or_1(tmp_path):
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     p = {k: rng.random(3).astype(np.float32) + 0.5 for k in ("s", "b", "mean", "var")}
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"],
                             ["y", "run_mean", "run_var"], training_mode=-3)
     inputs = [vi("x", [2, 3, 4, 5])] + [vi(k, [3]) for k in p]
-    got, ref = run_both(model(node, inputs, opset=15, n_out=3), {"x": x, **p})
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+    declined_to_cpu(model(node, inputs, opset=15, n_out=3), {"x": x, **p}, tmp_path,
+                    "training_mode must be 0 or 1")
 
 
-@pytest.mark.xfail(strict=True, reason="src/ops/nn.cc: Conv auto_pad SAME_LOWER with a stride above "
-                   "the kernel (negative total padding) differs from ORT; should be declined")
-def test_conv_same_padding_with_stride_above_kernel():
+# Conv auto_pad SAME with a stride above the kernel (negative total padding). The fuzz case
+# (SAME_LOWER, total -2): ORT splits it as (total + 1) / 2 = 0 at the begin, the EP gave -1 and
+# shifted the windows; now it matches on MLX. A negative begin padding (SAME_UPPER, -2 / 2 = -1)
+# is declined: ORT places those windows differently from the EP's crop.
+def conv_model(auto_pad, strides, hw=5, k=3):
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=auto_pad, kernel_shape=[k, k],
+                            strides=strides)
+    return model(node, [vi("x", [1, 1, hw, hw]), vi("w", [1, 1, k, k])])
+
+
+@pytest.mark.parametrize("auto_pad,strides,hw", [("SAME_LOWER", [6, 2], 5), ("SAME_LOWER", [3, 2], 7),
+                                                  ("SAME_UPPER", [3, 4], 7)])
+def test_conv_same_padding_stride_above_kernel_on_mlx(auto_pad, strides, hw):
+    x = rng.standard_normal((1, 1, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((1, 1, 3, 3)).astype(np.float32)
+    m, feeds = conv_model(auto_pad, strides, hw), {"x": x, "w": w}
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    s = ort.InferenceSession(m, sess_options=om.session_options("cpu", fallback=False))
+    for _ in range(2):  # eager probe, then compiled
+        got = s.run(None, feeds)
+        assert got[0].shape == ref[0].shape
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_conv_same_padding_negative_begin_pad_declined(tmp_path):
     x = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
     w = rng.standard_normal((1, 1, 3, 3)).astype(np.float32)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_LOWER", kernel_shape=[3, 3],
-                            strides=[6, 2])
-    got, ref = run_both(model(node, [vi("x", [1, 1, 5, 5]), vi("w", [1, 1, 3, 3])]), {"x": x, "w": w})
-    assert got[0].shape == ref[0].shape
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+    declined_to_cpu(conv_model("SAME_UPPER", [6, 2]), {"x": x, "w": w}, tmp_path,
+                    "negative begin padding")
