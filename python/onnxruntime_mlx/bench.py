@@ -75,6 +75,16 @@ def _session(path: str, provider: str, device: str, **opts):
     return ort.InferenceSession(str(path), sess_options=om.session_options(device, **opts))
 
 
+def _decode_rate(decode_pass, ctx_ids, spec: dict) -> float:
+    """Decode tokens/s: a warm-up pass from a shorter context (its step shapes differ from the
+    timed passes', so those see a new shape at every step, as real decoding does), then the
+    median of timed passes from `ctx_ids`; decode_pass(ids) returns the seconds of its steps."""
+    c = ctx_ids.shape[1]
+    decode_pass(ctx_ids[:, : max(1, c - spec["steps"] - 1)])
+    times = [decode_pass(ctx_ids) for _ in range(max(1, spec["repeat"] // 2))]
+    return spec["steps"] / statistics.median(times)
+
+
 def _llm_ort(spec: dict) -> dict:
     import numpy as np
     from onnxruntime_mlx.generate import Decoder
@@ -101,11 +111,7 @@ def _llm_ort(spec: dict) -> dict:
                 total += 1
                 logits, past = dec.step(nxt, past, total)
             return time.perf_counter() - t0
-        # A warm-up pass from a shorter context (its step shapes differ from the timed pass's,
-        # so the timed pass sees new shapes at every step, as real decoding does).
-        decode_pass(ids[:, : max(1, c - n - 1)])
-        times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
-        res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+        res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
     res["peak_rss_mb"] = _rss_mb()
     return res
 
@@ -145,9 +151,7 @@ def _llm_mlx_lm(spec: dict) -> dict:
                 logits = model(tok, cache=cache)
                 mx.eval(logits)
             return time.perf_counter() - t0
-        decode_pass(ids[:, : max(1, c - n - 1)])
-        times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
-        res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+        res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
     res["peak_rss_mb"] = _rss_mb()
     return res
 
@@ -190,9 +194,7 @@ def _llm_torch(spec: dict) -> dict:
                     past, logits = out.past_key_values, out.logits
                 sync()
                 return time.perf_counter() - t0
-            decode_pass(ids[:, : max(1, c - n - 1)])
-            times = [decode_pass(ids) for _ in range(max(1, spec["repeat"] // 2))]
-            res[f"decode_tok_s@{c}"] = n / statistics.median(times)
+            res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
     return res
 
 
