@@ -274,7 +274,8 @@ Outputs translate_topk(OpContext& c) {
   int n = x.shape(axis);
   if (k < 0 || k > n)
     c.fail("k = " + std::to_string(k) + " is outside [0, " + std::to_string(n) + "]");
-  bool largest = c.node.since_version < 11 || c.node.attr_int("largest", 1) != 0;
+  // ORT tests largest == 1: any other value (2 included) asks for the smallest k.
+  bool largest = c.node.since_version < 11 || c.node.attr_int("largest", 1) == 1;
   // `sorted = 0` leaves the order unspecified; sorted output is a valid answer.
   mx::array idx = mx::array(0);
   if (k == 1) {

@@ -341,6 +341,12 @@ def test_topk_dtypes(dtype, largest):
     check_node("TopK", inputs, {"largest": largest}, initializers=inits, outputs=2, opset=11)
 
 
+def test_topk_largest_other_than_0_or_1_is_smallest_as_in_ort():
+    x = rand((3, 17), np.float32, 0, 9)
+    inputs, inits = topk_inputs(x, 4)
+    check_node("TopK", inputs, {"largest": 2}, initializers=inits, outputs=2, opset=11)
+
+
 def test_topk_extreme_ints():
     # bitwise_invert as the descending key: no overflow at the type limits.
     for dtype in (np.int8, np.uint8, np.int64):
