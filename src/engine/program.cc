@@ -85,6 +85,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
                  std::vector<std::string> output_names, Options opt)
     : name_(std::move(name)), graph_(g), input_names_(std::move(input_names)),
       output_names_(std::move(output_names)), opt_(opt) {
+  where_ = "fused node '" + name_ + "'";
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);
@@ -542,7 +543,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
   auto eval_all = [this](std::vector<mx::array> outs) {
-    check_evaluation(outs, "fused node '" + name_ + "'");  // before MLX allocates (memory_guard.h)
+    check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
     auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
     tl_last_eval_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

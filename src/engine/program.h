@@ -138,6 +138,7 @@ class Program {
   std::string signature_of(const std::vector<HostTensor>& raw) const;
 
   std::string name_;
+  std::string where_;  // "fused node '<name>'", for messages built on every run
   graph::Graph graph_;  // nodes + value infos (constants' data are not kept here, nor in bodies)
   std::vector<std::string> input_names_, output_names_;
   Options opt_;

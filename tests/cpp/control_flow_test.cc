@@ -4,37 +4,24 @@
 #include <gtest/gtest.h>
 
 #include "engine/program.h"
+#include "graph_builders.h"
 #include "partition/partition.h"
 
 using namespace ortmlx;
 namespace mx = mlx::core;
 using graph::DType;
+using test::floats;
+using test::host;
+using test::int_attr;
+using test::node;
 
 namespace {
-
-graph::Node node(std::string op, std::vector<std::string> in, std::vector<std::string> out,
-                 int opset = 21) {
-  graph::Node n;
-  n.name = op + "_" + (out.empty() ? std::string("x") : out[0]);
-  n.op_type = std::move(op);
-  n.since_version = opset;
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
-}
 
 void add_graph_attr(graph::Node& n, const std::string& name, graph::Graph g) {
   graph::Attribute a;
   a.type = graph::AttrType::Graph;
   g.is_subgraph = true;
   a.g = std::make_shared<const graph::Graph>(std::move(g));
-  n.attrs[name] = a;
-}
-
-void add_int_attr(graph::Node& n, const std::string& name, int64_t v) {
-  graph::Attribute a;
-  a.type = graph::AttrType::Int;
-  a.i = v;
   n.attrs[name] = a;
 }
 
@@ -51,16 +38,6 @@ graph::ConstTensor scalar_const(T v, DType t) {
   return graph::ConstTensor::from_bytes(t, {}, &v, sizeof(T));
 }
 
-template <typename T>
-engine::HostTensor host(DType t, const std::vector<T>& v, std::vector<int64_t> shape) {
-  return {t, std::move(shape), v.data()};
-}
-
-std::vector<float> floats(const mx::array& a) {
-  auto f = mx::astype(a, mx::float32);
-  f.eval();
-  return std::vector<float>(f.data<float>(), f.data<float>() + f.size());
-}
 
 // y = If(k > 0) then x + 1 else x * 2; x is read from the outer scope by both branches.
 graph::Graph if_graph() {
@@ -104,7 +81,7 @@ TEST(ControlFlow, IfOnLargeDataStaysEager) {
   graph::Graph g = if_graph();
   // k becomes ReduceMax(big): a 5000-element input decides the branch.
   g.nodes.insert(g.nodes.begin(), node("ReduceMax", {"big"}, {"k"}));
-  add_int_attr(g.nodes[0], "keepdims", 0);
+  int_attr(g.nodes[0], "keepdims", 0);
   engine::Program p("p", g, {"big", "x"}, {"y"}, {});
   std::vector<float> x = {1, 2, 3};
   for (int rep = 0; rep < 3; ++rep)

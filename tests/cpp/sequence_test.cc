@@ -6,31 +6,18 @@
 #include <algorithm>
 
 #include "engine/program.h"
+#include "graph_builders.h"
 #include "partition/partition.h"
 
 using namespace ortmlx;
 namespace mx = mlx::core;
 using graph::DType;
+using test::floats;
+using test::host;
+using test::int_attr;
+using test::node;
 
 namespace {
-
-graph::Node node(std::string op, std::vector<std::string> in, std::vector<std::string> out,
-                 int opset = 21) {
-  graph::Node n;
-  n.name = op + "_" + (out.empty() ? std::string("x") : out[0]);
-  n.op_type = std::move(op);
-  n.since_version = opset;
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
-}
-
-void int_attr(graph::Node& n, const std::string& name, int64_t v) {
-  graph::Attribute a;
-  a.type = graph::AttrType::Int;
-  a.i = v;
-  n.attrs[name] = a;
-}
 
 void seq_info(graph::Graph& g, const std::string& name, DType elem = DType::Float32) {
   graph::ValueInfo v;
@@ -41,16 +28,6 @@ void seq_info(graph::Graph& g, const std::string& name, DType elem = DType::Floa
   g.values[name] = v;
 }
 
-template <typename T>
-engine::HostTensor host(DType t, const std::vector<T>& v, std::vector<int64_t> shape) {
-  return {t, std::move(shape), v.data()};
-}
-
-std::vector<float> floats(const mx::array& a) {
-  auto f = mx::astype(a, mx::float32);
-  f.eval();
-  return std::vector<float>(f.data<float>(), f.data<float>() + f.size());
-}
 
 }  // namespace
 

@@ -1,0 +1,46 @@
+// Small builders shared by the engine-level C++ tests: graph view nodes and attributes, host
+// tensors for Program::run, and reading results back.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "engine/program.h"
+#include "graph/view.h"
+
+namespace ortmlx::test {
+
+inline graph::Node node(std::string op, std::vector<std::string> in, std::vector<std::string> out,
+                        int opset = 21) {
+  graph::Node n;
+  n.name = op + "_" + (out.empty() ? std::string("x") : out[0]);
+  n.op_type = std::move(op);
+  n.since_version = opset;
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  return n;
+}
+
+inline void int_attr(graph::Node& n, const std::string& name, int64_t v) {
+  graph::Attribute a;
+  a.type = graph::AttrType::Int;
+  a.i = v;
+  n.attrs[name] = a;
+}
+
+// A HostTensor over `v`'s bytes (the vector must outlive the run).
+template <typename T>
+engine::HostTensor host(graph::DType t, const std::vector<T>& v, std::vector<int64_t> shape) {
+  return {t, std::move(shape), v.data()};
+}
+
+inline std::vector<float> floats(const mlx::core::array& a) {
+  auto f = mlx::core::astype(a, mlx::core::float32);
+  f.eval();
+  return std::vector<float>(f.data<float>(), f.data<float>() + f.size());
+}
+
+}  // namespace ortmlx::test
