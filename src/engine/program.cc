@@ -64,6 +64,13 @@ bool touches_empty(const std::vector<mx::array>& outs) {
   return false;
 }
 
+// An evaluated, row-contiguous array's data in a buffer of its own.
+mx::array owned_copy(const mx::array& a) {
+  auto data = mx::allocator::malloc(std::max<size_t>(a.nbytes(), 1));
+  if (a.nbytes()) std::memcpy(data.buffer().raw_ptr(), a.data<void>(), a.nbytes());
+  return mx::array(std::move(data), a.shape(), a.dtype());
+}
+
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
 
 // Gives the program its own copy of every subgraph (recursively), so their constants can be
@@ -259,7 +266,9 @@ struct Program::Run {
     mx::array a = mx::contiguous(v, false, s);
     a.eval();
     if (host_deps) host_deps->insert(host_deps->end(), t.begin(), t.end());
-    if (record) record->push_back(a);
+    // A recorded value outlives the run, and `a` may share a borrowed input's buffer
+    // (contiguous() of a contiguous array is a view): keep an owned copy.
+    if (record) record->push_back(owned_copy(a));
     return a;
   }
 };
@@ -441,12 +450,23 @@ Program::Layout Program::layout_of(const std::vector<HostTensor>& raw) {
   return layout;
 }
 
-std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) {
+mx::array Program::input_array(const HostTensor& t) const {
+  // Borrowing ORT's input buffer saves a copy of every input on every run (a decode step's
+  // whole KV cache). It is safe because nothing keeps these arrays past run(): host reads
+  // recorded for replay are owned copies (Run::read), the prepare-once cache takes constants
+  // only, outputs are copied out before Compute returns, and MLX never donates (writes into)
+  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there.
+  if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);
+  auto dtype = ops::mlx_dtype(t.dtype);
+  return mx::array(const_cast<void*>(t.data), ops::to_shape(t.shape), dtype, [](void*) {});
+}
+
+std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) const {
   // A sequence's items are arguments of their own, so mx::compile sees them as inputs.
   std::vector<mx::array> args;
   for (const auto& t : raw) {
-    if (t.kind == HostTensor::Kind::Tensor) args.push_back(to_array(t));
-    for (const auto& item : t.items) args.push_back(to_array(item));
+    if (t.kind == HostTensor::Kind::Tensor) args.push_back(input_array(t));
+    for (const auto& item : t.items) args.push_back(input_array(item));
   }
   return args;
 }

@@ -126,7 +126,10 @@ class Program {
   // (none), n >= 0 a sequence whose n items are n arguments. Part of the signature.
   using Layout = std::vector<int>;
   static Layout layout_of(const std::vector<HostTensor>& raw);
-  static std::vector<mx::array> arguments(const std::vector<HostTensor>& raw);
+  // On the CPU device the fused inputs are borrowed, not copied: arrays over ORT's buffers with
+  // no-op deleters, valid for this run only (see input_array).
+  std::vector<mx::array> arguments(const std::vector<HostTensor>& raw) const;
+  mx::array input_array(const HostTensor& t) const;
   std::vector<mx::array> translate(const std::vector<mx::array>& args, const Layout& layout,
                                    Mode mode,
                                    HostRecord* record, std::vector<int>* host_deps,

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "ops/contrib_internal.h"
+#include "ops/cpu_gemv.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -31,7 +32,11 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
             const std::optional<mx::array>& mask, const std::optional<mx::array>& bias,
             float softcap, const std::optional<mx::array>& sinks, mx::Stream s, int qk_mode = -1) {
   const auto t = q.dtype();
-  if (softcap <= 0.f && qk_mode < 0) {
+  // One query row on the CPU (a decode step): the explicit math below with BLAS gemv products.
+  // MLX's fused attention falls back to sgemm there, which packs K and V on every call.
+  const bool row_gemv = q.shape(2) == 1 && t == mx::float32 && s.device == mx::Device::cpu &&
+                        cpu_gemv_available();
+  if (softcap <= 0.f && qk_mode < 0 && !row_gemv) {
     std::optional<mx::array> m;
     if (bias && mask)
       m = mx::where(*mask, mx::astype(*bias, t, s), mx::array(kNegInf, t), s);
@@ -48,7 +53,12 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
   const int Nkv = k.shape(1), T = k.shape(2), Hv = v.shape(3), rep = N / Nkv;
   auto q5 = mx::reshape(q, {B, Nkv, rep, S, H}, s);
   auto k5 = mx::expand_dims(k, 2, s), v5 = mx::expand_dims(v, 2, s);
-  auto scores = mx::multiply(mx::matmul(q5, mx::swapaxes(k5, -1, -2, s), s), mx::array(scale, t), s);
+  auto product = [&](const mx::array& a, const mx::array& b) {
+    if (row_gemv)
+      if (auto y = cpu_row_gemv(a, b, s)) return *y;
+    return mx::matmul(a, b, s);
+  };
+  auto scores = mx::multiply(product(q5, mx::swapaxes(k5, -1, -2, s)), mx::array(scale, t), s);
   scores = mx::reshape(scores, {B, N, S, T}, s);
   std::optional<mx::array> qk;
   if (qk_mode == 0) qk = scores;
@@ -69,7 +79,7 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
     probs = mx::softmax(scores, -1, true, s);
   }
   if (qk_mode == 3) qk = probs;
-  auto out = mx::matmul(mx::reshape(probs, {B, Nkv, rep, S, T}, s), v5, s);
+  auto out = product(mx::reshape(probs, {B, Nkv, rep, S, T}, s), v5);
   return {mx::reshape(out, {B, N, S, Hv}, s), qk};
 }
 
@@ -95,6 +105,22 @@ mx::array slice_axis(const mx::array& a, int axis, int lo, int hi, mx::Stream s)
 mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fresh,
                       const mx::array& past_len, int T, mx::Stream s) {
   const int B = fresh.shape(0), Nkv = fresh.shape(1), S = fresh.shape(2), H = fresh.shape(3);
+  if (B == 1 && S <= T) {
+    // One sequence (every decode step): the past buffer, zero-padded to T rows, with the new
+    // rows written at past_len by a dynamic slice update: one pass over the cache, where the
+    // gather below takes several. Rows from past_len + S up to the past buffer's length keep
+    // the past buffer's rows instead of zeros; ORT's CPU kernel leaves those rows unwritten
+    // (no attention reads them), and in decoding they do not exist (past_len is the past
+    // buffer's length). past_len is clipped to [0, T - S] (consistent inputs always are).
+    const auto zero = mx::array(0, fresh.dtype());
+    mx::array base = mx::zeros({1, Nkv, T, H}, fresh.dtype(), s);
+    if (past) {
+      const int P = past->shape(2);
+      base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
+    }
+    auto start = mx::clip(past_len, mx::array(0), mx::array(T - S), s);
+    return mx::slice_update(base, fresh, start, {2}, s);
+  }
   auto rel = mx::subtract(mx::reshape(mx::arange(T, mx::int32, s), {1, 1, T, 1}, s),
                           mx::reshape(past_len, {B, 1, 1, 1}, s), s);  // row - past_len[b]
   auto idx = mx::broadcast_to(mx::clip(rel, mx::array(0), mx::array(S - 1), s), {B, Nkv, T, H}, s);

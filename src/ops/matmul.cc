@@ -9,6 +9,7 @@
 // wrap-around integer accumulation gives.
 #include <cmath>
 
+#include "ops/cpu_gemv.h"
 #include "ops/common.h"
 #include "ops/int_matmul.h"
 
@@ -40,6 +41,8 @@ mx::array unpromote(mx::array y, const Promoted& p, mx::Stream s) {
 }
 
 mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
+  if (b.ndim() == 2)  // one row times a weight matrix (a decode step): BLAS gemv on the CPU
+    if (auto y = cpu_row_gemv(a, b, s)) return *y;
   if (compute_half_in_f32(a, s))
     return mx::astype(mx::matmul(mx::astype(a, mx::float32, s), mx::astype(b, mx::float32, s), s),
                       a.dtype(), s);
@@ -203,6 +206,12 @@ Outputs translate_gemm(OpContext& c) {
     b = mx::astype(b, mx::float32, c.s);
   }
   mx::array y = [&] {
+    if (auto row = cpu_row_gemv(a, b, c.s)) {  // M == 1 on the CPU: gemv, then alpha and C
+      auto m = alpha == 1.f ? *row : mx::multiply(*row, mx::array(alpha, row->dtype()), c.s);
+      if (!cc) return m;
+      auto bias = mx::astype(*cc, m.dtype(), c.s);
+      return mx::add(m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m.dtype()), c.s), c.s);
+    }
     if (!cc) {
       auto m = mx::matmul(a, b, c.s);
       return alpha == 1.f ? m : mx::multiply(m, mx::array(alpha, m.dtype()), c.s);

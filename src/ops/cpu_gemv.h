@@ -1,0 +1,27 @@
+// Row-vector x matrix products on MLX's CPU stream through BLAS's sgemv.
+//
+// Why: MLX's CPU Matmul always calls sgemm. For a single row (every decode step of an LLM) the
+// BLAS we link (Debian's OpenBLAS 0.3.21) packs the whole weight matrix on every sgemm call, and
+// sgemv does not: measured on this 2-core machine, x[1,512] @ W[512,1536] took 269 us through
+// sgemm and 73 us through sgemv; [1,512] @ [512,32000] 6.2 ms vs 3.2 ms. Weight reads are the
+// decode step, so this is most of its time.
+#pragma once
+
+#include <optional>
+
+#include <mlx/mlx.h>
+
+namespace ortmlx::ops {
+
+namespace mx = mlx::core;
+
+// x @ w for a float32 x holding one row ([K], or [1, ..., 1, K]) and a 2-D float32 w [K, N], as
+// one MLX primitive that calls sgemv, when `s` is a CPU stream and the process has a CBLAS
+// sgemv; std::nullopt otherwise (the caller uses mx::matmul). The result has x's shape with the
+// last dim N. Any strides work (a transposed weight view is read as such, without a copy).
+std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s);
+
+// Whether the gemv path is available in this process (a CBLAS sgemv was found).
+bool cpu_gemv_available();
+
+}  // namespace ortmlx::ops
