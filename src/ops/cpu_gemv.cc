@@ -23,8 +23,7 @@ using SgemvFn = void (*)(int order, int trans, int m, int n, float alpha, const 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 SgemvFn find_sgemv() {
-  if (const char* off = std::getenv("ORT_MLX_CPU_GEMV"); off && std::strcmp(off, "0") == 0)
-    return nullptr;  // lets a benchmark or a bisection compare with MLX's own sgemm path
+  if (!cpu_row_kernels_enabled()) return nullptr;
   // libmlx's own scope first (itself and its DT_NEEDED libraries: the BLAS behind its sgemm),
   // then the global scope. ORT loads the EP with RTLD_LOCAL, so the global one may not see it.
   Dl_info info{};
@@ -141,6 +140,15 @@ class RowGemv : public mx::Primitive {
 }  // namespace
 
 bool cpu_gemv_available() { return sgemv() != nullptr; }
+
+bool cpu_row_kernels_enabled() {
+  // ORT_MLX_CPU_GEMV=0 lets a benchmark or a bisection compare with MLX's own paths.
+  static const bool on = [] {
+    const char* v = std::getenv("ORT_MLX_CPU_GEMV");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
 
 std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s) {
   if (s.device != mx::Device::cpu || !sgemv()) return std::nullopt;

@@ -23,5 +23,18 @@ std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx
 
 // Whether the gemv path is available in this process (a CBLAS sgemv was found).
 bool cpu_gemv_available();
+// False when the environment sets ORT_MLX_CPU_GEMV=0: both row kernels are then off.
+bool cpu_row_kernels_enabled();
+
+// One float32 row times a 4-bit blockwise-quantized weight in MatMulNBits's layout, on MLX's CPU
+// stream: y[n] = sum_b scales[n, b] * (q[n, b, :] . x_b) + zbias[n, b] * sum(x_b), with
+// zbias = -scale * zero_point. packed: uint8 [N, n_blocks * block / 2] (low nibble first);
+// scales, zbias: float32 [N, n_blocks]. x: float32 with one row of K ([K] or [1, ..., 1, K]).
+// Why: MLX's CPU quantized_matmul is a scalar loop (~50 ms a decode step on a 60M-parameter
+// model, ORT's CPU EP takes 4); this reads the 4-bit weights once, with AVX2 where the CPU has it,
+// split over threads. std::nullopt when `s` is not a CPU stream or the shapes do not fit.
+std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
+                                       const mx::array& scales, const mx::array& zbias, int K,
+                                       int block, mx::Stream s);
 
 }  // namespace ortmlx::ops

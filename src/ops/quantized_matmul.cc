@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "ops/contrib_internal.h"
+#include "ops/cpu_gemv.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -169,7 +170,23 @@ Outputs translate_matmul_nbits(OpContext& c) {
   const int64_t rows = K ? static_cast<int64_t>(x.size()) / K : 0;
   const bool cpu_many_rows = c.s.device == mx::Device::cpu && rows >= 8;
   mx::array y = x;
-  if (p.block >= 32 && !g_idx && !cpu_many_rows) {
+  std::optional<mx::array> row_kernel;
+  if (c.s.device == mx::Device::cpu && rows == 1 && p.bits == 4 && !g_idx && ct == mx::float32) {
+    // One row on the CPU (a decode step): the 4-bit row kernel on ORT's bytes, with float32
+    // scales and -scale * zero_point per block, prepared once.
+    // (contiguous: the kernel reads them flat, also when they are not initializers)
+    auto sc = c.prepared("row_scales", weight_inputs, [&] {
+      return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
+    });
+    auto zb = c.prepared("row_zbias", weight_inputs, [&] {
+      return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
+                            false, c.s);
+    });
+    row_kernel = cpu_int4_gemv(x, packed, sc, zb, K, static_cast<int>(p.block), c.s);
+  }
+  if (row_kernel) {
+    y = *row_kernel;
+  } else if (p.block >= 32 && !g_idx && !cpu_many_rows) {
     // MLX affine quantized matmul on ORT's bytes viewed as uint32 words.
     const int group = static_cast<int>(std::min<int64_t>(p.block, 128));
     const int rep = static_cast<int>(p.block) / group;

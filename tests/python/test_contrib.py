@@ -100,6 +100,21 @@ def test_matmul_nbits(bits, block, zp_kind, M):
     nbits_check(M, 2 * block, 24, bits, block, zp_kind)
 
 
+# One row on the CPU runs the EP's 4-bit row kernel (ops/cpu_int4_gemv.cc): a partial last block
+# (K not a multiple of block_size), enough rows to split over threads, 3-D A, accuracy level 4,
+# weights as a graph input, and a bias.
+@pytest.mark.parametrize("block", [16, 32, 128])
+@pytest.mark.parametrize("zp_kind", [None, "u8", "float"])
+@pytest.mark.parametrize("case", ["partial", "threads", "3d", "acc4", "b_input", "bias"])
+def test_matmul_nbits_one_row(block, zp_kind, case):
+    K, N = (1000, 600) if case == "threads" else (3 * block + 5, 40)
+    kw = {"partial": {}, "threads": {}, "3d": {"a_shape": (1, 1, K)}, "acc4": {"accuracy_level": 4},
+          "b_input": {"b_as_input": True}, "bias": {"bias": True}}[case]
+    if case == "acc4" and zp_kind == "float":
+        pytest.skip("accuracy_level 4 with float zero points: ORT's kernel differs (see above)")
+    nbits_check(1, K, N, 4, block, zp_kind, **kw)
+
+
 @pytest.mark.parametrize("block", [16, 32, 256])
 def test_matmul_nbits_8bit_float_zero_points(block):
     # The oracle cannot run this case ("Only 2b and 4b quantization is supported for unpacked

@@ -1,0 +1,198 @@
+// The 4-bit row kernel of ops/cpu_gemv.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+#include <mlx/threadpool.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ORTMLX_X86 1
+#endif
+
+#include "ops/cpu_gemv.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+// x split into its even and odd elements (the low and high nibbles of each byte), zero-padded
+// to whole blocks so padding nibbles multiply zeros; and the sum of x over each block.
+struct SplitRow {
+  std::vector<float> even, odd, block_sum;
+};
+
+SplitRow split_row(const float* x, int64_t incx, int K, int block, int nb) {
+  SplitRow r;
+  const size_t half = static_cast<size_t>(nb) * block / 2;
+  r.even.assign(half, 0.f);
+  r.odd.assign(half, 0.f);
+  r.block_sum.assign(static_cast<size_t>(nb), 0.f);
+  for (int k = 0; k < K; ++k) {
+    const float v = x[k * incx];
+    (k % 2 ? r.odd : r.even)[k / 2] = v;
+    r.block_sum[k / block] += v;
+  }
+  return r;
+}
+
+// One output: sum over blocks b of scales[b] * (q_b . x_b) + zbias[b] * sum(x_b), where q_b . x_b
+// pairs the low nibble of byte j with even[j] and the high one with odd[j].
+float int4_row_scalar(const uint8_t* q, const float* even, const float* odd, const float* sc,
+                      const float* zb, const float* bsum, int nb, int blob) {
+  float acc = 0.f;
+  for (int b = 0; b < nb; ++b, q += blob, even += blob, odd += blob) {
+    float dot = 0.f;
+    for (int j = 0; j < blob; ++j)
+      dot += static_cast<float>(q[j] & 15) * even[j] + static_cast<float>(q[j] >> 4) * odd[j];
+    acc += sc[b] * dot + zb[b] * bsum[b];
+  }
+  return acc;
+}
+
+#ifdef ORTMLX_X86
+// The same with AVX2, eight bytes (16 weights) a step (blob is a multiple of 8: block >= 16).
+// Each block's products stay in a vector, scaled into the row's vector accumulator: one
+// horizontal sum per output.
+__attribute__((target("avx2,fma"))) float int4_row_avx2(const uint8_t* q, const float* even,
+                                                        const float* odd, const float* sc,
+                                                        const float* zb, const float* bsum, int nb,
+                                                        int blob) {
+  const __m128i mask = _mm_set1_epi8(15);
+  __m256 acc = _mm256_setzero_ps();
+  float zsum = 0.f;
+  for (int b = 0; b < nb; ++b, q += blob, even += blob, odd += blob) {
+    __m256 lo_acc = _mm256_setzero_ps(), hi_acc = _mm256_setzero_ps();
+    for (int j = 0; j < blob; j += 8) {
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j));
+      const __m128i lo = _mm_and_si128(v, mask);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+      lo_acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(even + j), lo_acc);
+      hi_acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(odd + j), hi_acc);
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), _mm256_add_ps(lo_acc, hi_acc), acc);
+    zsum += zb[b] * bsum[b];
+  }
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s) + zsum;
+}
+#endif
+
+using Int4Row = float (*)(const uint8_t*, const float*, const float*, const float*, const float*,
+                          const float*, int, int);
+
+Int4Row pick_int4_row() {
+#ifdef ORTMLX_X86
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return int4_row_avx2;
+#endif
+  return int4_row_scalar;
+}
+
+// Rows [n0, n1) of y.
+void int4_rows(const SplitRow& r, const uint8_t* packed, const float* scales, const float* zbias,
+               float* y, int n0, int n1, int nb, int block) {
+  static const Int4Row row = pick_int4_row();
+  const int blob = block / 2;
+  const int64_t row_bytes = static_cast<int64_t>(nb) * blob;
+  for (int n = n0; n < n1; ++n)
+    y[n] = row(packed + n * row_bytes, r.even.data(), r.odd.data(), scales + static_cast<int64_t>(n) * nb,
+               zbias + static_cast<int64_t>(n) * nb, r.block_sum.data(), nb, blob);
+}
+
+// Worker threads for the row split: one fewer than the cores (the MLX stream thread that runs
+// the task takes a share itself). Created on first use, shared by all programs.
+ThreadPool& row_pool() {
+  static ThreadPool pool(std::max(2u, std::thread::hardware_concurrency()) - 1);
+  return pool;
+}
+
+class Int4RowGemv : public mx::Primitive {
+ public:
+  Int4RowGemv(mx::Stream s, int K, int block) : mx::Primitive(s), K_(K), block_(block) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    const auto& packed = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& zbias = inputs[3];
+    auto& y = outputs[0];
+    for (size_t i = 1; i < 4; ++i)
+      if (!inputs[i].flags().row_contiguous)
+        throw std::runtime_error("[Int4RowGemv] weights, scales and zero biases must be row-contiguous");
+    y.set_data(mx::allocator::malloc(y.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(y);
+    const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
+    enc.dispatch([xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
+                  sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,
+                  block] {
+      const SplitRow r = split_row(xp, incx, K, block, nb);
+      // Split the rows when there is enough work to pay for a hand-off (~10 us).
+      const int threads = static_cast<int>(std::thread::hardware_concurrency());
+      const int64_t work = static_cast<int64_t>(N) * nb * block;
+      const int parts = work >= (int64_t{1} << 18) ? std::max(1, std::min(threads, N / 16)) : 1;
+      std::vector<std::future<void>> done;
+      const int per = (N + parts - 1) / parts;
+      for (int p = 1; p < parts; ++p) {
+        const int n0 = p * per, n1 = std::min(N, n0 + per);
+        if (n0 < n1)
+          done.push_back(row_pool().enqueue([&r, qp, sp, zp, yp, n0, n1, nb, block] {
+            int4_rows(r, qp, sp, zp, yp, n0, n1, nb, block);
+          }));
+      }
+      int4_rows(r, qp, sp, zp, yp, 0, std::min(N, per), nb, block);
+      for (auto& f : done) f.get();
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::logic_error("[Int4RowGemv] runs on the CPU stream only");
+  }
+  const char* name() const override { return "Int4RowGemv"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const Int4RowGemv*>(&other);
+    return o && o->K_ == K_ && o->block_ == block_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape out = inputs[0].shape();
+    out.back() = inputs[1].shape(0);
+    return {out};
+  }
+
+ private:
+  int K_, block_;
+};
+
+}  // namespace
+
+std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
+                                       const mx::array& scales, const mx::array& zbias, int K,
+                                       int block, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() < 1)
+    return std::nullopt;
+  if (x.shape(-1) != K || static_cast<int64_t>(x.size()) != K || K == 0) return std::nullopt;
+  if (block < 16 || block % 16 != 0 || packed.dtype() != mx::uint8 || packed.ndim() != 2) return std::nullopt;
+  if (scales.dtype() != mx::float32 || zbias.dtype() != mx::float32 || scales.ndim() != 2 ||
+      zbias.shape() != scales.shape())
+    return std::nullopt;
+  const int N = packed.shape(0), nb = scales.shape(1);
+  if (scales.shape(0) != N || static_cast<int64_t>(nb) * block < K ||
+      packed.shape(1) != nb * block / 2 || N == 0)
+    return std::nullopt;
+  mx::Shape out = x.shape();
+  out.back() = N;
+  return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block),
+                   {x, packed, scales, zbias});
+}
+
+}  // namespace ortmlx::ops
