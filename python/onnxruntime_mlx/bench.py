@@ -5,7 +5,9 @@ every figure a ratio measured in the same run.
 
 Groups: llm (prefill and decode tokens/s: EP, CPU EP, mlx-lm, PyTorch), encoder (MiniLM from
 PyPI, batch x sequence grid), cnn (libonnx-testdata's light/ models), demo (the built-in model),
-overhead (time inside the EP's Compute outside MLX's evaluation, 1-token decode step).
+overhead (time inside the EP's Compute outside MLX's evaluation, 1-token decode step),
+coldstart (first compiled run of a fresh process with MLX's on-disk kernel cache empty, then of
+a second process with it filled).
 
 Every case runs in its own worker process (its peak RSS is part of the result); results go to
 DIR/bench.json, DIR/bench.md (the tables) and DIR/bench.png (the ratios). --quick runs the small
@@ -30,7 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="small models, few repeats (< 2 min)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--out", default=str(ROOT / "build/bench"))
-    p.add_argument("--only", default="llm,encoder,cnn,demo,overhead",
+    p.add_argument("--only", default="llm,encoder,cnn,demo,overhead,coldstart",
                    help="comma-separated groups to run")
     p.add_argument("--models", default="", help="LLM model dirs (default: by mode)")
     p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
@@ -272,7 +274,26 @@ def _overhead(spec: dict) -> dict:
     return res
 
 
-WORKERS = {"llm_ort": _llm_ort, "llm_mlx_lm": _llm_mlx_lm, "llm_torch": _llm_torch,
+def _coldstart(spec: dict) -> dict:
+    """One process's start: session creation, the first run (an eager probe), the second (the
+    signature is traced and compiled: on MLX's CPU backend the first compile of each fused kernel
+    runs the system compiler, then caches the kernel on disk under $TMPDIR/mlx) and a steady
+    compiled run. The driver runs this twice with the same, initially empty, TMPDIR."""
+    import numpy as np
+    t0 = time.perf_counter()
+    s = _session(spec["model"], "mlx", spec["device"])
+    res = {"session_s": time.perf_counter() - t0}
+    feeds = _feeds_for(s)
+    for i, key in enumerate(("first_run_s", "compile_run_s", "steady_run_s")):
+        t = time.perf_counter()
+        s.run(None, feeds)
+        res[key] = time.perf_counter() - t
+    cache = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "mlx"
+    res["kernel_cache_files"] = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+    return res
+
+
+WORKERS = {"coldstart": _coldstart, "llm_ort": _llm_ort, "llm_mlx_lm": _llm_mlx_lm, "llm_torch": _llm_torch,
            "latency": _model_latency, "overhead": _overhead}
 
 
@@ -308,6 +329,8 @@ class Progress:
 
 def run_worker(spec: dict, timeout: float = 1800) -> dict:
     env = dict(os.environ)
+    if spec.get("tmpdir"):
+        env["TMPDIR"] = spec["tmpdir"]
     env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
     try:
         r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "bench", "--worker",
@@ -406,6 +429,16 @@ def plan(args) -> list[tuple[str, str, dict]]:
         cases.append(("overhead", "decode-step overhead", {"kind": "overhead", "device": args.device,
                       "model": str(ROOT / "tests/models/llm/llama-fp32"),
                       "report": str(out / "overhead_report.jsonl"), "steps": 20 if quick else 100}))
+    if "coldstart" in groups and not quick:
+        # The demo model (created by the demo group, or here): a fresh MLX kernel cache, twice.
+        demo = out / "demo_model.onnx"
+        tmp = out / "coldstart_tmp"
+        if "demo" not in groups:
+            cases.append(("coldstart", "demo prepare", {"kind": "_demo_model", "path": str(demo)}))
+        cases.append(("coldstart", "coldstart clear", {"kind": "_clear", "path": str(tmp)}))
+        for label in ("cold", "warm"):
+            cases.append(("coldstart", f"demo {label}", {"kind": "coldstart", "model": str(demo),
+                          "device": args.device, "tmpdir": str(tmp)}))
     return cases
 
 
@@ -458,6 +491,15 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
             if o.get("overhead_fraction") is not None:
                 lines.append(f"| {mode} | {o['runs']} | {o['step_ms']:.3f} | {o['overhead_us_per_run']:.0f} | "
                              f"{o['overhead_fraction'] * 100:.1f}% |")
+    cold = {r["provider"]: r["result"] for r in results if r["group"] == "coldstart" and r["result"].get("ok")}
+    if cold:
+        lines += ["", "| cold start (demo model) | session (s) | 1st run: probe (s) | 2nd run: compile (s) | "
+                  "3rd run (s) | kernel cache files |", "|---|---:|---:|---:|---:|---:|"]
+        for k in ("cold", "warm"):
+            c = cold.get(k)
+            if c:
+                lines.append(f"| {k} MLX kernel cache | {c['session_s']:.3f} | {c['first_run_s']:.3f} | "
+                             f"{c['compile_run_s']:.3f} | {c['steady_run_s']:.4f} | {c['kernel_cache_files']} |")
     mem = [r for r in results if isinstance(r["result"].get("peak_rss_mb"), (int, float))]
     if mem:
         lines += ["", "| peak RSS (MB) | " + " | ".join(sorted({r['provider'] for r in mem})) + " |",
@@ -524,6 +566,11 @@ def run(args) -> int:
         if spec["kind"] == "_demo_model":
             from onnxruntime_mlx import demo_model
             demo_model.save(spec["path"], force=True)
+            continue
+        if spec["kind"] == "_clear":
+            import shutil
+            shutil.rmtree(spec["path"], ignore_errors=True)
+            pathlib.Path(spec["path"]).mkdir(parents=True)
             continue
         res = run_worker(spec)
         subject, _, provider = label.rpartition(" ")
