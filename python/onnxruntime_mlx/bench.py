@@ -126,6 +126,8 @@ def _llm_mlx_lm(spec: dict) -> dict:
     from mlx_lm.utils import load_model
     mx.set_default_device(mx.gpu if spec["device"] == "gpu" else mx.cpu)
     model, _ = load_model(hf_dir(spec["model"]))
+    if spec.get("dtype") in ("fp16", "bf16"):  # the ONNX model's weights are in this dtype too
+        model.set_dtype(mx.float16 if spec["dtype"] == "fp16" else mx.bfloat16)
     if spec.get("bits"):
         nn.quantize(model, group_size=spec.get("group_size", 32), bits=spec["bits"])
     mx.eval(model.parameters())
@@ -397,6 +399,8 @@ def plan(args) -> list[tuple[str, str, dict]]:
                 base["decode"] = [128]
             for prov in ("mlx", "cpu"):
                 cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov}))
+            if precision in ("fp16", "bf16"):
+                base["dtype"] = precision
             if hf.exists() and _mlx_lm_available():
                 extra = {"bits": 4, "group_size": 32} if precision == "int4" else {}
                 cases.append(("llm", f"{m.name} mlx-lm", {**base, "kind": "llm_mlx_lm", **extra}))
