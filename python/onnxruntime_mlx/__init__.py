@@ -38,15 +38,44 @@ def library_path() -> str:
         "scripts/demo (they build it), or set ORT_MLX_EP_LIBRARY")
 
 
-def register() -> str:
-    """Registers the EP library with ORT once per process; returns the library path."""
+def register(device_memory: bool | None = None) -> str:
+    """Registers the EP library with ORT once per process; returns the library path.
+
+    device_memory=True registers it with ORT_MLX_DEVICE_MEMORY=1 (the EP's devices then carry
+    the EP's own memory: IOBinding with device tensors, see README "Device memory and
+    IOBinding"); it is decided at registration, so asking for the other setting once registered
+    raises RuntimeError. None: whatever ORT_MLX_DEVICE_MEMORY says (default off)."""
     global _registered
     path = library_path()
+    if device_memory is not None and not _registered and not _mlx_devices():
+        on = os.environ.get("ORT_MLX_DEVICE_MEMORY", "0") not in ("", "0")
+        if bool(device_memory) != on:
+            os.environ["ORT_MLX_DEVICE_MEMORY"] = "1" if device_memory else "0"
     if not _registered:
-        if not any(d.ep_name == EP_NAME for d in ort.get_ep_devices()):
+        if not _mlx_devices():
             ort.register_execution_provider_library(REGISTRATION_NAME, path)
         _registered = True
+    if device_memory is not None and device_memory_registered() != bool(device_memory):
+        raise RuntimeError(
+            f"the MLX EP is already registered with device memory "
+            f"{'on' if device_memory_registered() else 'off'}; it is chosen at registration "
+            "(ORT_MLX_DEVICE_MEMORY), once per process")
     return path
+
+
+def _mlx_devices() -> list:
+    return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+
+
+def device_memory_registered() -> bool:
+    """Whether the registered EP's devices use the EP's own memory (ORT_MLX_DEVICE_MEMORY=1)."""
+    return any(d.ep_metadata.get("mlx.device_memory") == "1" for d in _mlx_devices())
+
+
+def device_memory_info(device: str = "auto"):
+    """The OrtMemoryInfo of the EP's device memory for `device` (None without device memory):
+    allocate there with OrtValue.ortvalue_from_shape_and_type(shape, dtype, memory_info=...)."""
+    return ep_devices(device)[0].memory_info(ort.OrtDeviceMemoryType.DEFAULT)
 
 
 def ep_devices(device: str = "auto") -> list:
@@ -71,9 +100,11 @@ def session_options(device: str = "auto", *, fallback: bool = True,
     """SessionOptions with the MLX EP added for `device` (auto picks MLX's GPU when there is one).
 
     provider_options: compile, cache_size, compile_after, log_level, report_path,
-    memory_limit_mb, cache_limit_mb (see README "Options"). fallback=False sets
+    memory_limit_mb, cache_limit_mb, device_memory (see README "Options"). fallback=False sets
     session.disable_cpu_ep_fallback=1, so a session fails unless every node runs on MLX."""
     so = so or ort.SessionOptions()
+    if "device_memory" in provider_options:
+        register(device_memory=bool(int(provider_options["device_memory"])))
     opts = {k: str(int(v) if isinstance(v, bool) else v) for k, v in provider_options.items()}
     devs = ep_devices(device)
     if device != "auto":

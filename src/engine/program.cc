@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "engine/device_buffers.h"
 #include "engine/memory_guard.h"
 #include "ops/lowp.h"
 
@@ -455,7 +456,12 @@ mx::array Program::input_array(const HostTensor& t) const {
   // whole KV cache). It is safe because nothing keeps these arrays past run(): host reads
   // recorded for replay are owned copies (Run::read), the prepare-once cache takes constants
   // only, outputs are copied out before Compute returns, and MLX never donates (writes into)
-  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there.
+  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there,
+  // unless the buffer is one: an allocation of the EP's device allocator (device_memory=1) is
+  // MLX's own memory, used in place on any backend (device_buffers.h).
+  if (!ops::lowp::is_lowp(t.dtype) && t.data)
+    if (auto a = device_buffers::borrow(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype)))
+      return *a;
   if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);
   auto dtype = ops::mlx_dtype(t.dtype);
   return mx::array(const_cast<void*>(t.data), ops::to_shape(t.shape), dtype, [](void*) {});

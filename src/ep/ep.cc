@@ -3,12 +3,16 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <mlx/mlx.h>
 
+#include "engine/device_buffers.h"
+#include "ep/device_memory.h"
 #include "ep/error_wall.h"
 #include "ep/graph_reader.h"
+#include "ops/lowp.h"
 #include "partition/partition.h"
 
 namespace ortmlx::ep {
@@ -31,8 +35,10 @@ std::string json_escape(const std::string& s) {
 // Allocated in Compile, freed in ReleaseNodeComputeInfos.
 struct FusedNodeCompute : OrtNodeComputeInfo {
   std::unique_ptr<engine::Program> program;
+  bool device_memory;  // outputs are allocated by the EP's allocator: try zero-copy outputs
 
-  explicit FusedNodeCompute(std::unique_ptr<engine::Program> p) : OrtNodeComputeInfo{}, program(std::move(p)) {
+  FusedNodeCompute(std::unique_ptr<engine::Program> p, bool dm)
+      : OrtNodeComputeInfo{}, program(std::move(p)), device_memory(dm) {
     ort_version_supported = g_api_version;
     CreateState = CreateStateImpl;
     Compute = ComputeImpl;
@@ -46,9 +52,10 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
   }
   static void ORT_API_CALL ReleaseStateImpl(OrtNodeComputeInfo*, void*) noexcept {}
 
-  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo*, void* state,
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo* self, void* state,
                                              OrtKernelContext* ctx) noexcept {
     auto* program = static_cast<engine::Program*>(state);
+    const bool device_memory = static_cast<FusedNodeCompute*>(self)->device_memory;
     return guard("Compute of fused node '" + program->name() + "'", [&] {
       const auto t_start = std::chrono::steady_clock::now();
       size_t n_in = 0, n_out = 0;
@@ -112,7 +119,14 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         const auto& a = outputs[i];
         std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
         OrtValue* out = nullptr;
+        // Zero-copy output (device memory only): when nothing else holds the MLX result's
+        // buffer, the allocation ORT makes for this output inside GetOutput (through our
+        // allocator, same size) is given that buffer instead of a new one. Proven by the
+        // pointer ORT hands back; otherwise the result is copied as usual (device_buffers.h).
+        std::optional<engine::device_buffers::Armed> armed;
+        if (device_memory && engine::device_buffers::adoptable(outputs[i])) armed.emplace(a);
         check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
+        void* const taken = armed ? armed->taken() : nullptr;
         void* dst = nullptr;
         check(g_ort->GetTensorMutableData(out, &dst));
         // The element type ORT allocated: 4-bit types are packed two per byte in its buffer.
@@ -121,6 +135,13 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         TypeShapePtr out_info(out_raw);
         ONNXTensorElementDataType out_et;
         check(g_ort->GetTensorElementType(out_info.get(), &out_et));
+        auto& counters = engine::device_buffers::counters();
+        if (taken && dst == taken && !ops::lowp::is_lowp(to_dtype(out_et))) {
+          counters.outputs_adopted++;
+          continue;
+        }
+        if (device_memory && engine::device_buffers::owns(dst)) counters.outputs_copied++;
+        if (a.size() && dst == a.data<void>()) continue;  // already there
         engine::Program::copy_out(a, dst, to_dtype(out_et));
       }
       const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -247,7 +268,7 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
     auto program = std::make_unique<engine::Program>(
         fused_name, read.graph, node_input_names(fused_nodes[i]),
         node_output_names(fused_nodes[i]), options_.engine);
-    infos[i] = new FusedNodeCompute(std::move(program));  // freed in ReleaseNodeComputeInfos
+    infos[i] = new FusedNodeCompute(std::move(program), options_.device_memory == 1);  // freed in ReleaseNodeComputeInfos
   }
 }
 
@@ -273,6 +294,24 @@ void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos,
   }
 }
 
+void MlxEp::report_device_memory() {
+  if (options_.device_memory != 1 || options_.report_path.empty()) return;
+  try {
+    namespace db = engine::device_buffers;
+    const auto& c = db::counters();
+    std::lock_guard<std::mutex> lock(report_mu_);
+    std::ofstream f(options_.report_path, std::ios::app);
+    f << "{\"device_memory\":{\"allocations\":" << c.allocations << ",\"frees\":" << c.frees
+      << ",\"live_buffers\":" << db::count() << ",\"live_bytes\":" << db::bytes()
+      << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
+      << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
+      << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
+      << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
+      << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
+  } catch (...) {  // a statistics line is not worth failing a release over
+  }
+}
+
 OrtStatus* MlxEp::GetPreferredDataLayoutImpl(OrtEp*, OrtEpDataLayout* layout) noexcept {
   *layout = OrtEpDataLayout::OrtEpDataLayout_NCHW;
   return nullptr;
@@ -289,8 +328,14 @@ OrtStatus* MlxEp::SetDynamicOptionsImpl(OrtEp*, const char* const*, const char* 
 }
 OrtStatus* MlxEp::OnRunStartImpl(OrtEp*, const OrtRunOptions*) noexcept { return nullptr; }
 OrtStatus* MlxEp::OnRunEndImpl(OrtEp*, const OrtRunOptions*, bool) noexcept { return nullptr; }
-OrtStatus* MlxEp::CreateAllocatorImpl(OrtEp*, const OrtMemoryInfo*, OrtAllocator** a) noexcept {
-  *a = nullptr;
+OrtStatus* MlxEp::CreateAllocatorImpl(OrtEp* self, const OrtMemoryInfo* info,
+                                      OrtAllocator** a) noexcept {
+  *a = nullptr;  // CPU memory (the default): ORT's CPU allocator
+  auto* ep = static_cast<MlxEp*>(self);
+  // The session's allocator for the EP's memory: the same kind the factory makes for the
+  // environment (set to null here, ORT would have no allocator for the EP's device at all).
+  if (ep->options_.device_memory == 1 && ep->factory_.device_memory())
+    return ep->factory_.device_memory()->create_allocator(info, a);
   return nullptr;
 }
 OrtStatus* MlxEp::CreateSyncStreamForDeviceImpl(OrtEp*, const OrtMemoryDevice*,

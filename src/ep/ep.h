@@ -15,6 +15,7 @@
 namespace ortmlx::ep {
 
 class MlxEpFactory;
+class DeviceMemory;
 
 class MlxEp : public OrtEp {
  public:
@@ -24,6 +25,8 @@ class MlxEp : public OrtEp {
 
   const EpOptions& options() const { return options_; }
   bool gpu() const { return gpu_; }
+  // With report_path: one JSON line of the process-wide device-memory counters (at release).
+  void report_device_memory();
 
  private:
   static const char* ORT_API_CALL GetNameImpl(const OrtEp* self) noexcept;
@@ -77,6 +80,8 @@ class MlxEp : public OrtEp {
 class MlxEpFactory : public OrtEpFactory {
  public:
   explicit MlxEpFactory(const OrtLogger* default_logger);
+  ~MlxEpFactory();
+  DeviceMemory* device_memory() const { return device_memory_.get(); }
   MlxEpFactory(const MlxEpFactory&) = delete;
   MlxEpFactory& operator=(const MlxEpFactory&) = delete;
 
@@ -131,6 +136,7 @@ class MlxEpFactory : public OrtEpFactory {
                                                            const OrtEpDevice* ep_device) noexcept;
 
   const OrtLogger* default_logger_;
+  std::unique_ptr<DeviceMemory> device_memory_;  // null unless ORT_MLX_DEVICE_MEMORY=1
 };
 
 }  // namespace ortmlx::ep

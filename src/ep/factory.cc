@@ -5,6 +5,8 @@
 
 #include <mlx/mlx.h>
 
+#include "engine/device_buffers.h"
+#include "ep/device_memory.h"
 #include "ep/ep.h"
 #include "ep/error_wall.h"
 
@@ -118,7 +120,21 @@ MlxEpFactory::MlxEpFactory(const OrtLogger* default_logger)
   GetCustomOpDomains = GetCustomOpDomainsImpl;
   InitGraphicsInterop = InitGraphicsInteropImpl;
   DeinitGraphicsInterop = DeinitGraphicsInteropImpl;
+  // Device memory is decided here, when the library is registered, not per session: ORT takes
+  // an EP's memory device from the OrtMemoryInfo registered on its OrtEpDevice
+  // (EpDevice_AddAllocatorInfo), and OrtEpDevices are made by GetSupportedDevices at
+  // registration, before any session option exists. ORT offers no way to keep an EpDevice's
+  // DEFAULT entry yet have one session use CPU memory: GetDefaultMemoryDevice (1.27) may only
+  // name a registered entry. The alternatives were worse: registering the info always changes
+  // every session (the default must stay CPU memory); a second OrtEpDevice per hardware device
+  // changes get_ep_devices() for everyone and makes policy-based selection hand CreateEp both.
+  // So: ORT_MLX_DEVICE_MEMORY=1 at registration turns it on for this registration, and the
+  // session option device_memory only states what the session expects (checked in CreateEp).
+  if (int mode = device_memory_from_env())
+    device_memory_ = std::make_unique<DeviceMemory>(/*gpu_type_everywhere=*/mode == 2);
 }
+
+MlxEpFactory::~MlxEpFactory() = default;
 
 const char* MlxEpFactory::GetNameImpl(const OrtEpFactory*) noexcept { return kEpName; }
 const char* MlxEpFactory::GetVendorImpl(const OrtEpFactory*) noexcept { return kEpVendor; }
@@ -146,9 +162,18 @@ OrtStatus* MlxEpFactory::GetSupportedDevicesImpl(OrtEpFactory* self,
       const char* backend = type == OrtHardwareDeviceType_GPU ? "gpu" : "cpu";
       g_ort->AddKeyValuePair(meta.get(), "mlx.device", backend);
       g_ort->AddKeyValuePair(meta.get(), "mlx.version", mx::version());
+      g_ort->AddKeyValuePair(meta.get(), "mlx.device_memory",
+                             static_cast<MlxEpFactory*>(self)->device_memory_ ? "1" : "0");
       OrtEpDevice* dev = nullptr;
       // ORT copies the metadata; we release ours. ORT owns the returned OrtEpDevice.
       check(g_ep_api->CreateEpDevice(self, devices[i], meta.get(), nullptr, &dev));
+      if (auto& dm = static_cast<MlxEpFactory*>(self)->device_memory_) {
+        // ORT keeps the pointer (and hands it back to CreateAllocator): it lives with us.
+        if (OrtStatus* st = g_ep_api->EpDevice_AddAllocatorInfo(dev, dm->info_for(type))) {
+          g_ep_api->ReleaseEpDevice(dev);
+          check(st);
+        }
+      }
       ep_devices[(*num_ep_devices)++] = dev;
       (type == OrtHardwareDeviceType_GPU ? gpu_done : cpu_done) = true;
     }
@@ -170,6 +195,18 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
     if (gpu && !mlx_has_gpu())
       throw std::invalid_argument("option device=gpu, but this MLX build has no GPU backend");
     auto* factory = static_cast<MlxEpFactory*>(self);
+    const bool registered = factory->device_memory_ != nullptr;
+    if (opts.device_memory >= 1 && !registered)
+      throw std::invalid_argument(
+          "option device_memory=" + std::to_string(opts.device_memory) + ", but the MLX EP library was registered without device memory: "
+          "set ORT_MLX_DEVICE_MEMORY=1 in the environment before registering it (ORT takes an "
+          "EP's memory device from its OrtEpDevice, made at registration)");
+    if (opts.device_memory == 0 && registered)
+      throw std::invalid_argument(
+          "option device_memory=0, but the MLX EP library was registered with "
+          "ORT_MLX_DEVICE_MEMORY=1: its devices use the EP's memory; register it without that "
+          "variable for CPU memory");
+    opts.device_memory = registered ? 1 : 0;
     Limits::get().acquire(opts);  // released with the EP (ReleaseEpImpl)
     try {
       *ep = new MlxEp(*factory, opts, gpu, logger);  // released in ReleaseEpImpl
@@ -184,6 +221,7 @@ void MlxEpFactory::ReleaseEpImpl(OrtEpFactory*, OrtEp* ep) noexcept {
   if (!ep) return;
   auto* mlx_ep = static_cast<MlxEp*>(ep);
   EpOptions opts = mlx_ep->options();
+  mlx_ep->report_device_memory();
   delete mlx_ep;
   Limits::get().release(opts);
 }
@@ -196,16 +234,23 @@ OrtStatus* MlxEpFactory::ValidateCompiledModelCompatibilityInfoImpl(
   return nullptr;
 }
 
-OrtStatus* MlxEpFactory::CreateAllocatorImpl(OrtEpFactory*, const OrtMemoryInfo*,
+OrtStatus* MlxEpFactory::CreateAllocatorImpl(OrtEpFactory* self, const OrtMemoryInfo* info,
                                              const OrtKeyValuePairs*,
                                              OrtAllocator** allocator) noexcept {
-  *allocator = nullptr;  // inputs/outputs live in ORT's CPU memory: use the default allocator
-  return nullptr;
+  *allocator = nullptr;  // without device memory: ORT's CPU memory, the default allocator
+  auto& dm = static_cast<MlxEpFactory*>(self)->device_memory_;
+  if (!dm) return nullptr;
+  return dm->create_allocator(info, allocator);
 }
-void MlxEpFactory::ReleaseAllocatorImpl(OrtEpFactory*, OrtAllocator*) noexcept {}
+void MlxEpFactory::ReleaseAllocatorImpl(OrtEpFactory* self, OrtAllocator* a) noexcept {
+  if (auto& dm = static_cast<MlxEpFactory*>(self)->device_memory_; dm && a) dm->release_allocator(a);
+}
 
-OrtStatus* MlxEpFactory::CreateDataTransferImpl(OrtEpFactory*, OrtDataTransferImpl** out) noexcept {
-  *out = nullptr;  // no device memory is registered, so ORT needs no copies from us
+OrtStatus* MlxEpFactory::CreateDataTransferImpl(OrtEpFactory* self, OrtDataTransferImpl** out) noexcept {
+  // Without device memory nothing is registered, so ORT needs no copies from us. The factory
+  // owns the instance (its Release is a no-op).
+  auto& dm = static_cast<MlxEpFactory*>(self)->device_memory_;
+  *out = dm ? dm->data_transfer() : nullptr;
   return nullptr;
 }
 

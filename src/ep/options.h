@@ -15,6 +15,10 @@ struct EpOptions {
   std::string report_path;         // append claim decisions as JSON lines (Python reads it)
   size_t memory_limit_mb = 0;      // mx::set_memory_limit (0 = MLX default)
   size_t cache_limit_mb = SIZE_MAX;  // mx::set_cache_limit (SIZE_MAX = MLX default)
+  // Inputs/outputs in the EP's own memory (IOBinding, KV kept on the device): -1 unset, 0, 1
+  // (2: the same, GPU-type memory on the CPU backend too; a test mode, see device_memory.h).
+  // Must agree with ORT_MLX_DEVICE_MEMORY when the library was registered (factory.cc).
+  int device_memory = -1;
 };
 
 // `entries`: the session's provider options (keys without the "ep.<name>." prefix).

@@ -1,0 +1,68 @@
+// The EP's device memory (README "Device memory and IOBinding"): buffers handed to ORT by the
+// EP's OrtAllocator are MLX allocations (mx::allocator::malloc: CUDA unified memory on MLX's CUDA
+// backend, host memory on the CPU backend), kept in a process-wide registry keyed by the data
+// pointer ORT sees. The engine recognises those pointers: a fused-node input in EP memory is
+// wrapped as an mx::array over the same buffer, without a copy, on any backend; a fused-node
+// output whose MLX result is exclusively owned can become ORT's output buffer (adopt()).
+// No ORT types here: the ABI layer (src/ep/device_memory.cc) wraps this in OrtAllocator.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include <mlx/mlx.h>
+
+namespace ortmlx::engine::device_buffers {
+
+namespace mx = mlx::core;
+
+// A new MLX allocation of `nbytes` (at least 1 byte), registered. Throws std::bad_alloc.
+void* allocate(size_t nbytes);
+// Unregisters and frees `p` (its MLX buffer goes back to MLX). False if `p` is not registered.
+bool release(void* p);
+// Whether `p` is the start of a registered buffer; its size in `*nbytes` if so.
+bool owns(const void* p, size_t* nbytes = nullptr);
+// Registered buffers and their bytes, now.
+size_t count();
+size_t bytes();
+
+// An array over the registered buffer starting at `p`, without a copy: its data is MLX's own
+// buffer (so MLX's GPU backends accept it) but not owned by the array (a no-op deleter: the
+// registry keeps the memory, and MLX never donates an unowned buffer to an output). nullopt if
+// `p` is not registered or the buffer is smaller than shape x dtype.
+std::optional<mx::array> borrow(const void* p, const mx::Shape& shape, mx::Dtype dtype);
+
+// Zero-copy outputs. Whether `a` (evaluated) may become ORT's output buffer: its data is an
+// MLX-owned allocation that nothing else references (no other array, view, cache or compiled
+// function: mx::array::is_donatable), row-contiguous, starting at its buffer's start.
+bool adoptable(const mx::array& a);
+// Arms the calling thread: the next allocate(n) on this thread with n == a.nbytes() returns
+// a's buffer instead of a new one, registered and keeping `a` alive until release(). Exactly one
+// allocation can take it; disarm() (always call it, the Armed guard does) returns the pointer it
+// went to, or nullptr if none took it. Whichever allocation took it, the memory is a valid,
+// exclusively held allocation of the requested size: correctness never rests on guessing which
+// request ORT made.
+void arm(const mx::array& a);
+void* disarm();
+struct Armed {
+  explicit Armed(const mx::array& a) { arm(a); }
+  ~Armed() { disarm(); }
+  void* taken() { return disarm(); }
+  Armed(const Armed&) = delete;
+  Armed& operator=(const Armed&) = delete;
+};
+
+// Process-wide counters (the report's "device_memory" line and the tests read them).
+struct Counters {
+  std::atomic<uint64_t> allocations{0}, frees{0};
+  std::atomic<uint64_t> inputs_borrowed{0};   // fused inputs in EP memory, used in place
+  std::atomic<uint64_t> outputs_adopted{0};   // fused outputs handed to ORT without a copy
+  std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer
+  std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl
+  std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
+};
+Counters& counters();
+
+}  // namespace ortmlx::engine::device_buffers
