@@ -107,10 +107,28 @@ def mem_info():
     return info
 
 
+def empty_on_device(shape, dtype) -> ort.OrtValue:
+    """An uninitialized OrtValue in the EP's memory (the EP's shared allocator)."""
+    try:  # ORT 1.31: by the OrtEpDevice's memory info
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, memory_info=mem_info())
+    except TypeError:  # older Pythons: by device type and vendor id (GPU-type memory only)
+        info = mem_info()
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, "gpu", info.device_id,
+                                                         info.device_vendor_id)
+
+
+def copy_tensors(src, dst):
+    """OrtApi CopyTensors (the EP's data transfer for EP memory)."""
+    if hasattr(ort, "copy_tensors"):
+        ort.copy_tensors(src, dst)
+    else:
+        C.copy_tensors([v._get_c_value() for v in src], [v._get_c_value() for v in dst], None)
+
+
 def to_device(arr: np.ndarray) -> ort.OrtValue:
     """A new OrtValue in the EP's memory holding `arr` (OrtApi CopyTensors host -> device)."""
-    dev = ort.OrtValue.ortvalue_from_shape_and_type(list(arr.shape), arr.dtype, memory_info=mem_info())
-    ort.copy_tensors([ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))], [dev])
+    dev = empty_on_device(arr.shape, arr.dtype)
+    copy_tensors([ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))], [dev])
     return dev
 
 
@@ -119,7 +137,7 @@ def to_host(v: ort.OrtValue) -> np.ndarray:
     dt = {1: np.float32, 7: np.int64, 6: np.int32, 10: np.float16}[v.element_type()] \
         if isinstance(v.element_type(), int) else v.element_type()
     host = ort.OrtValue.ortvalue_from_shape_and_type(v.shape(), dt)
-    ort.copy_tensors([v], [host])
+    copy_tensors([v], [host])
     return host.numpy()
 
 
@@ -162,8 +180,8 @@ def case_copy_tensors():
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     before = counters()
     d1 = to_device(x)                                               # h2d
-    d2 = ort.OrtValue.ortvalue_from_shape_and_type([3, 5], np.float32, memory_info=mem_info())
-    ort.copy_tensors([d1], [d2])                                    # d2d
+    d2 = empty_on_device([3, 5], np.float32)
+    copy_tensors([d1], [d2])                                        # d2d
     back = to_host(d2)                                              # d2h
     np.testing.assert_array_equal(back, x)
     d = delta(before, counters())
@@ -192,7 +210,7 @@ def case_iobinding():
     sess = session(m)
     all_on_mlx(sess, 4)
     dev_in = {"a": to_device(a), "w": to_device(w), "b": to_device(b)}
-    z_dev = ort.OrtValue.ortvalue_from_shape_and_type([4, 6], np.float32, memory_info=mem_info())
+    z_dev = empty_on_device([4, 6], np.float32)
     results = []
     before = counters()
     for _ in range(3):  # eager probe, then compiled runs
@@ -323,6 +341,75 @@ def case_decode(steps=8):
     return info
 
 
+def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"):
+    """Greedy decoding of a genai-format test LLM with IOBinding: every present.* output is
+    bound to EP memory and fed back as the next step's past_key_values.* as is; only the
+    logits come back to the host (d2h, exact count and bytes); no device-to-device copy. The
+    tokens must equal ORT's CPU EP decoding the same prompt with numpy feeds."""
+    from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
+    if not (pathlib.Path(model_dir) / "model.onnx").is_file():
+        return {"skipped": f"no model at {model_dir}"}
+    ref_tokens, ref_logits, _ = Decoder(model_dir, "cpu").generate(DEFAULT_PROMPT, steps)
+    dec = Decoder(model_dir, "mlx", DEVICE, device_memory=1)
+    sess = dec.session
+    placed = om.placement(sess)
+    assert set(placed) == {om.EP_NAME}, f"nodes off MLX: {placed}"
+    out_names = [o.name for o in sess.get_outputs()]
+    kv_names = [n for n in out_names if n.startswith("present.")]
+
+    def step(ids, past, total):
+        io = sess.io_binding()
+        host = {"input_ids": ids.astype(np.int64),
+                "attention_mask": np.ones((1, total), np.int64)}
+        if "position_ids" in dec.inputs:
+            host["position_ids"] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
+        for k, v in host.items():
+            io.bind_cpu_input(k, v)
+        for k, v in past.items():
+            if isinstance(v, np.ndarray):
+                io.bind_cpu_input(k, v)          # the empty past of the prefill
+            else:
+                io.bind_ortvalue_input(k, v)     # last step's present, in EP memory
+        for n in out_names:
+            io._iobinding.bind_output(n, ep_ort_device())
+        sess.run_with_iobinding(io)
+        outs = dict(zip(out_names, io.get_outputs()))
+        new_past = {n.replace("present.", "past_key_values."): outs[n] for n in kv_names}
+        return outs["logits"], new_past, sum(v.nbytes for v in host.values())
+
+    past = dec.empty_past()
+    logits, past, _ = step(np.array([DEFAULT_PROMPT], np.int64), past, len(DEFAULT_PROMPT))
+    total = len(DEFAULT_PROMPT)
+    tokens, first_logits = [], None
+    before = counters()
+    host_feed_bytes = 0
+    logits_bytes = 0
+    for _ in range(steps):
+        last = to_host(logits)[0, -1].astype(np.float32)   # d2h: the logits only
+        logits_bytes += logits.tensor_size_in_bytes() if hasattr(logits, "tensor_size_in_bytes") \
+            else int(np.prod(logits.shape())) * 4
+        first_logits = last if first_logits is None else first_logits
+        tokens.append(int(np.argmax(last)))
+        if len(tokens) == steps:
+            break
+        total += 1
+        logits, past, fed = step(np.array([[tokens[-1]]], np.int64), past, total)
+        host_feed_bytes += fed
+    during = delta(before, counters())
+    assert tokens == ref_tokens, f"tokens {tokens} != CPU EP {ref_tokens}"
+    np.testing.assert_allclose(first_logits, ref_logits[0], rtol=1e-3, atol=1e-4)
+    assert during["copies_d2h"] == steps and during["bytes_d2h"] == logits_bytes, during
+    assert during["copies_d2d"] == 0, during
+    assert during["bytes_h2d"] == (host_feed_bytes if gpu_type_memory() else 0), during
+    kv_bytes = sum(v.tensor_size_in_bytes() for v in past.values()) \
+        if hasattr(next(iter(past.values())), "tensor_size_in_bytes") else None
+    info = {"model": str(model_dir), "steps": steps, "tokens": tokens, "kv_bytes_final": kv_bytes,
+            "during_decode": during}
+    del sess, dec, past, logits
+    gc.collect()
+    return info
+
+
 def case_fallback():
     """device_memory=1 with a node ORT's CPU EP runs (DFT: no MLX translator): MLX -> CPU EP ->
     MLX. Reports what ORT does at the partition boundaries; outputs must equal the CPU EP."""
@@ -369,6 +456,7 @@ CASES = {
     "iobinding": case_iobinding,
     "host_feeds": case_host_feeds,
     "decode": case_decode,
+    "llm": case_llm,
     "fallback": case_fallback,
     "option_mismatch": case_option_mismatch,
 }
@@ -392,7 +480,7 @@ def main(argv=None) -> int:
     for name in args.case or list(CASES):
         fn = CASES[name]
         try:
-            info = fn(args.steps) if name == "decode" else fn()
+            info = fn(args.steps) if name in ("decode", "llm") else fn()
             results[name] = {"ok": True, **(info or {})}
         except Exception as e:  # noqa: BLE001
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",

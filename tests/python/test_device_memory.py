@@ -148,3 +148,18 @@ def test_device_memory_option_without_registration_fails_clearly(capfd):
     so = om.session_options(DEVICE, device_memory=0)
     s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
     np.testing.assert_array_equal(s.run(None, {"x": np.ones(2, np.float32)})[0], -np.ones(2))
+
+
+def test_llm_greedy_decode_with_kv_in_ep_memory(results):
+    # The llama-fp32 test LLM decoded with IOBinding (present.* bound as the next past.*):
+    # tokens equal ORT's CPU EP with numpy feeds (asserted in the tool); per step only the
+    # logits come to the host, and the KV cache is used in place (4 KV inputs per step).
+    r = _ok(results, "llm")
+    if "skipped" in r:
+        pytest.skip(r["skipped"])
+    d = r["during_decode"]
+    assert d["copies_d2h"] == STEPS and d["copies_d2d"] == 0
+    assert d["inputs_borrowed"] >= 4 * (STEPS - 1)
+    assert d["outputs_copied"] == 0
+    if not results["_gpu_type"]:
+        assert d["copies_h2d"] == 0
