@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
                    help="comma-separated groups to run")
     p.add_argument("--models", default="", help="LLM model dirs (default: by mode)")
     p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
+    p.add_argument("--prefill", default="", help="LLM prompt lengths, e.g. 128,512 (default: by mode)")
+    p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
     p.add_argument("--worker", default="", help=argparse_suppress())
 
 
@@ -397,6 +399,10 @@ def plan(args) -> list[tuple[str, str, dict]]:
             if cfg.get("context_length", 4096) < 2048 + 64 and not quick:
                 base["prefill"] = [128, 512]
                 base["decode"] = [128]
+            if args.prefill:
+                base["prefill"] = [int(x) for x in args.prefill.split(",")]
+            if args.decode:
+                base["decode"] = [int(x) for x in args.decode.split(",")]
             for prov in ("mlx", "cpu"):
                 cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov}))
             if precision in ("fp16", "bf16"):

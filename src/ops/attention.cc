@@ -212,6 +212,10 @@ Outputs translate_gqa(OpContext& c) {
       c.fail("past_key/past_value must be [batch, kv_num_heads, length, head_size]");
   }
   const int P = past_k ? past_k->shape(2) : 0;
+  // An empty past (the first prompt of a generate loop) is no past: no op touches the zero-size
+  // buffers, which keeps the graph off MLX's CUDA kernels' zero-size faults (the engine would
+  // otherwise run the whole prompt on the CPU stream).
+  if (P == 0) past_k.reset(), past_v.reset();
   // total_sequence_length sizes the present outputs, so it is read on the host (exporters derive
   // it from a Shape, which keeps the program compiled); seqlens_k stays on the device.
   const int64_t total = c.host_int(6);
