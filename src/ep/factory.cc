@@ -1,4 +1,5 @@
 #include <cctype>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -207,6 +208,12 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
           "ORT_MLX_DEVICE_MEMORY=1: its devices use the EP's memory; register it without that "
           "variable for CPU memory");
     opts.device_memory = registered ? 1 : 0;
+    if (gpu) {
+      // MLX reads MLX_ENABLE_TF32 when its GPU backend first runs a matmul, so it is process-
+      // wide: the first GPU session decides, and a value the user exported wins (overwrite=0).
+      // Not yet confirmed on the H200 that MLX 0.32's CUDA backend reads it this late.
+      ::setenv("MLX_ENABLE_TF32", opts.tf32 ? "1" : "0", /*overwrite=*/0);
+    }
     Limits::get().acquire(opts);  // released with the EP (ReleaseEpImpl)
     try {
       *ep = new MlxEp(*factory, opts, gpu, logger);  // released in ReleaseEpImpl

@@ -19,6 +19,9 @@ struct EpOptions {
   // (2: the same, GPU-type memory on the CPU backend too; a test mode, see device_memory.h).
   // Must agree with ORT_MLX_DEVICE_MEMORY when the library was registered (factory.cc).
   int device_memory = -1;
+  // MLX's GPU backend runs float32 matmuls as TF32 unless MLX_ENABLE_TF32=0 (~1e-3 relative
+  // error; the conformance set had 5 wrong results from it). 0 (default) asks for full float32.
+  int tf32 = 0;
 };
 
 // `entries`: the session's provider options (keys without the "ep.<name>." prefix).
