@@ -154,9 +154,7 @@ def gpu_type_memory() -> bool:
 
 
 def ep_ort_device() -> C.OrtDevice:
-    info = mem_info()
-    dev_type = C.OrtDevice.gpu() if gpu_type_memory() else C.OrtDevice.cpu()
-    return C.OrtDevice(dev_type, C.OrtDevice.default_memory(), info.device_vendor_id, info.device_id)
+    return om.device_memory_ort_device(DEVICE)
 
 
 def assert_close(a, b, name):
@@ -354,70 +352,49 @@ def case_decode(steps=8):
 
 
 def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"):
-    """Greedy decoding of a genai-format test LLM with IOBinding: every present.* output is
-    bound to EP memory and fed back as the next step's past_key_values.* as is; only the
-    logits come back to the host (d2h, exact count and bytes); no device-to-device copy. The
-    tokens must equal ORT's CPU EP decoding the same prompt with numpy feeds."""
+    """Greedy decoding of a genai-format test LLM through the package's resident Decoder
+    (generate.py: every present.* output bound to EP memory with IOBinding and fed back as the
+    next step's past_key_values.* as is); only the logits come back to the host (exact count
+    and bytes); no device-to-device copy. The tokens must equal ORT's CPU EP decoding the
+    same prompt with numpy feeds."""
     from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
     if not (pathlib.Path(model_dir) / "model.onnx").is_file():
         return {"skipped": f"no model at {model_dir}"}
     ref_tokens, ref_logits, _ = Decoder(model_dir, "cpu").generate(DEFAULT_PROMPT, steps)
     dec = Decoder(model_dir, "mlx", DEVICE, device_memory=1)
-    sess = dec.session
-    placed = om.placement(sess)
+    assert dec.resident
+    placed = om.placement(dec.session)
     assert set(placed) == {om.EP_NAME}, f"nodes off MLX: {placed}"
-    out_names = [o.name for o in sess.get_outputs()]
-    kv_names = [n for n in out_names if n.startswith("present.")]
-
-    def step(ids, past, total):
-        io = sess.io_binding()
-        host = {"input_ids": ids.astype(np.int64),
-                "attention_mask": np.ones((1, total), np.int64)}
-        if "position_ids" in dec.inputs:
-            host["position_ids"] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
-        for k, v in host.items():
-            io.bind_cpu_input(k, v)
-        for k, v in past.items():
-            if isinstance(v, np.ndarray):
-                io.bind_cpu_input(k, v)          # the empty past of the prefill
-            else:
-                io.bind_ortvalue_input(k, v)     # last step's present, in EP memory
-        for n in out_names:
-            io._iobinding.bind_output(n, ep_ort_device())
-        sess.run_with_iobinding(io)
-        outs = dict(zip(out_names, io.get_outputs()))
-        new_past = {n.replace("present.", "past_key_values."): outs[n] for n in kv_names}
-        return outs["logits"], new_past, sum(v.nbytes for v in host.values())
-
-    past = dec.empty_past()
-    logits, past, _ = step(np.array([DEFAULT_PROMPT], np.int64), past, len(DEFAULT_PROMPT))
+    logits, past = dec.step(np.array([DEFAULT_PROMPT], np.int64), dec.empty_past(), len(DEFAULT_PROMPT))
     total = len(DEFAULT_PROMPT)
     tokens, first_logits = [], None
     before = counters()
-    host_feed_bytes = 0
-    logits_bytes = 0
+    host_feed_bytes = logits_bytes = 0
     for _ in range(steps):
-        last = to_host(logits)[0, -1].astype(np.float32)   # d2h: the logits only
-        logits_bytes += logits.tensor_size_in_bytes() if hasattr(logits, "tensor_size_in_bytes") \
-            else int(np.prod(logits.shape())) * 4
+        last = logits[0, -1].astype(np.float32)
         first_logits = last if first_logits is None else first_logits
         tokens.append(int(np.argmax(last)))
         if len(tokens) == steps:
             break
         total += 1
-        logits, past, fed = step(np.array([[tokens[-1]]], np.int64), past, total)
-        host_feed_bytes += fed
+        # fed from the host: the token id, the attention mask (and position ids, if any)
+        host_feed_bytes += 8 + 8 * total + (8 if "position_ids" in dec.inputs else 0)
+        logits, past = dec.step(np.array([[tokens[-1]]], np.int64), past, total)
+        logits_bytes += logits.nbytes
     during = delta(before, counters())
     assert tokens == ref_tokens, f"tokens {tokens} != CPU EP {ref_tokens}"
     np.testing.assert_allclose(first_logits, ref_logits[0], rtol=1e-3, atol=1e-4)
-    assert during["copies_d2h"] == steps and during["bytes_d2h"] == logits_bytes, during
+    # The logits are bound to the host: with CPU-type EP memory ORT hands the EP's buffer over
+    # (no transfer); with GPU-type memory it copies them out (one d2h per step).
+    d2h = (steps - 1, logits_bytes) if gpu_type_memory() else (0, 0)
+    assert (during["copies_d2h"], during["bytes_d2h"]) == d2h, during
     assert during["copies_d2d"] == 0, during
     assert during["bytes_h2d"] == (host_feed_bytes if gpu_type_memory() else 0), during
     kv_bytes = sum(v.tensor_size_in_bytes() for v in past.values()) \
         if hasattr(next(iter(past.values())), "tensor_size_in_bytes") else None
     info = {"model": str(model_dir), "steps": steps, "tokens": tokens, "kv_bytes_final": kv_bytes,
             "during_decode": during}
-    del sess, dec, past, logits
+    del dec, past, logits
     gc.collect()
     return info
 

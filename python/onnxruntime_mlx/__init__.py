@@ -78,6 +78,18 @@ def device_memory_info(device: str = "auto"):
     return ep_devices(device)[0].memory_info(ort.OrtDeviceMemoryType.DEFAULT)
 
 
+def device_memory_ort_device(device: str = "auto"):
+    """The EP's device memory as the OrtDevice that IOBinding's bind_output takes
+    (`io._iobinding.bind_output(name, om.device_memory_ort_device(...))`: the public bind_output
+    has no vendor id argument). GPU-type on MLX's GPU backend (or ORT_MLX_DEVICE_MEMORY=2)."""
+    from onnxruntime.capi import _pybind_state as C
+    info = device_memory_info(device)
+    if info is None:
+        raise RuntimeError("the MLX EP was registered without device memory (ORT_MLX_DEVICE_MEMORY)")
+    kind = C.OrtDevice.gpu() if info.name == "MLX GPU" else C.OrtDevice.cpu()
+    return C.OrtDevice(kind, C.OrtDevice.default_memory(), info.device_vendor_id, info.device_id)
+
+
 def ep_devices(device: str = "auto") -> list:
     """The OrtEpDevices of the MLX EP for `device` ("auto", "cpu" or "gpu")."""
     register()

@@ -93,6 +93,8 @@ def _llm_ort(spec: dict) -> dict:
     import numpy as np
     from onnxruntime_mlx.generate import Decoder
     opts = {"report_path": spec["report"]} if spec.get("report") else {}
+    if spec["provider"] == "mlx" and spec.get("resident_kv"):
+        opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
     dec = Decoder(spec["model"], spec["provider"], spec["device"], **opts)
     res = {"rss_session_mb": _current_rss_mb() - rss0}
@@ -404,7 +406,10 @@ def plan(args) -> list[tuple[str, str, dict]]:
             if args.decode:
                 base["decode"] = [int(x) for x in args.decode.split(",")]
             for prov in ("mlx", "cpu"):
-                cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov}))
+                # On the GPU the EP's decode loop keeps the KV cache in MLX's memory (device
+                # memory + IOBinding); on the CPU the EP borrows numpy's buffers already.
+                cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov,
+                                                          "resident_kv": gpu}))
             if precision in ("fp16", "bf16"):
                 base["dtype"] = precision
             if hf.exists() and _mlx_lm_available():

@@ -2,6 +2,9 @@
 input_ids, attention_mask, past_key_values.N.key/value -> logits, present.N.key/value).
 
 The KV cache is kept between steps: each step feeds the previous step's present.* back as past.*.
+With the EP's device memory (Decoder(..., device_memory=1), which registers the EP library with
+ORT_MLX_DEVICE_MEMORY=1) the present.* outputs are bound to the EP's memory with IOBinding and
+fed back as they are: the cache never crosses to the host; only the logits do.
 
     python -m onnxruntime_mlx generate tests/models/llm/llama-fp32 --tokens 64 [--device cpu]
 """
@@ -30,8 +33,13 @@ class Decoder:
         self.kv_heads = dec["num_key_value_heads"]
         self.head_size = dec["head_size"]
         self.eos = cfg.get("eos_token_id")
+        self.resident = False  # KV kept in the EP's memory between steps (IOBinding)
         if provider == "mlx":
             import onnxruntime_mlx as om
+            if str(provider_options.get("device_memory", "0")) == "1":
+                om.register(device_memory=True)
+                self.resident = True
+                self._ep_memory = om.device_memory_ort_device(device)
             so = om.record_assignment(om.session_options(device, **provider_options))
             self.session = ort.InferenceSession(str(self.model_path), sess_options=so)
         else:
@@ -52,11 +60,15 @@ class Decoder:
         return past
 
     def step(self, ids: np.ndarray, past: dict, total_len: int):
+        """One forward pass: (logits as numpy, the next step's past). `past` holds numpy arrays,
+        or (resident decoders) the previous step's OrtValues in the EP's memory."""
         feeds = {"input_ids": ids.astype(np.int64),
                  "attention_mask": np.ones((ids.shape[0], total_len), np.int64), **past}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)
+        if self.resident:
+            return self._step_resident(feeds)
         names = [o.name for o in self.session.get_outputs()]
         outs = dict(zip(names, self.session.run(None, feeds)))
         new_past = {}
@@ -64,6 +76,27 @@ class Decoder:
             new_past[f"past_key_values.{i}.key"] = outs[f"present.{i}.key"]
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
         return outs["logits"], new_past
+
+    def _step_resident(self, feeds: dict):
+        io = self.session.io_binding()
+        for k, v in feeds.items():
+            if isinstance(v, np.ndarray):
+                io.bind_cpu_input(k, v)       # token ids, mask, the empty past of a prompt
+            else:
+                io.bind_ortvalue_input(k, v)  # last step's present, where the EP left it
+        names = [o.name for o in self.session.get_outputs()]
+        for n in names:
+            if n == "logits":
+                io.bind_output(n)             # to the host: ORT copies it out of EP memory
+            else:
+                io._iobinding.bind_output(n, self._ep_memory)
+        self.session.run_with_iobinding(io)
+        outs = dict(zip(names, io.get_outputs()))
+        new_past = {}
+        for i in range(self.num_layers):
+            new_past[f"past_key_values.{i}.key"] = outs[f"present.{i}.key"]
+            new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
+        return outs["logits"].numpy(), new_past
 
     def generate(self, prompt: list[int], tokens: int) -> tuple[list[int], list[np.ndarray], dict]:
         """Greedy decode: returns (new token ids, last-position logits per step, timings)."""

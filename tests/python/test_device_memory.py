@@ -158,7 +158,9 @@ def test_llm_greedy_decode_with_kv_in_ep_memory(results):
     if "skipped" in r:
         pytest.skip(r["skipped"])
     d = r["during_decode"]
-    assert d["copies_d2h"] == STEPS and d["copies_d2d"] == 0
+    # (the logits are bound to the host: handed over as they are with CPU-type EP memory, one
+    # d2h copy per decode step with GPU-type memory; the tool checks the exact bytes)
+    assert d["copies_d2h"] == (STEPS - 1 if results["_gpu_type"] else 0) and d["copies_d2d"] == 0
     assert d["inputs_borrowed"] >= 4 * (STEPS - 1)
     assert d["outputs_copied"] == 0
     if not results["_gpu_type"]:
