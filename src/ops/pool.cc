@@ -7,6 +7,7 @@
 // last window that would start in the end padding is dropped, as in PyTorch).
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "ops/nn_internal.h"
@@ -68,8 +69,17 @@ bool Window::empty() const {
   return false;
 }
 
-mx::array windows(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
-                  mx::Stream s) {
+namespace {
+
+// The input cropped/padded so that every window lies inside it, row-contiguous, with its
+// row-major element strides.
+struct Padded {
+  mx::array xp;
+  mx::Strides st;
+};
+
+Padded padded_input(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                    mx::Stream s) {
   const int rank = x.ndim();
   mx::array xp = x;
   mx::Shape start(rank, 0), stop = x.shape();
@@ -96,29 +106,74 @@ mx::array windows(const mx::array& x, const Window& w, int first, const mx::arra
   }
   if (crop) xp = mx::slice(xp, start, stop, s);
   xp = mx::contiguous(mx::pad(xp, axes, lo, hi, pad_value, "constant", s), false, s);
-  // Row-major element strides of the padded array.
   mx::Strides st(rank);
   int64_t acc = 1;
   for (int i = rank - 1; i >= 0; --i) {
     st[i] = acc;
     acc *= xp.shape(i);
   }
-  mx::Shape shape;
-  mx::Strides strides;
-  for (int i = 0; i < rank; ++i) {
+  return {xp, st};
+}
+
+// (dims before `first`, out_1..out_n) with the spatial strides of the windows' origins.
+void origin_view(const Padded& p, const Window& w, int first, mx::Shape& shape, mx::Strides& strides) {
+  for (int i = 0; i < static_cast<int>(p.xp.ndim()); ++i) {
     int d = i - first;
     bool spatial = d >= 0 && d < static_cast<int>(w.nd);
-    shape.push_back(spatial ? static_cast<int>(w.out[d]) : xp.shape(i));
-    strides.push_back(spatial ? st[i] * w.stride[d] : st[i]);
+    shape.push_back(spatial ? static_cast<int>(w.out[d]) : p.xp.shape(i));
+    strides.push_back(spatial ? p.st[i] * w.stride[d] : p.st[i]);
   }
+}
+
+}  // namespace
+
+mx::array windows(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                  mx::Stream s) {
+  Padded p = padded_input(x, w, first, pad_value, s);
+  mx::Shape shape;
+  mx::Strides strides;
+  origin_view(p, w, first, shape, strides);
   for (size_t d = 0; d < w.nd; ++d) {
     shape.push_back(static_cast<int>(w.kernel[d]));
-    strides.push_back(st[first + d] * w.dil[d]);
+    strides.push_back(p.st[first + d] * w.dil[d]);
   }
-  return mx::as_strided(xp, shape, strides, 0, s);
+  return mx::as_strided(p.xp, shape, strides, 0, s);
 }
 
 namespace {
+
+// Max or sum over small windows as a fold of one strided view per kernel tap: elementwise
+// maximum/add, which MLX fuses into one kernel when compiled. MLX's reduction over the
+// as_strided window axes takes its generic path (a std::function call per element) on the CPU:
+// measured 7-9% of squeezenet's samples in its max pools alone.
+constexpr int64_t kMaxTaps = 27;
+
+int64_t tap_count(const Window& w) {
+  int64_t n = 1;
+  for (auto k : w.kernel) n *= k;
+  return n;
+}
+
+mx::array fold_taps(const mx::array& x, const Window& w, const mx::array& pad_value, bool max,
+                    mx::Stream s) {
+  Padded p = padded_input(x, w, 2, pad_value, s);
+  mx::Shape shape;
+  mx::Strides strides;
+  origin_view(p, w, 2, shape, strides);
+  std::optional<mx::array> acc;
+  std::vector<int64_t> tap(w.nd, 0);
+  for (int64_t t = 0, n = tap_count(w); t < n; ++t) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < w.nd; ++d) offset += tap[d] * w.dil[d] * p.st[2 + d];
+    auto v = mx::as_strided(p.xp, shape, strides, static_cast<size_t>(offset), s);
+    acc = !acc ? v : max ? mx::maximum(*acc, v, s) : mx::add(*acc, v, s);
+    for (int d = static_cast<int>(w.nd) - 1; d >= 0; --d) {  // next tap, last dim fastest
+      if (++tap[d] < w.kernel[d]) break;
+      tap[d] = 0;
+    }
+  }
+  return *acc;
+}
 
 std::vector<int> window_axes(const Window& w) {
   std::vector<int> a;
@@ -248,6 +303,7 @@ Outputs translate_max_pool(OpContext& c) {
     if (want_indices) out.push_back(mx::zeros(pooled_shape(x, w), mx::int64, c.s));
     return out;
   }
+  if (!want_indices && tap_count(w) <= kMaxTaps) return {fold_taps(x, w, lowest(x.dtype()), true, c.s)};
   mx::array v = windows(x, w, 2, lowest(x.dtype()), c.s);
   if (!want_indices) return {mx::max(v, window_axes(w), false, c.s)};
   // Indices: argmax over the flattened window (first maximum, like ORT), then read the flat
@@ -269,7 +325,9 @@ Outputs translate_avg_pool(OpContext& c) {
   if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
   mx::Dtype cd = compute_dtype(x, c.s);
   mx::array xc = mx::astype(x, cd, c.s);
-  mx::array sum = mx::sum(windows(xc, w, 2, mx::array(0, cd), c.s), window_axes(w), false, c.s);
+  mx::array sum = tap_count(w) <= kMaxTaps
+                      ? fold_taps(xc, w, mx::array(0, cd), false, c.s)
+                      : mx::sum(windows(xc, w, 2, mx::array(0, cd), c.s), window_axes(w), false, c.s);
   bool include_pad = c.node.attr_int("count_include_pad", 0) != 0;
   mx::array y = mx::divide(sum, tap_counts(w, include_pad, cd), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
