@@ -243,7 +243,11 @@ Outputs translate_conv(OpContext& c) {
 
   mx::Dtype cd = compute_dtype(x0, c.s);
   mx::array x = mx::transpose(mx::astype(x0, cd, c.s), channels_last_perm(rank), c.s);
-  mx::array w = mx::transpose(mx::astype(w0, cd, c.s), channels_last_perm(rank), c.s);
+  // The OHWI weight is prepared once per program when W is an initializer: as a lazy transpose
+  // MLX's CPU conv would copy it into that layout on every run.
+  mx::array w = c.prepared("conv_w_ohwi/" + std::to_string(static_cast<int>(cd.val())), {1}, [&] {
+    return mx::contiguous(mx::transpose(mx::astype(w0, cd, c.s), channels_last_perm(rank), c.s), false, c.s);
+  });
 
   std::vector<int> lo(nd), hi(nd);
   mx::Shape out_shape{x0.shape(0), M};
@@ -365,8 +369,10 @@ Outputs translate_conv_transpose(OpContext& c) {
   mx::Shape wshape{M};
   wshape.insert(wshape.end(), w0.shape().begin() + 2, w0.shape().end());
   wshape.push_back(cg);
-  mx::array w = mx::reshape(
-      mx::transpose(mx::reshape(mx::astype(w0, cd, c.s), gshape, c.s), perm, c.s), wshape, c.s);
+  mx::array w = c.prepared("convT_w/" + std::to_string(static_cast<int>(cd.val())), {1}, [&] {  // see Conv
+    return mx::contiguous(mx::reshape(mx::transpose(mx::reshape(mx::astype(w0, cd, c.s), gshape, c.s), perm, c.s),
+                                      wshape, c.s), false, c.s);
+  });
 
   mx::array y = grouped_conv(x, w, std::vector<int>(nd, 1), lo_c, hi_c, to_int(dil),
                              to_int(strides), groups, /*flip=*/true, c.s);
