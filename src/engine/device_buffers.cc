@@ -21,16 +21,23 @@ struct Entry {
   mx::allocator::Buffer buffer() const { return data ? data->buffer() : array->buffer(); }
 };
 
+// Set when the registry is destroyed (library unload, process exit). A plain bool is constant-
+// initialized and never destroyed, so it can still be read then: ORT may free buffers from its
+// own static destructors after ours ran, and there is nothing left to do (the registry released
+// every buffer it held as it died). A static object, not a leaked pointer: unloading the
+// library must not leak (LeakSanitizer's churn gate registers and unregisters it).
+bool g_registry_gone = false;
+
 struct Registry {
   std::mutex mu;
   std::unordered_map<const void*, Entry> entries;
   size_t bytes = 0;
+  ~Registry() { g_registry_gone = true; }
 };
 
-Registry& registry() {
-  // Leaked on purpose: ORT may free buffers from static destructors after ours ran.
-  static Registry* r = new Registry;
-  return *r;
+Registry* registry() {
+  static Registry r;
+  return g_registry_gone ? nullptr : &r;
 }
 
 thread_local std::optional<mx::array> t_armed;
@@ -45,8 +52,8 @@ size_t bytes_of(const mx::Shape& shape, mx::Dtype dtype) {
 }  // namespace
 
 Counters& counters() {
-  static Counters* c = new Counters;
-  return *c;
+  static Counters c;  // atomics only: trivially destructible, valid to the end
+  return c;
 }
 
 void* allocate(size_t nbytes) {
@@ -65,10 +72,11 @@ void* allocate(size_t nbytes) {
     if (!p) throw std::bad_alloc();
   }
   e.nbytes = nbytes;
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.bytes += nbytes;
-  r.entries.emplace(p, std::move(e));
+  auto* r = registry();
+  if (!r) throw std::bad_alloc();  // the library is being unloaded
+  std::lock_guard<std::mutex> lock(r->mu);
+  r->bytes += nbytes;
+  r->entries.emplace(p, std::move(e));
   counters().allocations++;
   return p;
 }
@@ -76,47 +84,52 @@ void* allocate(size_t nbytes) {
 bool release(void* p) {
   Entry e;  // destroyed (the MLX buffer freed) outside the lock
   {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.entries.find(p);
-    if (it == r.entries.end()) return false;
+    auto* r = registry();
+    if (!r) return false;
+    std::lock_guard<std::mutex> lock(r->mu);
+    auto it = r->entries.find(p);
+    if (it == r->entries.end()) return false;
     e = std::move(it->second);
-    r.bytes -= e.nbytes;
-    r.entries.erase(it);
+    r->bytes -= e.nbytes;
+    r->entries.erase(it);
   }
   counters().frees++;
   return true;
 }
 
 bool owns(const void* p, size_t* nbytes) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.entries.find(p);
-  if (it == r.entries.end()) return false;
+  auto* r = registry();
+  if (!r) return false;
+  std::lock_guard<std::mutex> lock(r->mu);
+  auto it = r->entries.find(p);
+  if (it == r->entries.end()) return false;
   if (nbytes) *nbytes = it->second.nbytes;
   return true;
 }
 
 size_t count() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.entries.size();
+  auto* r = registry();
+  if (!r) return 0;
+  std::lock_guard<std::mutex> lock(r->mu);
+  return r->entries.size();
 }
 
 size_t bytes() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.bytes;
+  auto* r = registry();
+  if (!r) return 0;
+  std::lock_guard<std::mutex> lock(r->mu);
+  return r->bytes;
 }
 
 std::optional<mx::array> borrow(const void* p, const mx::Shape& shape, mx::Dtype dtype) {
   if (!p) return std::nullopt;
   mx::allocator::Buffer buffer{nullptr};
   {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.entries.find(p);
-    if (it == r.entries.end() || it->second.nbytes < bytes_of(shape, dtype)) return std::nullopt;
+    auto* r = registry();
+    if (!r) return std::nullopt;
+    std::lock_guard<std::mutex> lock(r->mu);
+    auto it = r->entries.find(p);
+    if (it == r->entries.end() || it->second.nbytes < bytes_of(shape, dtype)) return std::nullopt;
     buffer = it->second.buffer();
   }
   // Not owned (no-op deleter): the registry keeps the memory until ORT frees it, which it does
