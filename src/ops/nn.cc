@@ -3,6 +3,7 @@
 // ONNX is channels-first with OIHW weights, MLX's conv_general is channels-last with OHWI
 // weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -147,6 +148,38 @@ mx::array conv_im2col(const mx::array& x, const mx::array& w, const std::vector<
   return mx::reshape(mx::transpose(y, {1, 0, 2}, s), out_shape, s);
 }
 
+// A depthwise convolution (one input channel per group, one output channel per input channel)
+// as a fold over the kernel taps: y += view_tap * w[:, tap], elementwise (fused when compiled).
+// MLX's CPU conv runs depthwise through its naive loop too: 9.9 ms for 3x3 over 64x56x56, ~0.3
+// MFLOP-ms of work. x (N, D.., C), w (C, K.., 1), non-negative padding, no input dilation.
+mx::array conv_depthwise_taps(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
+                              const std::vector<int>& lo, const std::vector<int>& hi,
+                              const std::vector<int>& dilation, bool flip, mx::Stream s) {
+  const int nd = x.ndim() - 2, C = x.shape(-1);
+  Window win;
+  win.nd = nd;
+  for (int d = 0; d < nd; ++d) {
+    int64_t k = w.shape(1 + d), dk = (k - 1) * dilation[d] + 1, in = x.shape(1 + d);
+    win.kernel.push_back(k);
+    win.stride.push_back(stride[d]);
+    win.dil.push_back(dilation[d]);
+    win.lo.push_back(lo[d]);
+    win.hi.push_back(hi[d]);
+    win.in.push_back(in);
+    win.out.push_back((in + lo[d] + hi[d] - dk) / stride[d] + 1);
+  }
+  auto taps = mx::reshape(w, {C, -1}, s);  // (C, K) with the last kernel dim fastest
+  const int K = taps.shape(1);
+  std::optional<mx::array> acc;
+  for_each_tap(x, win, 1, mx::array(0, x.dtype()), s, [&](const mx::array& v, int64_t t) {
+    const int k = flip ? K - 1 - static_cast<int>(t) : static_cast<int>(t);
+    auto wk = mx::reshape(mx::slice(taps, {0, k}, {C, k + 1}, s), {C}, s);  // on the channel axis
+    auto term = mx::multiply(v, wk, s);
+    acc = acc ? mx::add(*acc, term, s) : term;
+  });
+  return *acc;
+}
+
 // Runs conv_general, splitting the groups by hand for 3-D (MLX only groups 1-D and 2-D).
 // x: (N, D.., C) channels-last; w: (M, K.., C/groups).
 mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
@@ -154,9 +187,14 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
                        const std::vector<int>& dilation, const std::vector<int>& input_dilation,
                        int groups, bool flip, mx::Stream s) {
   int nd = x.ndim() - 2;
-  bool naive_on_cpu = groups > 1 && !(x.shape(-1) == groups && w.shape(0) == groups);  // depthwise is fine
+  const bool depthwise = groups > 1 && x.shape(-1) == groups && w.shape(0) == groups;
+  bool input_dilated = false;
+  for (int v : input_dilation) input_dilated = input_dilated || v > 1;
+  if (s.device == mx::Device::cpu && depthwise && !input_dilated && x.dtype() != mx::float64 &&
+      static_cast<int64_t>(w.size()) / groups <= 49)
+    return conv_depthwise_taps(x, w, stride, lo, hi, dilation, flip, s);
+  bool naive_on_cpu = groups > 1 || input_dilated;
   for (int v : dilation) naive_on_cpu = naive_on_cpu || v > 1;
-  for (int v : input_dilation) naive_on_cpu = naive_on_cpu || v > 1;
   if (x.dtype() == mx::float64 || (s.device == mx::Device::cpu && naive_on_cpu))
     return conv_im2col(x, w, stride, lo, hi, dilation, input_dilation, groups, flip, s);
   if (groups == 1 || nd < 3)

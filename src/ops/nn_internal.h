@@ -3,6 +3,8 @@
 // channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
 #pragma once
 
+#include <functional>
+
 #include <string>
 #include <vector>
 
@@ -46,6 +48,14 @@ struct Window {
 // last window needs) or cropped where that is negative. (pool.cc)
 mx::array windows(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
                   mx::Stream s);
+
+// The same padded input, one strided view per kernel tap (last kernel dim fastest): visit(view,
+// tap) with view shaped like windows()'s without the k dims: the elements that tap reads for
+// every output position. Folding the views elementwise (max, add, multiply-add) is what MLX
+// fuses into one kernel when compiled; its reductions over window axes take a slow generic path
+// on the CPU. (pool.cc)
+void for_each_tap(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                  mx::Stream s, const std::function<void(const mx::array&, int64_t)>& visit);
 
 // pool.cc
 Support check_max_pool(const NodeQuery& q);

@@ -140,6 +140,26 @@ mx::array windows(const mx::array& x, const Window& w, int first, const mx::arra
   return mx::as_strided(p.xp, shape, strides, 0, s);
 }
 
+void for_each_tap(const mx::array& x, const Window& w, int first, const mx::array& pad_value,
+                  mx::Stream s, const std::function<void(const mx::array&, int64_t)>& visit) {
+  Padded p = padded_input(x, w, first, pad_value, s);
+  mx::Shape shape;
+  mx::Strides strides;
+  origin_view(p, w, first, shape, strides);
+  int64_t n = 1;
+  for (auto k : w.kernel) n *= k;
+  std::vector<int64_t> tap(w.nd, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < w.nd; ++d) offset += tap[d] * w.dil[d] * p.st[first + d];
+    visit(mx::as_strided(p.xp, shape, strides, static_cast<size_t>(offset), s), t);
+    for (int d = static_cast<int>(w.nd) - 1; d >= 0; --d) {  // next tap, last dim fastest
+      if (++tap[d] < w.kernel[d]) break;
+      tap[d] = 0;
+    }
+  }
+}
+
 namespace {
 
 // Max or sum over small windows as a fold of one strided view per kernel tap: elementwise
@@ -156,22 +176,10 @@ int64_t tap_count(const Window& w) {
 
 mx::array fold_taps(const mx::array& x, const Window& w, const mx::array& pad_value, bool max,
                     mx::Stream s) {
-  Padded p = padded_input(x, w, 2, pad_value, s);
-  mx::Shape shape;
-  mx::Strides strides;
-  origin_view(p, w, 2, shape, strides);
   std::optional<mx::array> acc;
-  std::vector<int64_t> tap(w.nd, 0);
-  for (int64_t t = 0, n = tap_count(w); t < n; ++t) {
-    int64_t offset = 0;
-    for (size_t d = 0; d < w.nd; ++d) offset += tap[d] * w.dil[d] * p.st[2 + d];
-    auto v = mx::as_strided(p.xp, shape, strides, static_cast<size_t>(offset), s);
+  for_each_tap(x, w, 2, pad_value, s, [&](const mx::array& v, int64_t) {
     acc = !acc ? v : max ? mx::maximum(*acc, v, s) : mx::add(*acc, v, s);
-    for (int d = static_cast<int>(w.nd) - 1; d >= 0; --d) {  // next tap, last dim fastest
-      if (++tap[d] < w.kernel[d]) break;
-      tap[d] = 0;
-    }
-  }
+  });
   return *acc;
 }
 
