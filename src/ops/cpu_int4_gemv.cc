@@ -108,13 +108,6 @@ void int4_rows(const SplitRow& r, const uint8_t* packed, const float* scales, co
                zbias + static_cast<int64_t>(n) * nb, r.block_sum.data(), nb, blob);
 }
 
-// Worker threads for the row split: one fewer than the cores (the MLX stream thread that runs
-// the task takes a share itself). Created on first use, shared by all programs.
-ThreadPool& row_pool() {
-  static ThreadPool pool(std::max(2u, std::thread::hardware_concurrency()) - 1);
-  return pool;
-}
-
 class Int4RowGemv : public mx::Primitive {
  public:
   Int4RowGemv(mx::Stream s, int K, int block) : mx::Primitive(s), K_(K), block_(block) {}
@@ -146,7 +139,7 @@ class Int4RowGemv : public mx::Primitive {
       for (int p = 1; p < parts; ++p) {
         const int n0 = p * per, n1 = std::min(N, n0 + per);
         if (n0 < n1)
-          done.push_back(row_pool().enqueue([&r, qp, sp, zp, yp, n0, n1, nb, block] {
+          done.push_back(cpu_row_pool().enqueue([&r, qp, sp, zp, yp, n0, n1, nb, block] {
             int4_rows(r, qp, sp, zp, yp, n0, n1, nb, block);
           }));
       }

@@ -1,0 +1,163 @@
+// The last-axis softmax of ops/cpu_gemv.h (cpu_softmax_last_axis), and the row kernels' pool.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <future>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+#include <mlx/threadpool.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ORTMLX_X86 1
+#endif
+
+#include "ops/cpu_gemv.h"
+
+namespace ortmlx::ops {
+
+ThreadPool& cpu_row_pool() {
+  static ThreadPool pool(std::max(2u, std::thread::hardware_concurrency()) - 1);
+  return pool;
+}
+
+namespace {
+
+// exp(x - m) / sum over one row, scalar: the reference semantics (also for non-finite maxima).
+void softmax_row_scalar(const float* x, float* y, int n) {
+  float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  for (int i = 0; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    m = std::max(m, x[i]);
+  }
+  if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) sum += (y[i] = std::exp(x[i] - m));
+  for (int i = 0; i < n; ++i) y[i] /= sum;
+}
+
+#ifdef ORTMLX_X86
+// Cephes' expf on 8 lanes (range reduction by ln 2 split in two, degree-5 polynomial): within
+// ~2 ulp of expf for d in [-87.3, 0]; 0 below (the true value underflows to a denormal there).
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
+  __m256 x = _mm256_max_ps(d, lo);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
+}
+
+__attribute__((target("avx2,fma"))) void softmax_row_avx2(const float* x, float* y, int n) {
+  __m256 vm = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int i = 0;
+  for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vm);
+  float m = lanes[0];
+  for (int k = 1; k < 8; ++k) m = std::max(m, lanes[k]);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  if (!std::isfinite(m)) return softmax_row_scalar(x, y, n);  // -inf/+inf/NaN rows: as defined
+  const __m256 vmax = _mm256_set1_ps(m);
+  __m256 vs = _mm256_setzero_ps();
+  bool nan = false;
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = nan || _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256 e = exp_avx2(_mm256_sub_ps(v, vmax));
+    _mm256_storeu_ps(y + i, e);
+    vs = _mm256_add_ps(vs, e);
+  }
+  if (nan) return softmax_row_scalar(x, y, n);  // max() skipped a NaN: let it propagate
+  _mm256_store_ps(lanes, vs);
+  float sum = 0.f;
+  for (float v : lanes) sum += v;
+  for (; i < n; ++i) {
+    if (std::isnan(x[i])) return softmax_row_scalar(x, y, n);
+    sum += (y[i] = x[i] - m < -87.3f ? 0.f : std::exp(x[i] - m));
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / sum);
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), inv));
+  for (; i < n; ++i) y[i] *= 1.f / sum;
+}
+#endif
+
+using SoftmaxRow = void (*)(const float*, float*, int);
+
+SoftmaxRow pick_softmax_row() {
+#ifdef ORTMLX_X86
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return softmax_row_avx2;
+#endif
+  return softmax_row_scalar;
+}
+
+class RowSoftmax : public mx::UnaryPrimitive {
+ public:
+  explicit RowSoftmax(mx::Stream s) : mx::UnaryPrimitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& x = inputs[0];
+    if (!x.flags().row_contiguous) throw std::runtime_error("[RowSoftmax] input must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_output_array(out);
+    const int n = x.shape(-1);
+    const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
+    enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), n, rows] {
+      static const SoftmaxRow row = pick_softmax_row();
+      auto run = [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) row(xp + r * n, yp + r * n, n);
+      };
+      const int threads = static_cast<int>(std::thread::hardware_concurrency());
+      const int parts = rows * n >= (int64_t{1} << 16) ? static_cast<int>(std::min<int64_t>(threads, rows)) : 1;
+      const int64_t per = (rows + parts - 1) / std::max(parts, 1);
+      std::vector<std::future<void>> done;
+      for (int p = 1; p < parts; ++p) {
+        const int64_t r0 = p * per, r1 = std::min(rows, r0 + per);
+        if (r0 < r1) done.push_back(cpu_row_pool().enqueue([&run, r0, r1] { run(r0, r1); }));
+      }
+      run(0, std::min(rows, per));
+      for (auto& f : done) f.get();
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[RowSoftmax] runs on the CPU stream only");
+  }
+  const char* name() const override { return "RowSoftmax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(RowSoftmax);
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+};
+
+}  // namespace
+
+std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
+      x.ndim() < 1 || x.size() == 0)
+    return std::nullopt;
+  auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowSoftmax>(s), {xc});
+}
+
+}  // namespace ortmlx::ops
