@@ -91,6 +91,24 @@ std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.en
 // (total + 1) / 2, e.g. 0 for -2 (total - total / 2 would give -1 and shift every window).
 int64_t same_begin(int64_t total, bool upper) { return upper ? total / 2 : (total + 1) / 2; }
 
+// The windows of a channels-last convolution: x (N, D.., C), w (M, K.., C/groups).
+Window conv_window(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
+                   const std::vector<int>& lo, const std::vector<int>& hi, const std::vector<int>& dilation) {
+  Window win;
+  win.nd = x.ndim() - 2;
+  for (size_t d = 0; d < win.nd; ++d) {
+    int64_t k = w.shape(1 + d), dk = (k - 1) * dilation[d] + 1, in = x.shape(1 + d);
+    win.kernel.push_back(k);
+    win.stride.push_back(stride[d]);
+    win.dil.push_back(dilation[d]);
+    win.lo.push_back(lo[d]);
+    win.hi.push_back(hi[d]);
+    win.in.push_back(in);
+    win.out.push_back((in + lo[d] + hi[d] - dk) / stride[d] + 1);
+  }
+  return win;
+}
+
 // A convolution as im2col (a strided window view) + one batched matmul over the groups. Used
 // where MLX's CPU convolution falls short: it accumulates float64 in float32 (this is exact), and
 // it runs grouped convolutions (other than depthwise), kernel dilation and input dilation
@@ -113,20 +131,11 @@ mx::array conv_im2col(const mx::array& x, const mx::array& w, const std::vector<
     }
     xi = mx::slice_update(mx::zeros(dshape, x.dtype(), s), x, start, dshape, step, s);
   }
-  Window win;
-  win.nd = nd;
+  const Window win = conv_window(xi, w, stride, lo, hi, dilation);
   int64_t P = 1, K = 1;
   for (int d = 0; d < nd; ++d) {
-    int64_t k = w.shape(1 + d), dk = (k - 1) * dilation[d] + 1, in = xi.shape(1 + d);
-    win.kernel.push_back(k);
-    win.stride.push_back(stride[d]);
-    win.dil.push_back(dilation[d]);
-    win.lo.push_back(lo[d]);
-    win.hi.push_back(hi[d]);
-    win.in.push_back(in);
-    win.out.push_back((in + lo[d] + hi[d] - dk) / stride[d] + 1);
-    P *= win.out.back();
-    K *= k;
+    P *= win.out[d];
+    K *= win.kernel[d];
   }
   const int N = x.shape(0), C = x.shape(-1), M = w.shape(0), cg = C / groups, mg = M / groups;
   // (N, out.., C, K..) -> (g, N*P, C/g * K)
@@ -155,19 +164,8 @@ mx::array conv_im2col(const mx::array& x, const mx::array& w, const std::vector<
 mx::array conv_depthwise_taps(const mx::array& x, const mx::array& w, const std::vector<int>& stride,
                               const std::vector<int>& lo, const std::vector<int>& hi,
                               const std::vector<int>& dilation, bool flip, mx::Stream s) {
-  const int nd = x.ndim() - 2, C = x.shape(-1);
-  Window win;
-  win.nd = nd;
-  for (int d = 0; d < nd; ++d) {
-    int64_t k = w.shape(1 + d), dk = (k - 1) * dilation[d] + 1, in = x.shape(1 + d);
-    win.kernel.push_back(k);
-    win.stride.push_back(stride[d]);
-    win.dil.push_back(dilation[d]);
-    win.lo.push_back(lo[d]);
-    win.hi.push_back(hi[d]);
-    win.in.push_back(in);
-    win.out.push_back((in + lo[d] + hi[d] - dk) / stride[d] + 1);
-  }
+  const int C = x.shape(-1);
+  const Window win = conv_window(x, w, stride, lo, hi, dilation);
   auto taps = mx::reshape(w, {C, -1}, s);  // (C, K) with the last kernel dim fastest
   const int K = taps.shape(1);
   std::optional<mx::array> acc;
