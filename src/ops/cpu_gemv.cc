@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -123,9 +124,11 @@ class RowGemv : public mx::Primitive {
       xv = xbuf.data();
       incx = 1;
     }
-    if (ws1 == 1 && ws0 >= std::max(N, 1)) {  // row-major [K, N]: y = w^T x
+    constexpr int64_t kIntMax = 2147483647;  // BLAS takes int leading dims and increments
+    const bool blas_ok = incx <= kIntMax && ws0 <= kIntMax && ws1 <= kIntMax;
+    if (blas_ok && ws1 == 1 && ws0 >= std::max(N, 1)) {  // row-major [K, N]: y = w^T x
       fn(kRowMajor, kTrans, K, N, 1.f, wp, static_cast<int>(ws0), xv, static_cast<int>(incx), 0.f, yp, 1);
-    } else if (ws0 == 1 && ws1 >= std::max(K, 1)) {  // a transposed view of row-major [N, K]
+    } else if (blas_ok && ws0 == 1 && ws1 >= std::max(K, 1)) {  // a transposed view of row-major [N, K]
       fn(kRowMajor, kNoTrans, N, K, 1.f, wp, static_cast<int>(ws1), xv, static_cast<int>(incx), 0.f, yp, 1);
     } else {  // any other view (broadcast or strided weights): plain loops
       for (int n = 0; n < N; ++n) yp[n] = 0.f;
