@@ -459,7 +459,8 @@ mx::array Program::input_array(const HostTensor& t) const {
   // a buffer it does not own. MLX's GPU backends need their own allocations: copy there,
   // unless the buffer is one: an allocation of the EP's device allocator (device_memory=1) is
   // MLX's own memory, used in place on any backend (device_buffers.h).
-  if (!ops::lowp::is_lowp(t.dtype) && t.data)
+  // (The registry lookup takes a lock: only sessions with device memory pay for it.)
+  if (opt_.device_memory && !ops::lowp::is_lowp(t.dtype) && t.data)
     if (auto a = device_buffers::borrow(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype)))
       return *a;
   if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);

@@ -29,6 +29,7 @@ struct Options {
   size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
   int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
   bool gpu = false;             // run on MLX's GPU device
+  bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
 };
 
@@ -72,6 +73,7 @@ class Program {
   // Whether the calling thread's last run() went through a compiled function.
   static bool last_run_compiled();
   mx::Device device() const { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
+  bool device_memory() const { return opt_.device_memory; }
 
   // Builds an MLX array that owns a copy of `t`.
   static mx::array to_array(const HostTensor& t);

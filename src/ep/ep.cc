@@ -35,10 +35,8 @@ std::string json_escape(const std::string& s) {
 // Allocated in Compile, freed in ReleaseNodeComputeInfos.
 struct FusedNodeCompute : OrtNodeComputeInfo {
   std::unique_ptr<engine::Program> program;
-  bool device_memory;  // outputs are allocated by the EP's allocator: try zero-copy outputs
 
-  FusedNodeCompute(std::unique_ptr<engine::Program> p, bool dm)
-      : OrtNodeComputeInfo{}, program(std::move(p)), device_memory(dm) {
+  explicit FusedNodeCompute(std::unique_ptr<engine::Program> p) : OrtNodeComputeInfo{}, program(std::move(p)) {
     ort_version_supported = g_api_version;
     CreateState = CreateStateImpl;
     Compute = ComputeImpl;
@@ -52,10 +50,11 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
   }
   static void ORT_API_CALL ReleaseStateImpl(OrtNodeComputeInfo*, void*) noexcept {}
 
-  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo* self, void* state,
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo*, void* state,
                                              OrtKernelContext* ctx) noexcept {
     auto* program = static_cast<engine::Program*>(state);
-    const bool device_memory = static_cast<FusedNodeCompute*>(self)->device_memory;
+    // Outputs are allocated by the EP's allocator: try zero-copy outputs.
+    const bool device_memory = program->device_memory();
     return guard("Compute of fused node '" + program->name() + "'", [&] {
       const auto t_start = std::chrono::steady_clock::now();
       size_t n_in = 0, n_out = 0;
@@ -268,7 +267,7 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
     auto program = std::make_unique<engine::Program>(
         fused_name, read.graph, node_input_names(fused_nodes[i]),
         node_output_names(fused_nodes[i]), options_.engine);
-    infos[i] = new FusedNodeCompute(std::move(program), options_.device_memory == 1);  // freed in ReleaseNodeComputeInfos
+    infos[i] = new FusedNodeCompute(std::move(program));  // freed in ReleaseNodeComputeInfos
   }
 }
 

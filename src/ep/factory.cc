@@ -208,6 +208,7 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
           "ORT_MLX_DEVICE_MEMORY=1: its devices use the EP's memory; register it without that "
           "variable for CPU memory");
     opts.device_memory = registered ? 1 : 0;
+    opts.engine.device_memory = registered;
     if (gpu) {
       // MLX reads MLX_ENABLE_TF32 when its GPU backend first runs a matmul, so it is process-
       // wide: the first GPU session decides, and a value the user exported wins (overwrite=0).

@@ -8,6 +8,7 @@
 
 #include "engine/device_buffers.h"
 #include "engine/program.h"
+#include "graph_builders.h"
 
 using namespace ortmlx;
 namespace mx = mlx::core;
@@ -105,19 +106,14 @@ TEST(DeviceBuffers, ThreadSafe) {
 
 TEST(DeviceBuffers, EngineUsesRegisteredInputInPlace) {
   graph::Graph g;
-  graph::Node n;
-  n.name = "neg";
-  n.op_type = "Neg";
-  n.since_version = 13;
-  n.inputs = {"x"};
-  n.outputs = {"y"};
-  g.nodes.push_back(n);
+  g.nodes.push_back(test::node("Neg", {"x"}, {"y"}, 13));
   graph::ValueInfo y;
   y.name = "y";
   y.dtype = graph::DType::Float32;
   g.values["y"] = y;
   engine::Options opt;
   opt.compile_after = 1;
+  opt.device_memory = true;  // as the EP sets it when the library registered device memory
   engine::Program prog("neg", g, {"x"}, {"y"}, opt);
   auto* p = static_cast<float*>(db::allocate(4 * sizeof(float)));
   for (int i = 0; i < 4; ++i) p[i] = static_cast<float>(i + 1);
