@@ -237,6 +237,85 @@ def _model_latency(spec: dict) -> dict:
     return res
 
 
+def _onnx_to_torch(path: str):
+    """The ONNX model as a PyTorch module with the same weights (onnx2torch). Its NMS and RoIAlign
+    converters import torchvision when the package loads; none of the benchmark's models use
+    them, so a machine without torchvision gets an empty stand-in."""
+    import importlib.machinery
+    import importlib.util
+    import types
+    import onnx
+    if importlib.util.find_spec("torchvision") is None:
+        tv = types.ModuleType("torchvision")
+        tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
+        tv.ops = types.ModuleType("torchvision.ops")
+        tv.ops.__spec__ = importlib.machinery.ModuleSpec("torchvision.ops", None)
+        tv.ops.roi_align = None
+        sys.modules.setdefault("torchvision", tv)
+        sys.modules.setdefault("torchvision.ops", tv.ops)
+    from onnx2torch import convert
+    import tempfile
+    import onnxruntime as ort
+    # Constant folding first (ORT's basic level: ONNX ops only): the light/ CNNs compute their
+    # weights with ConstantOfShape nodes, where onnx2torch wants initializers.
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(pathlib.Path(tmp) / "folded.onnx")
+        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        model = onnx.load(so.optimized_model_filepath)
+    # Old models (IR < 4) also list their initializers as graph inputs: not inputs to PyTorch.
+    # (and folding leaves inputs no node reads).
+    weights = {t.name for t in model.graph.initializer}
+    used = {x for n in model.graph.node for x in n.input}
+    keep = [i for i in model.graph.input if i.name not in weights and i.name in used]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    model.ir_version = max(model.ir_version, 4)  # which allows initializers that are not inputs
+    for n in model.graph.node:  # trailing empty optional inputs (Clip's max) mean "absent"
+        while n.input and n.input[-1] == "":
+            n.input.pop()
+    return convert(onnx.shape_inference.infer_shapes(model))  # its converters read ranks
+
+
+def _model_latency_torch(spec: dict) -> dict:
+    """PyTorch eager (inference mode) on the same ONNX model's weights, with the same inputs as
+    _model_latency: the encoder and CNN baseline on the GPU machine."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    dev = "cuda" if spec["device"] == "gpu" and torch.cuda.is_available() else "cpu"
+    model = _onnx_to_torch(spec["model"]).eval().to(dev)
+    sess = ort.InferenceSession(spec["model"], providers=["CPUExecutionProvider"])  # input names
+    names = [i.name for i in sess.get_inputs()]
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    res = {"device": dev}
+    for key, shapes in spec["grid"].items():
+        if shapes == "auto":
+            feeds = _feeds_for(sess)
+        else:
+            b, length = shapes
+            rng = np.random.default_rng(b * 1000 + length)
+            feeds = {"input_ids": rng.integers(100, 30000, (b, length)).astype(np.int64),
+                     "attention_mask": np.ones((b, length), np.int64)}
+        args = [torch.from_numpy(feeds[n]).to(dev) for n in names if n in feeds]
+        if "max_abs_diff_vs_cpu_ep" not in res:  # the conversion kept the model: check once
+            with torch.inference_mode():
+                got = model(*args)
+            got = got if isinstance(got, (list, tuple)) else [got]
+            res["max_abs_diff_vs_cpu_ep"] = max(
+                float(np.max(np.abs(g.float().cpu().numpy() - r))) if r.size else 0.0
+                for g, r in zip(got, sess.run(None, feeds)))
+
+        def once():
+            with torch.inference_mode():
+                model(*args)
+            sync()
+        res[key] = _median_time(once, spec["repeat"], 3)
+    res["peak_rss_mb"] = _rss_mb()
+    return res
+
+
 def _overhead(spec: dict) -> dict:
     """EP time outside MLX's evaluation for a 1-token decode step, from the EP's own counters
     (written to report_path when the session is released): `compiled` is the same step repeated
@@ -299,7 +378,7 @@ def _coldstart(spec: dict) -> dict:
     return res
 
 
-WORKERS = {"coldstart": _coldstart, "llm_ort": _llm_ort, "llm_mlx_lm": _llm_mlx_lm, "llm_torch": _llm_torch,
+WORKERS = {"latency_torch": _model_latency_torch, "coldstart": _coldstart, "llm_ort": _llm_ort, "llm_mlx_lm": _llm_mlx_lm, "llm_torch": _llm_torch,
            "latency": _model_latency, "overhead": _overhead}
 
 
@@ -352,6 +431,12 @@ def run_worker(spec: dict, timeout: float = 1800) -> dict:
 def _torch_available() -> bool:
     import importlib.util
     return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+def _onnx2torch_available() -> bool:
+    """PyTorch baselines for the encoder and CNNs convert the ONNX model (onnx2torch)."""
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("onnx2torch") is not None
 
 
 def _mlx_lm_available() -> bool:
@@ -427,6 +512,9 @@ def plan(args) -> list[tuple[str, str, dict]]:
             for prov in ("mlx", "cpu"):
                 cases.append(("encoder", f"MiniLM {prov}", {"kind": "latency", "model": found[0],
                               "provider": prov, "device": args.device, "grid": g, "repeat": repeat}))
+            if _onnx2torch_available():
+                cases.append(("encoder", "MiniLM torch", {"kind": "latency_torch", "model": found[0],
+                              "device": args.device, "grid": g, "repeat": repeat}))
     if "cnn" in groups and TESTDATA.exists():
         names = ["light_squeezenet"] if quick else sorted(p.stem for p in TESTDATA.glob("light_*.onnx"))
         for n in names:
@@ -434,6 +522,9 @@ def plan(args) -> list[tuple[str, str, dict]]:
                 cases.append(("cnn", f"{n} {prov}", {"kind": "latency", "model": str(TESTDATA / f"{n}.onnx"),
                               "provider": prov, "device": args.device, "grid": {"latency_s": "auto"},
                               "repeat": repeat}))
+            if _onnx2torch_available():
+                cases.append(("cnn", f"{n} torch", {"kind": "latency_torch", "model": str(TESTDATA / f"{n}.onnx"),
+                              "device": args.device, "grid": {"latency_s": "auto"}, "repeat": repeat}))
     if "demo" in groups:
         demo = out / "demo_model.onnx"
         cases.append(("demo", "demo prepare", {"kind": "_demo_model", "path": str(demo)}))

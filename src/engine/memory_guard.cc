@@ -40,8 +40,9 @@ void check_allocation(size_t nbytes, const std::string& what) {
   check(static_cast<long double>(nbytes), what);
 }
 
-void check_evaluation(const std::vector<mx::array>& outputs, const std::string& where) {
+size_t check_evaluation(const std::vector<mx::array>& outputs, const std::string& where) {
   long double largest = 0;
+  size_t pending = 0;
   std::vector<mx::array> stack(outputs.begin(), outputs.end());
   std::unordered_set<std::uintptr_t> seen;
   while (!stack.empty()) {
@@ -50,9 +51,11 @@ void check_evaluation(const std::vector<mx::array>& outputs, const std::string& 
     // Arrays with data are already counted in the active memory, and so is what they hold.
     if (!seen.insert(a.id()).second || a.is_available()) continue;
     largest = std::max(largest, bytes_of(a));
+    ++pending;
     for (const auto& in : a.inputs()) stack.push_back(in);
   }
   if (largest > 0) check(largest, where + ": one of the buffers of this run");
+  return pending;
 }
 
 }  // namespace ortmlx::engine

@@ -28,6 +28,7 @@ void check_allocation(size_t nbytes, const std::string& what);
 // the graph) is at least as large as its largest one; that one plus the bytes already held must
 // fit under the limit. A lower bound of the peak, so it never refuses work that would fit;
 // intermediates are freed as MLX goes, so the sum of all of them would over-count.
-void check_evaluation(const std::vector<mlx::core::array>& outputs, const std::string& where);
+// Returns the number of arrays the evaluation will compute (MLX primitives to run).
+size_t check_evaluation(const std::vector<mlx::core::array>& outputs, const std::string& where);
 
 }  // namespace ortmlx::engine

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
+
+#include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
 #include "engine/memory_guard.h"
@@ -65,11 +68,35 @@ bool touches_empty(const std::vector<mx::array>& outs) {
   return false;
 }
 
+// log_level 3: which MLX primitives an evaluation runs, by name (each is a kernel, or a view):
+// the per-op cost of eager runs on the GPU is what this counts.
+void log_primitives(const std::vector<mx::array>& outs, const std::string& where) {
+  std::map<std::string, int> count;
+  std::vector<mx::array> stack(outs.begin(), outs.end());
+  std::unordered_set<std::uintptr_t> seen;
+  while (!stack.empty()) {
+    mx::array a = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(a.id()).second || a.is_available() || !a.has_primitive()) continue;
+    count[a.primitive().name()]++;
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+  std::ostringstream os;
+  os << "[MLX EP] " << where << " evaluates:";
+  for (const auto& [name, n] : count) os << " " << name << "=" << n;
+  std::cerr << os.str() << "\n";
+}
+
 // An evaluated, row-contiguous array's data in a buffer of its own.
 mx::array owned_copy(const mx::array& a) {
   auto data = mx::allocator::malloc(std::max<size_t>(a.nbytes(), 1));
   if (a.nbytes()) std::memcpy(data.buffer().raw_ptr(), a.data<void>(), a.nbytes());
   return mx::array(std::move(data), a.shape(), a.dtype());
+}
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t0).count());
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
@@ -229,8 +256,10 @@ struct Program::Run {
   // translator only ever sees a body's outputs.)
   std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
 
-  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st)
-      : mode(m), record(r), host_deps(deps), s(st) {}
+  Stats* stats = nullptr;
+
+  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st, Stats* st_)
+      : mode(m), record(r), host_deps(deps), s(st), stats(st_) {}
 
   bool tracking() const { return host_deps != nullptr; }
 
@@ -254,8 +283,20 @@ struct Program::Run {
     return t;
   }
 
+  // Host reads of this run by the array read (which they keep alive, so ids stay unique): the
+  // same value read again (total_sequence_length by every attention layer) is not synced again.
+  // Replays dedupe the same way, so they consume the record in the probe's order.
+  std::unordered_map<std::uintptr_t, std::pair<mx::array, mx::array>> reads;
+
   // A host read: evaluated and recorded (probe), evaluated (eager), or the recorded value.
   mx::array read(const mx::array& v, const Taint& t) {
+    if (auto it = reads.find(v.id()); it != reads.end()) return it->second.second;
+    mx::array a = read_once(v, t);
+    reads.try_emplace(v.id(), v, a);
+    return a;
+  }
+
+  mx::array read_once(const mx::array& v, const Taint& t) {
     if (mode == Mode::Replay) {
       if (next_read >= record->size())
         throw std::runtime_error("[engine] replay read a host value the probe did not record");
@@ -264,8 +305,13 @@ struct Program::Run {
         throw std::runtime_error("[engine] replay's host read differs from the probe's");
       return a;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     mx::array a = mx::contiguous(v, false, s);
     a.eval();
+    if (stats) {
+      stats->host_reads++;
+      stats->host_read_ns += elapsed_ns(t0);
+    }
     if (host_deps) host_deps->insert(host_deps->end(), t.begin(), t.end());
     // A recorded value outlives the run, and `a` may share a borrowed input's buffer
     // (contiguous() of a contiguous array is a view): keep an owned copy.
@@ -344,6 +390,8 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
     hooks.host_eval = [&](const mx::array& v) -> mx::array {
       return run.read(v, run.tracking() ? run.taint_of(v) : Taint{});
     };
+    hooks.emulate_int8_activations =
+        opt_.int8_emulation == 1 || (opt_.int8_emulation < 0 && run.s.device == mx::Device::cpu);
     hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
     hooks.constant_memo = [&](const std::string& key, const std::vector<size_t>& idx,
                               const std::function<mx::array()>& make) -> mx::array {
@@ -481,7 +529,8 @@ std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) co
 std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
                                           const Layout& layout, Mode mode, HostRecord* record,
                                           std::vector<int>* host_deps, mx::Stream s) const {
-  Run run(mode, record, host_deps, s);
+  const auto t0 = std::chrono::steady_clock::now();
+  Run run(mode, record, host_deps, s, &stats_);
   // The fused inputs back from the arguments (see arguments()), then the constants.
   std::vector<ops::Value> values;
   std::vector<Taint> taints;
@@ -524,6 +573,7 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
     }
     result.push_back(mx::contiguous(a, false, s));
   }
+  stats_.translate_ns += elapsed_ns(t0);
   return result;
 }
 
@@ -570,7 +620,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
   auto eval_all = [this](std::vector<mx::array> outs) {
-    check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
+    stats_.eval_arrays += check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
+    if (opt_.log_level >= 3) log_primitives(outs, where_);
     auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
     tl_last_eval_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

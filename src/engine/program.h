@@ -31,6 +31,8 @@ struct Options {
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
+  // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
+  int int8_emulation = -1;
 };
 
 struct Stats {
@@ -40,6 +42,10 @@ struct Stats {
   std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
   // The same for compiled runs only (the steady state, without probes and traces).
   std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
+  // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
+  // included) and the host reads themselves (count and time: each is a device sync).
+  std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
+  std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).
@@ -162,7 +168,7 @@ class Program {
   std::mutex mu_;
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<Entry, std::list<std::string>::iterator>> cache_;
-  Stats stats_;
+  mutable Stats stats_;  // translate() (const) counts its own time
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
 };
 

@@ -284,7 +284,10 @@ void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos,
         f << "{\"fused_node\":\"" << json_escape(info->program->name()) << "\",\"runs\":" << st.runs
           << ",\"compiled_runs\":" << st.compiled_runs << ",\"eager_runs\":" << st.eager_runs
           << ",\"traces\":" << st.traces << ",\"compute_ns\":" << st.compute_ns
-          << ",\"eval_ns\":" << st.eval_ns << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
+          << ",\"eval_ns\":" << st.eval_ns << ",\"translate_ns\":" << st.translate_ns
+          << ",\"host_reads\":" << st.host_reads << ",\"host_read_ns\":" << st.host_read_ns
+          << ",\"eval_arrays\":" << st.eval_arrays
+          << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
           << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
       } catch (...) {  // a statistics line is not worth failing a release over
       }

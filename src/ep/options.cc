@@ -34,7 +34,7 @@ long long to_int(const std::string& key, const std::string& v, long long lo, lon
 EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
                                 "report_path", "memory_limit_mb", "cache_limit_mb",
-                                "device_memory", "tf32"};
+                                "device_memory", "tf32", "int8_emulation"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -61,6 +61,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   if (auto v = lookup(entries, "device_memory"); !v.empty())
     o.device_memory = static_cast<int>(to_int("device_memory", v, 0, 2));
   if (auto v = lookup(entries, "tf32"); !v.empty()) o.tf32 = static_cast<int>(to_int("tf32", v, 0, 1));
+  if (auto v = lookup(entries, "int8_emulation"); !v.empty() && v != "auto")
+    o.engine.int8_emulation = static_cast<int>(to_int("int8_emulation", v, 0, 1));
   return o;
 }
 

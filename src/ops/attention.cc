@@ -30,7 +30,8 @@ struct Attn {
 
 Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
             const std::optional<mx::array>& mask, const std::optional<mx::array>& bias,
-            float softcap, const std::optional<mx::array>& sinks, mx::Stream s, int qk_mode = -1) {
+            float softcap, const std::optional<mx::array>& sinks, mx::Stream s, int qk_mode = -1,
+            bool causal = false) {
   const auto t = q.dtype();
   // One query row on the CPU (a decode step): the explicit math below with BLAS gemv products.
   // MLX's fused attention falls back to sgemm there, which packs K and V on every call.
@@ -46,11 +47,19 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
       m = mask;
     std::optional<mx::array> sk;
     if (sinks) sk = mx::astype(*sinks, t, s);
-    return {mx::fast::scaled_dot_product_attention(q, k, v, scale, "", m, sk, false, s), {}};
+    // causal (no mask given): MLX's own bottom-right causal mask, which its GPU kernels
+    // apply without a mask array in memory.
+    return {mx::fast::scaled_dot_product_attention(q, k, v, scale, causal && !m ? "causal" : "", m,
+                                                   sk, false, s), {}};
   }
   // Explicit math: heads grouped as [B, Nkv, rep, S, *] so K/V are never repeated.
   const int B = q.shape(0), N = q.shape(1), S = q.shape(2), H = q.shape(3);
   const int Nkv = k.shape(1), T = k.shape(2), Hv = v.shape(3), rep = N / Nkv;
+  std::optional<mx::array> mask_or_causal = mask;
+  if (causal && !mask && S > 1)  // query row i sees keys [0, T - S + i]
+    mask_or_causal = mx::greater_equal(
+        mx::reshape(mx::arange(T - S, T, mx::int32, s), {S, 1}, s),
+        mx::reshape(mx::arange(T, mx::int32, s), {1, T}, s), s);
   auto q5 = mx::reshape(q, {B, Nkv, rep, S, H}, s);
   auto k5 = mx::expand_dims(k, 2, s), v5 = mx::expand_dims(v, 2, s);
   auto product = [&](const mx::array& a, const mx::array& b) {
@@ -68,7 +77,7 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
   }
   if (qk_mode == 1) qk = scores;
   if (bias) scores = mx::add(scores, mx::astype(*bias, t, s), s);
-  if (mask) scores = mx::where(*mask, scores, mx::array(kNegInf, t), s);
+  if (mask_or_causal) scores = mx::where(*mask_or_causal, scores, mx::array(kNegInf, t), s);
   if (qk_mode == 2) qk = scores;
   mx::array probs = scores;
   if (sinks) {
@@ -225,9 +234,27 @@ Outputs translate_gqa(OpContext& c) {
   if (!first_prompt && S > 1 && B != 1)
     c.fail("sequence_length > 1 with past context requires batch_size 1 (as in ORT)");
 
+  // Batch 1 (every generate loop): the sequence's length is read on the host too (one sync per
+  // run, shared by all layers: the engine dedupes host reads). Knowing it, the common case (no
+  // padding: total_b == T) needs no mask at all for a decode step and MLX's causal mode for a
+  // prompt, which MLX's GPU attention kernels take without a mask array (with one, MLX falls
+  // back to unfused math); the rotary rows are a slice, and the present cache a concatenation.
+  // Batches keep everything on the device.
+  std::optional<int> known_past;  // past_len of the one sequence, when B == 1 and consistent
+  bool unpadded = false;          // ... and its keys fill all T rows of present
+  if (B == 1) {
+    const int64_t total_1 = c.host_int(5) + 1;
+    const int64_t past_1 = first_prompt ? 0 : total_1 - S;
+    if (total_1 >= S && total_1 <= T && past_1 >= 0 && past_1 <= P) {
+      known_past = static_cast<int>(past_1);
+      unpadded = total_1 == T;
+    }
+  }
   auto seqlens = mx::reshape(mx::astype(c.in(5), mx::int32, c.s), {B}, c.s);
   auto total_b = mx::add(seqlens, mx::array(1), c.s);
-  auto past_len = first_prompt ? mx::zeros({B}, mx::int32, c.s) : mx::subtract(total_b, mx::array(S), c.s);
+  auto past_len = known_past ? mx::full({1}, *known_past, mx::int32, c.s)
+                  : first_prompt ? mx::zeros({B}, mx::int32, c.s)
+                                 : mx::subtract(total_b, mx::array(S), c.s);
 
   Q = mx::reshape(Q, {B, S, N, H}, c.s);
   K = mx::reshape(K, {B, S, Nkv, H}, c.s);
@@ -236,37 +263,76 @@ Outputs translate_gqa(OpContext& c) {
     const auto& cos_cache = c.in(7);
     const int rotary_dim = 2 * cos_cache.shape(1);
     if (rotary_dim > H) c.fail("cos_cache is wider than head_size / 2");
-    mx::array pos = mx::arange(S, mx::int32, c.s);
-    if (c.has(9))
-      pos = mx::astype(c.in(9), mx::int32, c.s);
-    else if (first_prompt)
-      pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
-    else
-      pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
-    auto cos = mx::expand_dims(mx::take(cos_cache, pos, 0, c.s), 2, c.s);  // [B, S, 1, rd/2]
-    auto sin = mx::expand_dims(mx::take(c.in(8), pos, 0, c.s), 2, c.s);
     const bool inter = n.attr_int("rotary_interleaved", 0) == 1;
-    Q = apply_rotary(Q, cos, sin, rotary_dim, inter, c.s);
-    K = apply_rotary(K, cos, sin, rotary_dim, inter, c.s);
+    // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]): prepared once
+    // from constant caches, then only their rows are picked per run.
+    mx::array cos_t = cos_cache, sin_t = c.in(8);
+    if (!inter) {
+      const mx::Dtype rt = compute_dtype(Q, c.s);
+      const std::string tag = std::to_string(static_cast<int>(rt.val()));
+      cos_t = c.prepared("rope_cos2/" + tag, {7, 8}, [&] {
+        return rotary_half_tables(cos_cache, c.in(8), rt, c.s).first;
+      });
+      sin_t = c.prepared("rope_sin2/" + tag, {7, 8}, [&] {
+        return rotary_half_tables(cos_cache, c.in(8), rt, c.s).second;
+      });
+    }
+    const int rows = cos_cache.shape(0);
+    std::optional<mx::array> cos, sin;
+    if (known_past && !c.has(9) && *known_past + S <= rows) {
+      cos = mx::reshape(slice_axis(cos_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
+      sin = mx::reshape(slice_axis(sin_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
+    } else {
+      mx::array pos = mx::arange(S, mx::int32, c.s);
+      if (c.has(9))
+        pos = mx::astype(c.in(9), mx::int32, c.s);
+      else if (first_prompt)
+        pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
+      else
+        pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
+      cos = mx::expand_dims(mx::take(cos_t, pos, 0, c.s), 2, c.s);  // [B, S, 1, width]
+      sin = mx::expand_dims(mx::take(sin_t, pos, 0, c.s), 2, c.s);
+    }
+    if (inter) {
+      Q = apply_rotary(Q, *cos, *sin, rotary_dim, true, c.s);
+      K = apply_rotary(K, *cos, *sin, rotary_dim, true, c.s);
+    } else if (packed) {
+      // Q and K are neighbours in the packed input: one rotation for both.
+      auto qk = mx::reshape(slice_axis(query, 2, 0, (N + Nkv) * H, c.s), {B, S, N + Nkv, H}, c.s);
+      qk = apply_rotary_halves(qk, *cos, *sin, rotary_dim, c.s);
+      Q = slice_axis(qk, 2, 0, N, c.s);
+      K = slice_axis(qk, 2, N, N + Nkv, c.s);
+    } else {
+      Q = apply_rotary_halves(Q, *cos, *sin, rotary_dim, c.s);
+      K = apply_rotary_halves(K, *cos, *sin, rotary_dim, c.s);
+    }
   }
   Q = mx::transpose(Q, {0, 2, 1, 3}, c.s);
   K = mx::transpose(K, {0, 2, 1, 3}, c.s);
   V = mx::transpose(V, {0, 2, 1, 3}, c.s);
 
   mx::array present_k = K, present_v = V;
-  if (past_k || !first_prompt || T != S) {
+  if (known_past && past_k && *known_past == P && P + S == T) {
+    present_k = mx::concatenate({*past_k, K}, 2, c.s);  // the usual decode step
+    present_v = mx::concatenate({*past_v, V}, 2, c.s);
+  } else if (past_k || !first_prompt || T != S) {
     present_k = gqa_present(past_k, K, past_len, T, c.s);
     present_v = gqa_present(past_v, V, past_len, T, c.s);
   }
 
   // Visible keys of row s in batch b: [lo, hi) with hi = min(past_len + s + 1, total_b).
-  auto col = mx::reshape(mx::arange(T, mx::int32, c.s), {1, 1, 1, T}, c.s);
-  auto row = mx::reshape(mx::arange(S, mx::int32, c.s), {1, 1, S, 1}, c.s);
-  auto hi = mx::minimum(mx::add(mx::add(mx::reshape(past_len, {B, 1, 1, 1}, c.s), row, c.s), mx::array(1), c.s),
-                        mx::reshape(total_b, {B, 1, 1, 1}, c.s), c.s);
-  auto mask = mx::less(col, hi, c.s);
-  if (window > 0)
-    mask = mx::logical_and(mask, mx::greater_equal(col, mx::subtract(hi, mx::array(window), c.s), c.s), c.s);
+  // Unpadded batch 1 without a window shorter than the keys: hi = T - S + s + 1, MLX's causal.
+  const bool causal_only = unpadded && (window <= 0 || window >= T) && !c.has(10);
+  std::optional<mx::array> mask;
+  if (!causal_only) {
+    auto col = mx::reshape(mx::arange(T, mx::int32, c.s), {1, 1, 1, T}, c.s);
+    auto row = mx::reshape(mx::arange(S, mx::int32, c.s), {1, 1, S, 1}, c.s);
+    auto hi = mx::minimum(mx::add(mx::add(mx::reshape(past_len, {B, 1, 1, 1}, c.s), row, c.s), mx::array(1), c.s),
+                          mx::reshape(total_b, {B, 1, 1, 1}, c.s), c.s);
+    mask = mx::less(col, hi, c.s);
+    if (window > 0)
+      mask = mx::logical_and(*mask, mx::greater_equal(col, mx::subtract(hi, mx::array(window), c.s), c.s), c.s);
+  }
 
   std::optional<mx::array> bias, sinks;
   const mx::Dtype ct = compute_dtype(query, c.s);
@@ -283,7 +349,7 @@ Outputs translate_gqa(OpContext& c) {
     sinks = mx::zeros({N}, ct, c.s);
 
   auto out = attend(mx::astype(Q, ct, c.s), mx::astype(present_k, ct, c.s), mx::astype(present_v, ct, c.s),
-                    scale, mask, bias, softcap, sinks, c.s).out;
+                    scale, mask, bias, softcap, sinks, c.s, -1, causal_only && S > 1).out;
   return {mx::astype(from_bnsh(out, c.s), query.dtype(), c.s), present_k, present_v};
 }
 

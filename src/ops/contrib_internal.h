@@ -21,6 +21,13 @@ Outputs translate_gather_block_quantized(OpContext& c);
 // returned in x's dtype; features past rotary_dim pass through.
 mx::array apply_rotary(const mx::array& x, const mx::array& cos, const mx::array& sin,
                        int rotary_dim, bool interleaved, mx::Stream s);
+// The halves form (not interleaved) from tables of the full rotary width: cos2 = [cos, cos],
+// sin2 = [-sin, sin] (rotary_half_tables, in dtype t; a caller with constant caches prepares
+// them once). Same results as apply_rotary, in fewer kernels.
+std::pair<mx::array, mx::array> rotary_half_tables(const mx::array& cos, const mx::array& sin,
+                                                   mx::Dtype t, mx::Stream s);
+mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const mx::array& sin2,
+                              int rotary_dim, mx::Stream s);
 Support check_rotary_ms(const NodeQuery& q);
 Outputs translate_rotary_ms(OpContext& c);
 Support check_rotary_onnx(const NodeQuery& q);

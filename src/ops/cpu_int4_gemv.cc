@@ -1,5 +1,6 @@
 // The 4-bit row kernel of ops/cpu_gemv.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <future>
@@ -28,6 +29,25 @@ namespace {
 struct SplitRow {
   std::vector<float> even, odd, block_sum;
 };
+
+// x quantized to int8 per block of `block` values and back: scale = max|x_b| / 127,
+// q = clip(round_half_even(x * (1 / scale)), -128, 127), x' = q * scale (0 where scale is 0), in
+// float32 step by step as the graph-level version in quantized_matmul.cc computes it.
+std::vector<float> fake_quant_row(const float* x, int64_t incx, int K, int block) {
+  std::vector<float> out(static_cast<size_t>(K));
+  for (int b0 = 0; b0 < K; b0 += block) {
+    const int b1 = std::min(K, b0 + block);
+    float amax = 0.f;
+    for (int k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(x[k * incx]));
+    const float scale = amax / 127.f;
+    const float inv = scale != 0.f ? 1.f / scale : 0.f;
+    for (int k = b0; k < b1; ++k) {
+      const float q = std::min(127.f, std::max(-128.f, std::nearbyint(x[k * incx] * inv)));
+      out[static_cast<size_t>(k)] = q * scale;
+    }
+  }
+  return out;
+}
 
 SplitRow split_row(const float* x, int64_t incx, int K, int block, int nb) {
   SplitRow r;
@@ -110,7 +130,8 @@ void int4_rows(const SplitRow& r, const uint8_t* packed, const float* scales, co
 
 class Int4RowGemv : public mx::Primitive {
  public:
-  Int4RowGemv(mx::Stream s, int K, int block) : mx::Primitive(s), K_(K), block_(block) {}
+  Int4RowGemv(mx::Stream s, int K, int block, bool int8_blocks)
+      : mx::Primitive(s), K_(K), block_(block), int8_blocks_(int8_blocks) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -128,8 +149,10 @@ class Int4RowGemv : public mx::Primitive {
     const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
     enc.dispatch([xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
                   sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,
-                  block] {
-      const SplitRow r = split_row(xp, incx, K, block, nb);
+                  block, int8 = int8_blocks_] {
+      std::vector<float> xq;
+      if (int8) xq = fake_quant_row(xp, incx, K, block);
+      const SplitRow r = int8 ? split_row(xq.data(), 1, K, block, nb) : split_row(xp, incx, K, block, nb);
       // Split the rows when there is enough work to pay for a hand-off (~10 us).
       const int threads = static_cast<int>(std::thread::hardware_concurrency());
       const int64_t work = static_cast<int64_t>(N) * nb * block;
@@ -154,7 +177,7 @@ class Int4RowGemv : public mx::Primitive {
   const char* name() const override { return "Int4RowGemv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const Int4RowGemv*>(&other);
-    return o && o->K_ == K_ && o->block_ == block_;
+    return o && o->K_ == K_ && o->block_ == block_ && o->int8_blocks_ == int8_blocks_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -164,13 +187,14 @@ class Int4RowGemv : public mx::Primitive {
 
  private:
   int K_, block_;
+  bool int8_blocks_;
 };
 
 }  // namespace
 
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
                                        const mx::array& scales, const mx::array& zbias, int K,
-                                       int block, mx::Stream s) {
+                                       int block, mx::Stream s, bool int8_blocks) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() < 1)
     return std::nullopt;
   if (x.shape(-1) != K || static_cast<int64_t>(x.size()) != K || K == 0) return std::nullopt;
@@ -184,7 +208,7 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
     return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = N;
-  return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block),
+  return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block, int8_blocks),
                    {x, packed, scales, zbias});
 }
 

@@ -105,6 +105,9 @@ struct EngineHooks {
       constant_memo;
   // Whether input `index` of the node is a constant initializer (so constant_memo caches).
   std::function<bool(size_t index)> is_constant;
+  // MatMulNBits with accuracy_level 4: quantize A to int8 per block as ORT's CPU EP does (the
+  // reference on the CPU), or keep A in float (what ORT's GPU EPs do; faster on MLX's GPU).
+  bool emulate_int8_activations = true;
 };
 
 class OpContext {
@@ -141,6 +144,7 @@ class OpContext {
   mx::array prepared(const std::string& key, const std::vector<size_t>& inputs,
                      const std::function<mx::array()>& make) const;
   bool is_constant(size_t i) const { return hooks_ && hooks_->is_constant && hooks_->is_constant(i); }
+  bool emulate_int8_activations() const { return !hooks_ || hooks_->emulate_int8_activations; }
 
   // Sequences and optionals. `given(i)`: input i is there, of any kind (has(i) is true only
   // for tensors). A translator producing a non-tensor output j calls set_output(j, v); the

@@ -159,8 +159,8 @@ Outputs translate_matmul_nbits(OpContext& c) {
   const bool float_zp = c.has(3) && c.in(3).dtype() != mx::uint8;
   // MLAS has int8 kernels for 4- and 8-bit weights at every block size, for 2-bit at 32..128.
   const bool int8_kernel = p.bits != 2 || (p.block >= 32 && p.block <= 128);
-  if (c.node.attr_int("accuracy_level", 0) == 4 && int8_kernel && !float_zp && !c.has(4))
-    x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
+  const bool int8_activations = c.node.attr_int("accuracy_level", 0) == 4 && int8_kernel &&
+                                !float_zp && !c.has(4) && c.emulate_int8_activations();
 
   // MLX's CPU quantized matmul is a scalar loop whose cost grows with the rows of A (measured at
   // K = N = 4096: ~60 ms per row, vs. a fixed ~0.5 s to dequantize and one sgemm), so on the CPU
@@ -182,8 +182,9 @@ Outputs translate_matmul_nbits(OpContext& c) {
       return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
                             false, c.s);
     });
-    row_kernel = cpu_int4_gemv(x, packed, sc, zb, K, static_cast<int>(p.block), c.s);
+    row_kernel = cpu_int4_gemv(x, packed, sc, zb, K, static_cast<int>(p.block), c.s, int8_activations);
   }
+  if (!row_kernel && int8_activations) x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
   if (row_kernel) {
     y = *row_kernel;
   } else if (p.block >= 32 && !g_idx && !cpu_many_rows) {

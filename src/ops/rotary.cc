@@ -7,38 +7,61 @@
 
 namespace ortmlx::ops::contrib {
 
+namespace {
+
+mx::array slice_last(const mx::array& a, int lo, int hi, mx::Stream s) {
+  mx::Shape start(a.ndim(), 0), stop = a.shape();
+  start.back() = lo;
+  stop.back() = hi;
+  return mx::slice(a, start, stop, s);
+}
+
+}  // namespace
+
+std::pair<mx::array, mx::array> rotary_half_tables(const mx::array& cos, const mx::array& sin,
+                                                   mx::Dtype t, mx::Stream s) {
+  auto c = mx::astype(cos, t, s), sn = mx::astype(sin, t, s);
+  return {mx::concatenate({c, c}, -1, s), mx::concatenate({mx::negative(sn, s), sn}, -1, s)};
+}
+
+mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const mx::array& sin2,
+                              int rotary_dim, mx::Stream s) {
+  const int H = x.shape(-1), half = rotary_dim / 2;
+  const mx::Dtype ct = compute_dtype(x, s);
+  auto xc = mx::astype(x, ct, s);
+  auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim, s);
+  // [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]: the
+  // same roundings as the two halves computed apart (a - b == a + (-b) exactly), in 4 kernels
+  // (one swap, two products, one sum) where the halves apart take 9.
+  auto swapped = mx::concatenate({slice_last(rot, half, rotary_dim, s), slice_last(rot, 0, half, s)}, -1, s);
+  auto out = mx::add(mx::multiply(rot, mx::astype(cos2, ct, s), s),
+                     mx::multiply(swapped, mx::astype(sin2, ct, s), s), s);
+  if (rotary_dim != H) out = mx::concatenate({out, slice_last(xc, rotary_dim, H, s)}, -1, s);
+  return mx::astype(out, x.dtype(), s);
+}
+
 mx::array apply_rotary(const mx::array& x, const mx::array& cos, const mx::array& sin,
                        int rotary_dim, bool interleaved, mx::Stream s) {
-  const int H = x.shape(-1), half = rotary_dim / 2, r = static_cast<int>(x.ndim());
+  const int half = rotary_dim / 2, r = static_cast<int>(x.ndim());
+  if (!interleaved) {
+    auto [cos2, sin2] = rotary_half_tables(cos, sin, compute_dtype(x, s), s);
+    return apply_rotary_halves(x, cos2, sin2, rotary_dim, s);
+  }
+  const int H = x.shape(-1);
   const mx::Dtype ct = compute_dtype(x, s);
   auto xc = mx::astype(x, ct, s);
   auto c = mx::astype(cos, ct, s), sn = mx::astype(sin, ct, s);
-  auto slice_last = [&](const mx::array& a, int lo, int hi) {
-    mx::Shape start(a.ndim(), 0), stop = a.shape();
-    start.back() = lo;
-    stop.back() = hi;
-    return mx::slice(a, start, stop, s);
-  };
-  auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim);
-  mx::array out = rot;
-  if (interleaved) {
-    // pairs (2i, 2i+1) rotate together
-    auto shp = rot.shape();
-    shp.back() = half;
-    shp.push_back(2);
-    auto pairs = mx::reshape(rot, shp, s);
-    auto x1 = mx::take(pairs, 0, r, s), x2 = mx::take(pairs, 1, r, s);
-    auto o1 = mx::subtract(mx::multiply(x1, c, s), mx::multiply(x2, sn, s), s);
-    auto o2 = mx::add(mx::multiply(x2, c, s), mx::multiply(x1, sn, s), s);
-    out = mx::reshape(mx::stack({o1, o2}, -1, s), rot.shape(), s);
-  } else {
-    // halves (i, i + dim/2) rotate together
-    auto x1 = slice_last(rot, 0, half), x2 = slice_last(rot, half, rotary_dim);
-    auto o1 = mx::subtract(mx::multiply(x1, c, s), mx::multiply(x2, sn, s), s);
-    auto o2 = mx::add(mx::multiply(x2, c, s), mx::multiply(x1, sn, s), s);
-    out = mx::concatenate({o1, o2}, -1, s);
-  }
-  if (rotary_dim != H) out = mx::concatenate({out, slice_last(xc, rotary_dim, H)}, -1, s);
+  auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim, s);
+  // pairs (2i, 2i+1) rotate together
+  auto shp = rot.shape();
+  shp.back() = half;
+  shp.push_back(2);
+  auto pairs = mx::reshape(rot, shp, s);
+  auto x1 = mx::take(pairs, 0, r, s), x2 = mx::take(pairs, 1, r, s);
+  auto o1 = mx::subtract(mx::multiply(x1, c, s), mx::multiply(x2, sn, s), s);
+  auto o2 = mx::add(mx::multiply(x2, c, s), mx::multiply(x1, sn, s), s);
+  mx::array out = mx::reshape(mx::stack({o1, o2}, -1, s), rot.shape(), s);
+  if (rotary_dim != H) out = mx::concatenate({out, slice_last(xc, rotary_dim, H, s)}, -1, s);
   return mx::astype(out, x.dtype(), s);
 }
 

@@ -785,3 +785,22 @@ def test_bf16_gqa_and_norms():
     x = f(2, 3, 32)
     bf16_check("SkipSimplifiedLayerNormalization", {"x": x, "s": f(2, 3, 32), "g": f(32)}, {})
     bf16_check("FastGelu", {"x": x}, {})
+
+
+@pytest.mark.parametrize("M", [1, 5])  # one row: the CPU row kernel; more: the graph path
+def test_matmul_nbits_int8_emulation_off(M):
+    # int8_emulation=0 keeps A in float at accuracy_level 4 (the GPU default): the result is the
+    # float product with the dequantized weight, which the int8 path misses by ~1% of a dot.
+    K, N, block = 3 * 32 + 8, 24, 32
+    B, scales, zp, w = nbits_weights(K, N, 4, block, "u8", np.float32, want_ref=True)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    model = make_node_model("MatMulNBits", {"A": a}, 1,
+                            {"K": K, "N": N, "bits": 4, "block_size": block, "accuracy_level": 4},
+                            {"B": B, "scales": scales, "zp": zp}, oracle.DEFAULT_OPSET, MS,
+                            output_types=[oracle.tensor_type(a)], input_order=["A", "B", "scales", "zp"])
+    ref = a.astype(np.float64) @ w.T
+    off, placed = oracle.run_mlx(model, {"A": a}, int8_emulation=0)
+    assert set(placed) == {om.EP_NAME}, placed
+    np.testing.assert_allclose(off[0], ref, rtol=1e-4, atol=1e-4)
+    on, _ = oracle.run_mlx(model, {"A": a}, int8_emulation=1)
+    assert np.max(np.abs(on[0] - ref)) > 10 * np.max(np.abs(off[0] - ref))  # the switch acts
