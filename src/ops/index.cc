@@ -137,6 +137,10 @@ ScatterFn scatter_fn(const std::string& reduction) {
 
 Support check_scatter(const NodeQuery& q) {
   if (auto s = index_dtype(q, 1); !s) return s;
+  // MLX's CUDA scatter rejects 64-bit data at run time ("does not yet support int64").
+  const DType t = q.input_dtype(0);
+  if (q.gpu && (t == DType::Int64 || t == DType::UInt64))
+    return Support::no("scatter of 64-bit integers on the GPU (MLX's CUDA scatter has none)");
   auto red = q.node.attr_string("reduction", "none");
   if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min")
     return Support::no("reduction '" + red + "' is not supported");

@@ -187,7 +187,11 @@ Outputs translate_eye_like(OpContext& c) {
   int rows = x.shape(0), cols = x.shape(1);
   int64_t k = std::clamp<int64_t>(c.node.attr_int("k", 0), -rows - 1, cols + 1);
   if (rows == 0 || cols == 0) return {mx::zeros({rows, cols}, dtype, c.s)};
-  return {mx::eye(rows, cols, static_cast<int>(k), dtype, c.s)};
+  // col - row == k as a comparison, not mx::eye (a scatter, which MLX's CUDA backend lacks for
+  // 64-bit types).
+  auto diff = mx::subtract(mx::reshape(mx::arange(cols, mx::int32, c.s), {1, cols}, c.s),
+                           mx::reshape(mx::arange(rows, mx::int32, c.s), {rows, 1}, c.s), c.s);
+  return {mx::astype(mx::equal(diff, mx::array(static_cast<int>(k)), c.s), dtype, c.s)};
 }
 
 Support check_eye_like(const NodeQuery& q) {

@@ -29,6 +29,10 @@ BF16_TOL = (2e-2, 1e-2)
 DEFAULT_OPSET = 21
 # The MLX device the oracle runs on: cpu (CI) or gpu (scripts/gpu-test on a CUDA build of MLX).
 DEVICE = os.environ.get("ORT_MLX_TEST_DEVICE", "cpu")
+if DEVICE == "gpu":
+    # The oracle is ORT's CPU EP, which quantizes MatMulNBits activations to int8 at
+    # accuracy_level 4: compare like with like (the GPU's default keeps them in float).
+    os.environ.setdefault("ORT_MLX_INT8_EMULATION", "1")
 
 
 def tensor_type(arr: np.ndarray) -> int:
@@ -79,6 +83,10 @@ def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: i
             **options) -> tuple[list, dict]:
     """Runs `runs` times (the engine compiles on the 2nd run: both paths are checked) and
     returns the last outputs and ORT's placement. Every run's result must agree."""
+    if DEVICE == "gpu" and not fallback and uses_float64(model, feeds):
+        import pytest
+        pytest.skip("float64 is declined on the GPU at claim time (MLX has no GPU float64); "
+                    "check_model covers the decline")
     so = ort.SessionOptions()
     # ORT's graph optimizer would constant-fold Shape/Constant/... before the EP sees them; the
     # oracle tests what the EP does with every node of the model.
@@ -92,7 +100,11 @@ def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: i
             first = outs
         else:
             for a, b in zip(first, outs):
-                if DEVICE == "gpu":  # fused CUDA kernels may contract to FMA: 1-ulp differences
+                if DEVICE == "gpu" and uses_16bit_floats(model):
+                    # compiled CUDA kernels keep fp16/bf16 intermediates in float32
+                    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                               rtol=2e-2, atol=2e-2, err_msg="eager vs compiled run")
+                elif DEVICE == "gpu":  # fused CUDA kernels may contract to FMA: 1-ulp differences
                     assert_close(a, b, name="eager vs compiled run")
                 else:
                     np.testing.assert_array_equal(a, b, err_msg="eager and compiled runs differ")
@@ -112,6 +124,15 @@ def assert_close(actual, expected, name="output"):
         np.testing.assert_array_equal(actual, expected, err_msg=name)
 
 
+def uses_16bit_floats(model: onnx.ModelProto) -> bool:
+    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    values = list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info)
+    return (any(v.type.tensor_type.elem_type in half for v in values) or
+            any(t.data_type in half for t in model.graph.initializer) or
+            any(a.name in ("to", "output_dtype", "dtype") and a.i in half
+                for n in model.graph.node for a in n.attribute))
+
+
 def uses_float64(model: onnx.ModelProto, feeds: dict) -> bool:
     if any(np.asarray(v).dtype == np.float64 for v in feeds.values()):
         return True
@@ -128,7 +149,11 @@ def check_model(model: onnx.ModelProto, feeds: dict, expected: list | None = Non
     if DEVICE == "gpu" and uses_float64(model, feeds):
         # MLX has no float64 on GPUs: such nodes must be declined at claim time and still run
         # correctly on ORT's CPU EP.
-        outs, placed = run_mlx(model, feeds, fallback=True, runs=1)
+        try:
+            outs, placed = run_mlx(model, feeds, fallback=True, runs=1)
+        except ort.capi.onnxruntime_pybind11_state.NotImplemented as e:
+            import pytest
+            pytest.skip(f"float64: declined on the GPU, and ORT's CPU EP has no kernel either ({e})")
         assert om.EP_NAME not in placed or len(placed[om.EP_NAME]) < len(model.graph.node)
         for i, (a, e) in enumerate(zip(outs, ref)):
             assert_close(a, e, name=f"output {i}")

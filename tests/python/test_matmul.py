@@ -6,6 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxruntime_mlx as om
+import oracle
 from oracle import BF16_TOL, check_node
 
 rng = np.random.default_rng(0)
@@ -337,6 +338,8 @@ def test_qlinear_matmul_saturation():
 @pytest.mark.parametrize("ta", [np.uint8, np.int8])
 def test_qlinear_matmul_fp16_scales(ta):
     # Opset 21 fp16 scales: ORT has no kernel, ONNX's reference evaluator is the oracle.
+    if oracle.DEVICE == "gpu":
+        pytest.skip("fp16 scales need float64 requantization: declined on the GPU")
     from onnx.reference import ReferenceEvaluator
     from oracle import make_node_model
     a, b = qrand((2, 3, 16), ta), qrand((16, 5), ta)

@@ -1,5 +1,6 @@
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 import onnxruntime_mlx as om
@@ -185,6 +186,8 @@ def test_dequantize_blocked(axis, block):
 
 
 def test_dequantize_fp16():
+    if tuple(map(int, ort.__version__.split(".")[:2])) < (1, 31):
+        pytest.skip("the oracle, ORT < 1.31's CPU EP, fails DequantizeLinear with fp16 scales")
     x = qrand((3, 4), np.int8)
     check_node("DequantizeLinear", {"x": x, "s": scales(4, np.float16), "zp": qrand((4,), np.int8)},
                {"axis": 1})
