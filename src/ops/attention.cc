@@ -5,7 +5,8 @@
 // grouped heads. It runs through mx::fast::scaled_dot_product_attention (boolean or additive mask,
 // per-head sinks for smooth softmax) unless softcap is set, which has to act between the product
 // and the bias and so needs the explicit math. Masks are built with MLX ops from the data (per
-// batch lengths, causal offsets), never read on the host, so decode steps stay compiled.
+// batch lengths, causal offsets); only GroupQueryAttention with one sequence reads its length on
+// the host, to drop the mask where it selects every key (see translate_gqa).
 #include <cmath>
 #include <limits>
 
