@@ -46,7 +46,8 @@ const OpEntry kOps[] = {
     // quantized weights
     {kMs, "MatMulNBits", 1, kAnyOpset, check_matmul_nbits, translate_matmul_nbits,
      "bits 2/4/8, any power-of-2 block_size >= 16; accuracy_level 4 quantizes A to int8 per block "
-     "as ORT's CPU EP does (absent/uint8 zero points, no g_idx), other levels compute in float; "
+     "as ORT's CPU EP does (absent/uint8 zero points, no g_idx; option int8_emulation, default on "
+     "MLX's CPU device only: the GPU keeps A in float, as ORT's GPU EPs), other levels compute in float; "
      "g_idx with packed uint8 zero_points declined (ORT's CPU kernel ignores those zero points); "
      "weight_prepacked declined"},
     {kMs, "GatherBlockQuantized", 1, kAnyOpset, check_gather_block_quantized,
