@@ -123,6 +123,9 @@ class Program {
     // MLX's CUDA kernels fault on zero-size arrays (SIGFPE/SIGSEGV in launch arithmetic): a
     // signature whose graph holds one runs eagerly on the CPU stream instead (unified memory).
     bool on_cpu = false;
+    // Whether `record` and `eager_only` come from a probe (first runs of a new signature in a
+    // program already probed run eagerly; the probe waits until the signature is compiled).
+    bool probed = false;
     int hits = 0;
     HostRecord record;
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
@@ -170,6 +173,7 @@ class Program {
   std::unordered_map<std::string, std::pair<Entry, std::list<std::string>::iterator>> cache_;
   mutable Stats stats_;  // translate() (const) counts its own time
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
+  bool probed_once_ = false;     // a probe has run: the program's host reads are known
 };
 
 }  // namespace ortmlx::engine
