@@ -397,7 +397,12 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
                               const std::function<mx::array()>& make) -> mx::array {
       for (size_t i : idx)
         if (i >= io.in.size() || !is_constant_slot(p, io.in[i])) return make();
-      const std::string full = std::to_string(reinterpret_cast<std::uintptr_t>(&node)) + "/" + key;
+      // "shared:" keys belong to the node's graph scope, not to the node (the caller names the
+      // inputs in them; a body's constants may reuse an outer name, hence the scope).
+      const bool shared = key.rfind("shared:", 0) == 0;
+      const std::string full =
+          std::to_string(shared ? reinterpret_cast<std::uintptr_t>(p.graph)
+                                : reinterpret_cast<std::uintptr_t>(&node)) + "/" + key;
       if (auto it = prepared_.find(full); it != prepared_.end()) return it->second;
       // A compile trace sees constants as placeholders: it only reuses what a probe prepared.
       if (run.mode == Mode::Replay) return make();

@@ -266,15 +266,16 @@ Outputs translate_gqa(OpContext& c) {
     if (rotary_dim > H) c.fail("cos_cache is wider than head_size / 2");
     const bool inter = n.attr_int("rotary_interleaved", 0) == 1;
     // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]): prepared once
-    // from constant caches, then only their rows are picked per run.
+    // from constant caches, shared by all layers reading the same caches (one copy per model,
+    // not per layer), then only their rows are picked per run.
     mx::array cos_t = cos_cache, sin_t = c.in(8);
     if (!inter) {
       const mx::Dtype rt = compute_dtype(Q, c.s);
-      const std::string tag = std::to_string(static_cast<int>(rt.val()));
-      cos_t = c.prepared("rope_cos2/" + tag, {7, 8}, [&] {
+      const std::string tag = std::to_string(static_cast<int>(rt.val())) + "/" + n.inputs[7] + "/" + n.inputs[8];
+      cos_t = c.prepared("shared:rope_cos2/" + tag, {7, 8}, [&] {
         return rotary_half_tables(cos_cache, c.in(8), rt, c.s).first;
       });
-      sin_t = c.prepared("rope_sin2/" + tag, {7, 8}, [&] {
+      sin_t = c.prepared("shared:rope_sin2/" + tag, {7, 8}, [&] {
         return rotary_half_tables(cos_cache, c.in(8), rt, c.s).second;
       });
     }

@@ -99,7 +99,9 @@ struct EngineHooks {
   // Prepare-once: when every listed input of the node is a constant initializer, returns the
   // evaluated result of `make` cached for the program's lifetime (keyed by node and `key`);
   // otherwise `make()` itself. For layouts derived from weights (dequantized, repacked, ...),
-  // which would otherwise be recomputed by every run that is not a compiled replay.
+  // which would otherwise be recomputed by every run that is not a compiled replay. A key that
+  // starts with "shared:" is shared by every node of the graph (scope) that uses it: it must name
+  // what the result derives from (the initializers' names), e.g. tables all layers read.
   std::function<mx::array(const std::string& key, const std::vector<size_t>& inputs,
                           const std::function<mx::array()>& make)>
       constant_memo;
