@@ -221,19 +221,24 @@ def _feeds_for(session, shapes: dict | None = None):
     return feeds
 
 
-def _model_latency(spec: dict) -> dict:
+def _grid_feeds(session, shapes):
+    """One grid point's inputs: "auto" (from the model's inputs) or an encoder's [batch, length]
+    ({"input_ids", "attention_mask"}), seeded by the point so every provider sees the same."""
     import numpy as np
+    if shapes == "auto":
+        return _feeds_for(session)
+    b, length = shapes
+    rng = np.random.default_rng(b * 1000 + length)
+    return {"input_ids": rng.integers(100, 30000, (b, length)).astype(np.int64),
+            "attention_mask": np.ones((b, length), np.int64)}
+
+
+def _model_latency(spec: dict) -> dict:
     rss0 = _current_rss_mb()
     s = _session(spec["model"], spec["provider"], spec["device"])
     res = {"rss_session_mb": _current_rss_mb() - rss0}
     for key, shapes in spec["grid"].items():
-        if shapes == "auto":
-            feeds = _feeds_for(s)
-        else:  # MiniLM: {"input_ids": [b, l], "attention_mask": [b, l]}
-            b, length = shapes
-            rng = np.random.default_rng(b * 1000 + length)
-            feeds = {"input_ids": rng.integers(100, 30000, (b, length)).astype(np.int64),
-                     "attention_mask": np.ones((b, length), np.int64)}
+        feeds = _grid_feeds(s, shapes)
         res[key] = _median_time(lambda: s.run(None, feeds), spec["repeat"], 3)
     res["peak_rss_mb"] = _rss_mb()
     return res
@@ -307,13 +312,7 @@ def _model_latency_torch(spec: dict) -> dict:
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     res = {"device": dev}
     for key, shapes in spec["grid"].items():
-        if shapes == "auto":
-            feeds = _feeds_for(sess)
-        else:
-            b, length = shapes
-            rng = np.random.default_rng(b * 1000 + length)
-            feeds = {"input_ids": rng.integers(100, 30000, (b, length)).astype(np.int64),
-                     "attention_mask": np.ones((b, length), np.int64)}
+        feeds = _grid_feeds(sess, shapes)
         args = [torch.from_numpy(feeds[n]).to(dev) for n in names if n in feeds]
         if "max_abs_diff_vs_cpu_ep" not in res:  # the conversion kept the model: check once
             with torch.inference_mode():

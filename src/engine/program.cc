@@ -52,35 +52,38 @@ std::string value_str(const ops::Value& v) {
   return "none";
 }
 
-// Whether evaluating `outs` would touch a zero-size array (an input, a constant or an
-// intermediate): walks the lazy graph down to arrays that already hold data.
-bool touches_empty(const std::vector<mx::array>& outs) {
+// Visits every array evaluating `outs` involves, each once: the arrays still to compute, and the
+// ones with data they read (where the walk stops). `visit` returning true ends the walk.
+template <typename Visit>
+void walk_graph(const std::vector<mx::array>& outs, Visit visit) {
   std::vector<mx::array> stack(outs.begin(), outs.end());
   std::unordered_set<std::uintptr_t> seen;
   while (!stack.empty()) {
     mx::array a = std::move(stack.back());
     stack.pop_back();
     if (!seen.insert(a.id()).second) continue;
-    if (a.size() == 0) return true;
+    if (visit(a)) return;
     if (a.is_available() || !a.has_primitive()) continue;
     for (const auto& in : a.inputs()) stack.push_back(in);
   }
-  return false;
+}
+
+// Whether evaluating `outs` would touch a zero-size array (an input, a constant or an
+// intermediate).
+bool touches_empty(const std::vector<mx::array>& outs) {
+  bool found = false;
+  walk_graph(outs, [&](const mx::array& a) { return found = a.size() == 0; });
+  return found;
 }
 
 // log_level 3: which MLX primitives an evaluation runs, by name (each is a kernel, or a view):
 // the per-op cost of eager runs on the GPU is what this counts.
 void log_primitives(const std::vector<mx::array>& outs, const std::string& where) {
   std::map<std::string, int> count;
-  std::vector<mx::array> stack(outs.begin(), outs.end());
-  std::unordered_set<std::uintptr_t> seen;
-  while (!stack.empty()) {
-    mx::array a = std::move(stack.back());
-    stack.pop_back();
-    if (!seen.insert(a.id()).second || a.is_available() || !a.has_primitive()) continue;
-    count[a.primitive().name()]++;
-    for (const auto& in : a.inputs()) stack.push_back(in);
-  }
+  walk_graph(outs, [&](const mx::array& a) {
+    if (!a.is_available() && a.has_primitive()) count[a.primitive().name()]++;
+    return false;
+  });
   std::ostringstream os;
   os << "[MLX EP] " << where << " evaluates:";
   for (const auto& [name, n] : count) os << " " << name << "=" << n;
@@ -629,8 +632,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     if (opt_.log_level >= 3) log_primitives(outs, where_);
     auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
-    tl_last_eval_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                std::chrono::steady_clock::now() - t0).count());
+    tl_last_eval_ns = elapsed_ns(t0);
     stats_.eval_ns += tl_last_eval_ns;
     return outs;
   };

@@ -102,13 +102,6 @@ mx::array from_bnsh(const mx::array& x, mx::Stream s) {
   return mx::reshape(mx::transpose(x, {0, 2, 1, 3}, s), {B, S, N * H}, s);
 }
 
-mx::array slice_axis(const mx::array& a, int axis, int lo, int hi, mx::Stream s) {
-  mx::Shape start(a.ndim(), 0), stop = a.shape();
-  start[axis] = lo;
-  stop[axis] = hi;
-  return mx::slice(a, start, stop, s);
-}
-
 // GroupQueryAttention's present cache [B, Nkv, T, H]: rows [0, past_len[b]) from the past buffer,
 // the S new rows after them, zeros beyond (as ORT's CPU kernel writes a separate present buffer).
 // past_len is data ([B] int32), so the rows are selected with a gather and masks.

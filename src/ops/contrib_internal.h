@@ -15,6 +15,8 @@ Support check_gather_block_quantized(const NodeQuery& q);
 Outputs translate_gather_block_quantized(OpContext& c);
 
 // ---- rotary.cc ---------------------------------------------------------------------------------
+// a[..., lo:hi, ...] along `axis` (a non-negative axis).
+mx::array slice_axis(const mx::array& a, int axis, int lo, int hi, mx::Stream s);
 // Rotates the first `rotary_dim` features of x's last axis with per-position cos/sin, which the
 // caller lays out to broadcast against x with a last axis of rotary_dim / 2. interleaved: pairs
 // (2i, 2i+1) rotate together; otherwise halves (i, i + dim/2). Computed in compute_dtype(x) and

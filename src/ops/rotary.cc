@@ -7,13 +7,17 @@
 
 namespace ortmlx::ops::contrib {
 
+mx::array slice_axis(const mx::array& a, int axis, int lo, int hi, mx::Stream s) {
+  mx::Shape start(a.ndim(), 0), stop = a.shape();
+  start[axis] = lo;
+  stop[axis] = hi;
+  return mx::slice(a, start, stop, s);
+}
+
 namespace {
 
 mx::array slice_last(const mx::array& a, int lo, int hi, mx::Stream s) {
-  mx::Shape start(a.ndim(), 0), stop = a.shape();
-  start.back() = lo;
-  stop.back() = hi;
-  return mx::slice(a, start, stop, s);
+  return slice_axis(a, static_cast<int>(a.ndim()) - 1, lo, hi, s);
 }
 
 }  // namespace
