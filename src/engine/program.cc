@@ -269,6 +269,18 @@ struct Program::Run {
   void note(const mx::array& a, const Taint& t) {
     if (tracking()) lineage.try_emplace(a.id(), a, t);
   }
+  // A sequence's items are noted one by one (a translator sees and builds on the arrays).
+  void note(const ops::Value& v, const Taint& t) {
+    if (v.is_tensor()) note(*v.tensor, t);
+    for (const auto& a : v.items) note(a, t);
+  }
+
+  StepInfos* steps = nullptr;  // the group's steps, as this translation saw them (optional)
+  size_t read_calls = 0;       // host reads asked for (deduplicated ones too) ...
+  size_t constant_reads = 0;   // ... of which reads of the group's constant initializers
+  // Piecewise runs and segment traces: a constant initializer read on the host is read
+  // directly (it holds the constant itself there, never a tracer), not recorded.
+  bool direct_constants = false;
 
   Taint taint_of(const mx::array& a) {
     if (auto it = lineage.find(a.id()); it != lineage.end()) return it->second.second;
@@ -293,6 +305,7 @@ struct Program::Run {
 
   // A host read: evaluated and recorded (probe), evaluated (eager), or the recorded value.
   mx::array read(const mx::array& v, const Taint& t) {
+    ++read_calls;
     if (auto it = reads.find(v.id()); it != reads.end()) return it->second.second;
     mx::array a = read_once(v, t);
     reads.try_emplace(v.id(), v, a);
@@ -332,18 +345,9 @@ bool Program::is_constant_slot(const Plan& p, int slot) const {
   return false;
 }
 
-std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value> inputs,
-                                          std::vector<Taint> input_taints, Run& run) const {
-  // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
+void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run,
+                        size_t begin, size_t end) const {
   const bool top = &p == top_.get();
-  std::vector<std::optional<ops::Value>> slots(p.num_slots);
-  // taint[slot]: the fused inputs whose data flow into the value (shape reads reset it).
-  std::vector<Taint> taint(p.num_slots);
-  // A sequence's items are noted one by one (a translator sees and builds on the arrays).
-  auto note = [&](const ops::Value& v, const Taint& t) {
-    if (v.is_tensor()) run.note(*v.tensor, t);
-    for (const auto& a : v.items) run.note(a, t);
-  };
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
     Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};
@@ -355,20 +359,10 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
     t.erase(std::unique(t.begin(), t.end()), t.end());
     return t;
   };
-  for (size_t i = 0; i < p.num_inputs; ++i) {
-    slots[i] = inputs[i];
-    taint[i] = std::move(input_taints[i]);
-    if (top) note(inputs[i], taint[i]);
-  }
-  for (const auto& [sl, c] : p.constants) slots[sl] = ops::Value::of(c);
-  for (size_t j = 0; j < p.outer_slots.size(); ++j) {
-    slots[p.outer_slots[j]] = inputs[p.num_inputs + j];
-    taint[p.outer_slots[j]] = std::move(input_taints[p.num_inputs + j]);
-  }
-
-  for (size_t k = 0; k < p.steps.size(); ++k) {
+  for (size_t k = begin; k < end; ++k) {
     const auto& node = p.graph->nodes[k];
     const auto& io = p.steps[k];
+    const size_t reads_before = run.read_calls, constant_reads_before = run.constant_reads;
     std::vector<std::optional<ops::Value>> node_inputs;
     node_inputs.reserve(io.in.size());
     Taint node_taint;
@@ -388,6 +382,18 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
       if (sl < 0) throw std::logic_error("[engine] host read of an absent input");
       if (!slots[sl]->is_tensor())
         throw ops::TranslateError("[engine] host read of " + std::string(slots[sl]->kind_name()));
+      if (is_constant_slot(p, sl)) {
+        ++run.constant_reads;
+        if (run.direct_constants) {
+          ++run.read_calls;
+          mx::array a = *slots[sl]->tensor;  // the constant's own data, already there
+          if (!a.is_available() || !a.flags().row_contiguous) {
+            a = mx::contiguous(a, false, run.s);
+            a.eval();
+          }
+          return a;
+        }
+      }
       return run.read(*slots[sl]->tensor, taint[sl]);
     };
     hooks.host_eval = [&](const mx::array& v) -> mx::array {
@@ -486,14 +492,55 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
         taint[io.out[j]] = value_taint(v);  // precise: through the bodies' values
       else
         taint[io.out[j]] = node_taint;
-      if (top) note(v, taint[io.out[j]]);
+      if (top) run.note(v, taint[io.out[j]]);
     }
+    // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
+    if (top && run.steps)
+      record_step(k, io, slots,
+                  run.read_calls - reads_before != run.constant_reads - constant_reads_before,
+                  *run.steps);
   }
+}
+
+void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool read_host,
+                          StepInfos& infos) {
+  if (infos.size() <= k) infos.resize(k + 1);
+  StepInfo& info = infos[k];
+  info.fixed = !read_host && io.bodies.empty();
+  info.shapes.clear();
+  for (const auto* list : {&io.in, &io.out})
+    for (int sl : *list) {
+      if (sl < 0) { info.shapes.push_back({-1}); continue; }
+      const ops::Value& v = *slots[sl];
+      if (!v.is_tensor()) { info.fixed = false; info.shapes.push_back({-2}); continue; }
+      info.shapes.push_back(v.tensor->shape());
+    }
+}
+
+std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value> inputs,
+                                          std::vector<Taint> input_taints, Run& run) const {
+  // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
+  const bool top = &p == top_.get();
+  Slots slots(p.num_slots);
+  // taint[slot]: the fused inputs whose data flow into the value (shape reads reset it).
+  std::vector<Taint> taint(p.num_slots);
+  for (size_t i = 0; i < p.num_inputs; ++i) {
+    slots[i] = inputs[i];
+    taint[i] = std::move(input_taints[i]);
+    if (top) run.note(inputs[i], taint[i]);
+  }
+  for (const auto& [sl, c] : p.constants) slots[sl] = ops::Value::of(c);
+  for (size_t j = 0; j < p.outer_slots.size(); ++j) {
+    slots[p.outer_slots[j]] = inputs[p.num_inputs + j];
+    taint[p.outer_slots[j]] = std::move(input_taints[p.num_inputs + j]);
+  }
+
+  run_steps(p, slots, taint, run, 0, p.steps.size());
   std::vector<ops::Value> result;
   result.reserve(p.output_slots.size());
   for (int sl : p.output_slots) {
     result.push_back(*slots[sl]);
-    if (!top) note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
+    if (!top) run.note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
   }
   return result;
 }
@@ -534,14 +581,8 @@ std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) co
   return args;
 }
 
-std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
-                                          const Layout& layout, Mode mode, HostRecord* record,
-                                          std::vector<int>* host_deps, mx::Stream s) const {
-  const auto t0 = std::chrono::steady_clock::now();
-  Run run(mode, record, host_deps, s, &stats_);
-  // The fused inputs back from the arguments (see arguments()), then the constants.
-  std::vector<ops::Value> values;
-  std::vector<Taint> taints;
+void Program::input_values(const std::vector<mx::array>& args, const Layout& layout,
+                           std::vector<ops::Value>& values, std::vector<Taint>& taints) const {
   size_t next = 0;
   for (size_t i = 0; i < input_names_.size(); ++i) {
     int l = i < layout.size() ? layout[i] : -1;
@@ -564,7 +605,9 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
     values.push_back(ops::Value::of(args[next]));
     taints.emplace_back();
   }
-  auto outs = run_plan(*top_, std::move(values), std::move(taints), run);
+}
+
+std::vector<mx::array> Program::finish_outputs(std::vector<ops::Value> outs, mx::Stream s) const {
   std::vector<mx::array> result;
   result.reserve(outs.size());
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -581,6 +624,173 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
     }
     result.push_back(mx::contiguous(a, false, s));
   }
+  return result;
+}
+
+std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
+                                          const Layout& layout, Mode mode, HostRecord* record,
+                                          std::vector<int>* host_deps, mx::Stream s,
+                                          StepInfos* info) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  Run run(mode, record, host_deps, s, &stats_);
+  run.steps = info;
+  // The fused inputs back from the arguments (see arguments()), then the constants.
+  std::vector<ops::Value> values;
+  std::vector<Taint> taints;
+  input_values(args, layout, values, taints);
+  auto result = finish_outputs(run_plan(*top_, std::move(values), std::move(taints), run), s);
+  stats_.translate_ns += elapsed_ns(t0);
+  return result;
+}
+
+std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
+                                                        const StepInfos& b) const {
+  const Plan& p = *top_;
+  if (a.size() != p.steps.size() || b.size() != p.steps.size()) return nullptr;
+  // A segment of one step saves its translation but fuses nothing: not worth a compile.
+  constexpr size_t kMinSegmentSteps = 2;
+  // (Zero-size values stay eager: the GPU runs those graphs on the CPU stream, see Entry.)
+  auto stays = [&](size_t k) {
+    if (!a[k].fixed || !b[k].fixed || a[k].shapes != b[k].shapes) return false;
+    for (const auto& shape : a[k].shapes)
+      if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return false;
+    return true;
+  };
+  if (opt_.log_level >= 2)
+    for (size_t k = 0; k < p.steps.size(); ++k)
+      if (!stays(k))
+        std::cerr << "[MLX EP] " << where_ << ": shape family: " << p.graph->nodes[k].describe()
+                  << " stays eager ("
+                  << (!a[k].fixed || !b[k].fixed ? "reads a host value, runs a subgraph or takes "
+                                                   "a sequence"
+                                                 : "its shapes change")
+                  << ")\n";
+  auto pw = std::make_unique<Piecewise>();
+  size_t fixed_steps = 0;
+  for (size_t k = 0; k < p.steps.size();) {
+    if (!stays(k)) { ++k; continue; }
+    size_t e = k;
+    while (e < p.steps.size() && stays(e)) ++e;
+    if (e - k >= kMinSegmentSteps) {
+      Segment seg;
+      seg.begin = k;
+      seg.end = e;
+      std::unordered_set<int> produced, taken;
+      for (size_t j = k; j < e; ++j) {
+        const auto& io = p.steps[j];
+        for (size_t i = 0; i < io.in.size(); ++i) {
+          int sl = io.in[i];
+          // Constants are not arguments: the trace reads them as they are (see Run).
+          if (sl < 0 || produced.count(sl) || is_constant_slot(p, sl) || !taken.insert(sl).second)
+            continue;
+          seg.in_slots.push_back(sl);
+          seg.in_shapes.push_back(a[j].shapes[i]);
+        }
+        for (int sl : io.out)
+          if (sl >= 0) produced.insert(sl);
+      }
+      // Outputs: what later steps (or their bodies) read, and the group's outputs.
+      std::unordered_set<int> needed(p.output_slots.begin(), p.output_slots.end());
+      for (size_t j = e; j < p.steps.size(); ++j) {
+        needed.insert(p.steps[j].in.begin(), p.steps[j].in.end());
+        for (const auto& body : p.steps[j].bodies) needed.insert(body.second.begin(), body.second.end());
+      }
+      for (size_t j = k; j < e; ++j)
+        for (int sl : p.steps[j].out)
+          if (sl >= 0 && needed.count(sl)) seg.out_slots.push_back(sl);
+      fixed_steps += e - k;
+      pw->segments.push_back(std::move(seg));
+    }
+    k = e;
+  }
+  // Two signatures that share only a few steps (a prompt, then the first decode step) are not
+  // a family: keep looking (the next pair is two decode steps).
+  if (pw->segments.empty() || fixed_steps * 4 < p.steps.size()) return nullptr;
+  if (opt_.log_level >= 1)
+    std::cerr << "[MLX EP] " << where_ << ": shape family: " << pw->segments.size()
+              << " compiled segment(s) over " << fixed_steps << " of " << p.steps.size()
+              << " steps, the rest eager\n";
+  return pw;
+}
+
+std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
+                                              const Layout& layout, mx::Stream s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Plan& p = *top_;
+  Run run(Mode::Eager, nullptr, nullptr, s, &stats_);
+  run.direct_constants = true;
+  std::vector<ops::Value> values;
+  std::vector<Taint> taints;
+  input_values(args, layout, values, taints);
+  Slots slots(p.num_slots);
+  std::vector<Taint> taint(p.num_slots);  // unused: eager runs track no taint
+  for (size_t i = 0; i < p.num_inputs; ++i) slots[i] = std::move(values[i]);
+
+  bool matched = false;
+  size_t next = 0;
+  for (auto& seg : pw.segments) {
+    run_steps(p, slots, taint, run, next, seg.begin);
+    next = seg.end;
+    std::vector<mx::array> in;
+    bool match = !seg.broken;
+    for (size_t i = 0; match && i < seg.in_slots.size(); ++i) {
+      const auto& v = slots[seg.in_slots[i]];
+      match = v && v->is_tensor() && v->tensor->shape() == seg.in_shapes[i];
+      if (match) in.push_back(*v->tensor);
+    }
+    if (match && !seg.fn) {
+      // The segment's steps over placeholders for its inputs: fixed steps read no host value
+      // but constants, which the trace's slots hold as themselves.
+      seg.fn = mx::compile(
+          [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
+           s](const std::vector<mx::array>& xs) {
+            const Plan& tp = *top_;
+            Slots sl(tp.num_slots);
+            std::vector<Taint> none(tp.num_slots);
+            for (size_t i = 0; i < tp.num_inputs; ++i)
+              if (is_constant_slot(tp, static_cast<int>(i)))
+                sl[i] = ops::Value::of(constants_[i - input_names_.size()]);
+            for (size_t i = 0; i < ins.size(); ++i) sl[ins[i]] = ops::Value::of(xs[i]);
+            HostRecord empty;
+            Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
+            trace.direct_constants = true;
+            run_steps(tp, sl, none, trace, b, e);
+            std::vector<mx::array> r;
+            for (int o : outs) {
+              if (!sl[o] || !sl[o]->is_tensor())
+                throw std::runtime_error("[engine] a segment's output is not a tensor");
+              r.push_back(*sl[o]->tensor);
+            }
+            return r;
+          },
+          /*shapeless=*/false);
+      ++stats_.segment_traces;
+    }
+    if (match) {
+      try {
+        auto outs = seg.fn(in);
+        for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
+        ++stats_.segment_calls;
+        matched = true;
+        continue;
+      } catch (const std::exception& ex) {
+        // A trace the steps cannot take (a translator that reads data while tracing): this
+        // segment runs eagerly from now on; the eager run below reports a real input error.
+        seg.broken = true;
+        seg.fn = nullptr;
+        if (opt_.log_level >= 1)
+          std::cerr << "[MLX EP] " << where_ << ": segment of steps " << seg.begin << "-" << seg.end
+                    << " runs eagerly: " << ex.what() << "\n";
+      }
+    }
+    run_steps(p, slots, taint, run, seg.begin, seg.end);
+  }
+  run_steps(p, slots, taint, run, next, p.steps.size());
+  pw.misses = matched ? 0 : pw.misses + 1;
+  std::vector<ops::Value> outs;
+  outs.reserve(p.output_slots.size());
+  for (int sl : p.output_slots) outs.push_back(*slots[sl]);
+  auto result = finish_outputs(std::move(outs), s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
 }
@@ -640,10 +850,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   // A probe: translate with the real data, learning which host reads the graph makes and
   // whether they depend only on shapes (compilable) or on tensor data (eager only). Returns the
   // outputs; `restart` when an input newly joined the signature (its key changed).
-  auto probe = [&](Entry& entry, bool& restart) {
+  auto probe = [&](Entry& entry, bool& restart, StepInfos* steps) {
     HostRecord record;
     std::vector<int> deps;
-    auto outs = translate(args, layout, Mode::Probe, &record, &deps, s);
+    auto outs = translate(args, layout, Mode::Probe, &record, &deps, s, steps);
     bool data_dependent = false;
     restart = false;
     for (int d : deps) {
@@ -672,22 +882,53 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   std::string sig = signature_of(raw) + "#" + std::to_string(s.index);
   auto it = cache_.find(sig);
   if (it == cache_.end()) {
+    // A member of a known shape family (a decode step): compiled segments and eager steps.
+    // Not cached: every step of a decode loop is a signature of its own.
+    if (piecewise_ && !compile_broken_ && piecewise_->layout == layout &&
+        piecewise_->stream == s.index) {
+      auto outs = run_piecewise(*piecewise_, args, layout, s);
+      // The family is gone when no segment has matched for a while: look for another.
+      if (piecewise_->misses >= 4) piecewise_.reset();
+      if (!opt_.gpu || !touches_empty(outs)) {
+        ++stats_.piecewise_runs;
+        ++stats_.eager_runs;
+        return eval_all(std::move(outs));
+      }
+    }
     Entry entry;
     std::vector<mx::array> outs;
+    // Until a family is found, each new signature's steps are kept, to compare with the next.
+    StepInfos steps;
+    StepInfos* look =
+        opt_.compile && opt_.shape_family && !compile_broken_ && !piecewise_ ? &steps : nullptr;
     if (probed_once_ && opt_.compile) {
       // A new signature of a program already probed: most are seen once (every decode step
       // has a new length), so it runs eagerly without the probe's bookkeeping (~40% of the
       // translation); it is probed when it comes back often enough to be compiled.
-      outs = translate(args, layout, Mode::Eager, nullptr, nullptr, s);
+      outs = translate(args, layout, Mode::Eager, nullptr, nullptr, s, look);
     } else {
       for (;;) {
         bool restart = false;
-        outs = probe(entry, restart);
+        if (look) look->clear();
+        outs = probe(entry, restart, look);
         if (!restart) break;
         sig = signature_of(raw) + "#" + std::to_string(s.index);
         if (cache_.count(sig)) break;
       }
       probed_once_ = true;
+    }
+    if (look && steps.size() == top_->steps.size()) {
+      if (last_steps_ && last_steps_->first == layout) {
+        piecewise_ = find_family(last_steps_->second, steps);
+        if (piecewise_) {
+          piecewise_->layout = layout;
+          piecewise_->stream = s.index;
+        }
+      }
+      if (piecewise_)
+        last_steps_.reset();
+      else
+        last_steps_.emplace(layout, std::move(steps));
     }
     if (opt_.gpu && touches_empty(outs)) {
       entry.on_cpu = entry.eager_only = true;
@@ -719,7 +960,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // If an input joined the signature, this entry's key is stale: run eagerly, and let the
     // next run file itself under the new key.
     bool restart = false;
-    (void)probe(e, restart);
+    (void)probe(e, restart, nullptr);
     if (restart) {
       cache_.erase(it);
       lru_.pop_front();  // spliced to the front above

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +29,7 @@ struct Options {
   bool compile = true;          // use mx::compile when the graph allows it
   size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
   int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
+  bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
@@ -46,6 +48,9 @@ struct Stats {
   // included) and the host reads themselves (count and time: each is a device sync).
   std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
   std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
+  // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
+  // through a compiled function, and segment traces.
+  std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).
@@ -141,14 +146,59 @@ class Program {
   // no-op deleters, valid for this run only (see input_array).
   std::vector<mx::array> arguments(const std::vector<HostTensor>& raw) const;
   mx::array input_array(const HostTensor& t) const;
+  // What a translation saw of each step of the group (collected while looking for a shape
+  // family): `fixed` when the step read no host value, runs no subgraph, and takes and gives
+  // tensors only, so that its MLX graph is a function of its input shapes alone.
+  struct StepInfo {
+    bool fixed = true;
+    std::vector<mx::Shape> shapes;  // its inputs' then its outputs' ({-1}: absent)
+  };
+  using StepInfos = std::vector<StepInfo>;
   std::vector<mx::array> translate(const std::vector<mx::array>& args, const Layout& layout,
                                    Mode mode,
                                    HostRecord* record, std::vector<int>* host_deps,
-                                   mx::Stream s) const;
+                                   mx::Stream s, StepInfos* info = nullptr) const;
+  // The fused inputs as values (sequences and optionals back from their arguments), then the
+  // constants; each with its taint (a fused input taints itself).
+  void input_values(const std::vector<mx::array>& args, const Layout& layout,
+                    std::vector<ops::Value>& values, std::vector<Taint>& taints) const;
+  // The group's results as ORT takes them: declared dtypes, row-contiguous.
+  std::vector<mx::array> finish_outputs(std::vector<ops::Value> outs, mx::Stream s) const;
   // Values, not arrays: inside a group (and its bodies) a value may be a sequence or an empty
   // optional (ops::Value); the group's own inputs and outputs are tensors.
   std::vector<ops::Value> run_plan(const Plan& p, std::vector<ops::Value> inputs,
                                    std::vector<Taint> input_taints, Run& run) const;
+  using Slots = std::vector<std::optional<ops::Value>>;
+  // Translates steps [begin, end) of `p` over `slots` (run_plan's loop; piecewise runs call it
+  // for the stretches between compiled segments).
+  void run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run, size_t begin,
+                 size_t end) const;
+  static void record_step(size_t k, const StepIO& io, const Slots& slots, bool read_host,
+                          StepInfos& infos);
+
+  // A shape family (a decode loop: every step a new signature, because the KV cache grows).
+  // Two consecutive new signatures are compared step by step: the stretches of fixed steps
+  // whose shapes did not change (a layer's norms, projections and MLP) become segments, each
+  // run through its own mx::compile'd function, keyed by the segment's input shapes; the steps
+  // in between (attention over the growing cache, what reads host values) are translated
+  // eagerly, as before. Correct for any signature: a segment is a function of its input shapes
+  // only (fixed steps), and one whose shapes differ from the family's runs eagerly.
+  struct Segment {
+    size_t begin = 0, end = 0;           // steps
+    std::vector<int> in_slots, out_slots;
+    std::vector<mx::Shape> in_shapes;    // the family's: other shapes run eagerly
+    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
+    bool broken = false;                 // its trace failed: eager from then on
+  };
+  struct Piecewise {
+    Layout layout;
+    int stream = -1;
+    std::vector<Segment> segments;
+    int misses = 0;  // consecutive runs in which no segment matched its shapes
+  };
+  std::unique_ptr<Piecewise> find_family(const StepInfos& a, const StepInfos& b) const;
+  std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
+                                       const Layout& layout, mx::Stream s);
   std::string signature_of(const std::vector<HostTensor>& raw) const;
 
   std::string name_;
@@ -174,6 +224,8 @@ class Program {
   mutable Stats stats_;  // translate() (const) counts its own time
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
   bool probed_once_ = false;     // a probe has run: the program's host reads are known
+  std::unique_ptr<Piecewise> piecewise_;
+  std::optional<std::pair<Layout, StepInfos>> last_steps_;  // the last new signature's steps
 };
 
 }  // namespace ortmlx::engine

@@ -49,3 +49,37 @@ def test_generate_cli_matches_cpu_ep():
     on_mlx, total = lines[f"nodes on {om.EP_NAME}"].split("/")
     assert on_mlx == total and int(total) > 0
     assert lines["CPU EP tokens equal"].startswith("12/12")
+
+
+@pytest.mark.parametrize("family,precision", [("llama", "fp32"), ("phi3", "int4")])
+def test_decode_steps_run_as_a_shape_family(family, precision, tmp_path):
+    """Every decode step is a new input signature (the KV cache grows by one row), so the engine
+    runs them as one shape family: the stretches of steps between attention nodes through
+    compiled segments (reused from step to step), the rest eagerly. Its logits are the all-eager
+    run's (shape_family=0), and its report shows the segments at work."""
+    import gc
+    import json
+    model = MODELS / f"{family}-{precision}"
+    results = {}
+    for family_on in ("0", "1"):
+        report = tmp_path / f"report{family_on}.jsonl"
+        dec = Decoder(model, "mlx", "cpu", report_path=str(report), shape_family=family_on)
+        toks, logits, _ = dec.generate(DEFAULT_PROMPT, 24)
+        layers = dec.num_layers
+        del dec
+        gc.collect()  # the statistics line is written when the session goes
+        stats = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+        assert len(stats) == 1, stats
+        results[family_on] = (toks, np.stack(logits), stats[0])
+    eager, family_run = results["0"], results["1"]
+    assert eager[2]["piecewise_runs"] == 0 and eager[2]["segment_calls"] == 0
+    st = family_run[2]
+    # Prompt, first decode step (eager, compared with the prompt: no family), second step
+    # (eager: the family is found), then every step through the segments.
+    assert st["piecewise_runs"] == 24 - 3, st
+    # The stretches between a model's attention layers, in every step.
+    assert st["segment_calls"] >= layers * st["piecewise_runs"], st
+    assert st["segment_traces"] * 2 <= st["segment_calls"], st  # traced once, then reused
+    assert family_run[0] == eager[0]
+    # Same arithmetic; MLX's fused kernels may round elementwise chains differently.
+    np.testing.assert_allclose(family_run[1], eager[1], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,72 @@
+"""Shape families (engine/program.h, Piecewise): a fused group whose input signature changes on
+every run (a decode loop) runs its fixed stretches through compiled segments. A step is fixed
+only if its MLX graph follows from its input shapes alone; these graphs check that a step whose
+result depends on a *value* derived from a changing shape stays eager, so each run is exact."""
+import gc
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxruntime_mlx as om
+
+
+def _model():
+    # x: [1, L] (L changes every run). The row of `table` at position L (a Slice whose start is
+    # computed from Shape(x): a host read of a shape-derived value) enters a chain of fixed
+    # elementwise steps over h: [1, 8].
+    table = np.arange(64 * 8, dtype=np.float32).reshape(64, 8) / 100.0
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one_i"], ["l"], axis=0),
+        helper.make_node("Add", ["l", "one_i"], ["l1"]),
+        helper.make_node("Slice", ["table", "l", "l1", "zero_i"], ["row"]),
+        helper.make_node("Mul", ["h", "two"], ["h1"]),
+        helper.make_node("Add", ["h1", "row"], ["h2"]),
+        helper.make_node("Tanh", ["h2"], ["h3"]),
+        helper.make_node("Mul", ["h3", "h"], ["h4"]),
+        helper.make_node("ReduceSum", ["x"], ["r"], keepdims=1),
+        helper.make_node("Add", ["h4", "r"], ["h5"]),
+        helper.make_node("Sigmoid", ["h5"], ["h6"]),
+        helper.make_node("Mul", ["h6", "h5"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(table, "table"),
+             numpy_helper.from_array(np.array([1], np.int64), "one_i"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero_i"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    g = helper.make_graph(nodes, "family",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L"]),
+                           helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString(), table
+
+
+def _reference(x, h, table):
+    h5 = np.tanh(h * 2 + table[x.shape[1]][None]) * h + x.sum(keepdims=True)
+    return h5 / (1 + np.exp(-h5))
+
+
+def test_shape_derived_host_read_stays_eager(tmp_path):
+    model, table = _model()
+    report = tmp_path / "report.jsonl"
+    so = om.record_assignment(om.session_options("cpu", report_path=str(report)))
+    s = ort.InferenceSession(model, sess_options=so)
+    placed = om.placement(s)
+    assert set(placed) == {om.EP_NAME}, placed
+    rng = np.random.default_rng(3)
+    h = rng.uniform(-1, 1, (1, 8)).astype(np.float32)
+    for L in range(2, 14):  # a new signature every run, as in decoding
+        x = rng.uniform(-1, 1, (1, L)).astype(np.float32)
+        (y,) = s.run(None, {"x": x, "h": h})
+        np.testing.assert_allclose(y, _reference(x, h, table), rtol=1e-5, atol=1e-6, err_msg=f"L={L}")
+    del s
+    gc.collect()
+    st = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+    # Runs 1-2 find the family; runs 3-12 take the segments (the Slice, the Shape/ReduceSum of
+    # x stay eager).
+    assert st["piecewise_runs"] == 10, st
+    assert st["segment_calls"] >= 10 and st["segment_traces"] <= 3, st
