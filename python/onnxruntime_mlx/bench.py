@@ -40,6 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
     p.add_argument("--prefill", default="", help="LLM prompt lengths, e.g. 128,512 (default: by mode)")
     p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
+    p.add_argument("--baselines", default="cpu,mlx-lm,torch",
+                   help="LLM comparisons to run (the CPU EP's fp16 decode of a 0.5B model takes minutes)")
     p.add_argument("--worker", default="", help=argparse_suppress())
 
 
@@ -505,17 +507,18 @@ def plan(args) -> list[tuple[str, str, dict]]:
                 base["prefill"] = [int(x) for x in args.prefill.split(",")]
             if args.decode:
                 base["decode"] = [int(x) for x in args.decode.split(",")]
-            for prov in ("mlx", "cpu"):
+            baselines = set(getattr(args, "baselines", "cpu,mlx-lm,torch").split(","))
+            for prov in ["mlx"] + (["cpu"] if "cpu" in baselines else []):
                 # On the GPU the EP's decode loop keeps the KV cache in MLX's memory (device
                 # memory + IOBinding); on the CPU the EP borrows numpy's buffers already.
                 cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov,
                                                           "resident_kv": gpu}))
             if precision in ("fp16", "bf16"):
                 base["dtype"] = precision
-            if hf.exists() and _mlx_lm_available():
+            if hf.exists() and "mlx-lm" in baselines and _mlx_lm_available():
                 extra = {"bits": 4, "group_size": 32} if precision == "int4" else {}
                 cases.append(("llm", f"{m.name} mlx-lm", {**base, "kind": "llm_mlx_lm", **extra}))
-            if hf.exists() and _torch_available() and precision != "int4":
+            if hf.exists() and "torch" in baselines and _torch_available() and precision != "int4":
                 cases.append(("llm", f"{m.name} torch", {**base, "kind": "llm_torch"}))
     if "encoder" in groups:
         import glob
