@@ -85,6 +85,8 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
     auto sink = mx::broadcast_to(mx::reshape(mx::astype(*sinks, t, s), {1, N, 1, 1}, s), {B, N, S, 1}, s);
     probs = mx::softmax(mx::concatenate({sink, scores}, -1, s), -1, true, s);
     probs = mx::slice(probs, {0, 0, 0, 1}, {B, N, S, T + 1}, s);
+  } else if (auto p = row_gemv ? cpu_softmax_last_axis(scores, s) : std::nullopt) {
+    probs = *p;  // a decode row on the CPU: the vectorized softmax (ops/cpu_gemv.h)
   } else {
     probs = mx::softmax(scores, -1, true, s);
   }
@@ -308,8 +310,9 @@ Outputs translate_gqa(OpContext& c) {
 
   mx::array present_k = K, present_v = V;
   if (known_past && past_k && *known_past == P && P + S == T) {
-    present_k = mx::concatenate({*past_k, K}, 2, c.s);  // the usual decode step
-    present_v = mx::concatenate({*past_v, V}, 2, c.s);
+    // The usual decode step (on the CPU by chunk copies: see cpu_concat).
+    present_k = cpu_concat({*past_k, K}, 2, c.s).value_or(mx::concatenate({*past_k, K}, 2, c.s));
+    present_v = cpu_concat({*past_v, V}, 2, c.s).value_or(mx::concatenate({*past_v, V}, 2, c.s));
   } else if (past_k || !first_prompt || T != S) {
     present_k = gqa_present(past_k, K, past_len, T, c.s);
     present_v = gqa_present(past_v, V, past_len, T, c.s);
