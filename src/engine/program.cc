@@ -738,10 +738,11 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
       match = v && v->is_tensor() && v->tensor->shape() == seg.in_shapes[i];
       if (match) in.push_back(*v->tensor);
     }
-    if (match && !seg.fn) {
+    auto fn = seg.fns.find(s.index);
+    if (match && fn == seg.fns.end()) {
       // The segment's steps over placeholders for its inputs: fixed steps read no host value
       // but constants, which the trace's slots hold as themselves.
-      seg.fn = mx::compile(
+      fn = seg.fns.emplace(s.index, mx::compile(
           [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
            s](const std::vector<mx::array>& xs) {
             const Plan& tp = *top_;
@@ -763,12 +764,12 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
             }
             return r;
           },
-          /*shapeless=*/false);
+          /*shapeless=*/false)).first;
       ++stats_.segment_traces;
     }
     if (match) {
       try {
-        auto outs = seg.fn(in);
+        auto outs = fn->second(in);
         for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
         ++stats_.segment_calls;
         matched = true;
@@ -777,7 +778,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
         // A trace the steps cannot take (a translator that reads data while tracing): this
         // segment runs eagerly from now on; the eager run below reports a real input error.
         seg.broken = true;
-        seg.fn = nullptr;
+        seg.fns.clear();
         if (opt_.log_level >= 1)
           std::cerr << "[MLX EP] " << where_ << ": segment of steps " << seg.begin << "-" << seg.end
                     << " runs eagerly: " << ex.what() << "\n";
@@ -885,7 +886,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.
     // Not cached: every step of a decode loop is a signature of its own.
     if (piecewise_ && !compile_broken_ && piecewise_->layout == layout &&
-        piecewise_->stream == s.index) {
+        piecewise_->device == s.device) {
       auto outs = run_piecewise(*piecewise_, args, layout, s);
       // The family is gone when no segment has matched for a while: look for another.
       if (piecewise_->misses >= 4) piecewise_.reset();
@@ -922,7 +923,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         piecewise_ = find_family(last_steps_->second, steps);
         if (piecewise_) {
           piecewise_->layout = layout;
-          piecewise_->stream = s.index;
+          piecewise_->device = s.device;
         }
       }
       if (piecewise_)

@@ -187,12 +187,13 @@ class Program {
     size_t begin = 0, end = 0;           // steps
     std::vector<int> in_slots, out_slots;
     std::vector<mx::Shape> in_shapes;    // the family's: other shapes run eagerly
-    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
-    bool broken = false;                 // its trace failed: eager from then on
+    // One compiled function per MLX stream (each thread has its own default stream).
+    std::unordered_map<int, std::function<std::vector<mx::array>(const std::vector<mx::array>&)>> fns;
+    bool broken = false;                 // a trace failed: eager from then on
   };
   struct Piecewise {
     Layout layout;
-    int stream = -1;
+    mx::Device device = mx::Device::cpu;
     std::vector<Segment> segments;
     int misses = 0;  // consecutive runs in which no segment matched its shapes
   };

@@ -70,3 +70,36 @@ def test_shape_derived_host_read_stays_eager(tmp_path):
     # x stay eager).
     assert st["piecewise_runs"] == 10, st
     assert st["segment_calls"] >= 10 and st["segment_traces"] <= 3, st
+
+
+def test_family_runs_from_many_threads(tmp_path):
+    """One session, 4 threads, each running its own sequence of lengths: the family's state is
+    the fused node's (runs are serialised per node), and every output stays exact whatever the
+    interleaving of signatures."""
+    import threading
+    model, table = _model()
+    report = tmp_path / "report.jsonl"
+    s = ort.InferenceSession(model, sess_options=om.session_options("cpu", report_path=str(report)))
+    h = np.linspace(-1, 1, 8, dtype=np.float32)[None]
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for L in rng.permutation(np.arange(2, 40)):
+                x = rng.uniform(-1, 1, (1, int(L))).astype(np.float32)
+                (y,) = s.run(None, {"x": x, "h": h})
+                np.testing.assert_allclose(y, _reference(x, h, table), rtol=1e-5, atol=1e-6)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]
+    del s
+    gc.collect()
+    st = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+    assert st["runs"] == 4 * 38 and st["piecewise_runs"] > 100 and st["segment_calls"] > 100, st
