@@ -14,6 +14,7 @@
 
 #include "engine/device_buffers.h"
 #include "engine/memory_guard.h"
+#include "engine/program_run.h"
 #include "ops/lowp.h"
 
 namespace ortmlx::engine {
@@ -88,18 +89,6 @@ void log_primitives(const std::vector<mx::array>& outs, const std::string& where
   os << "[MLX EP] " << where << " evaluates:";
   for (const auto& [name, n] : count) os << " " << name << "=" << n;
   std::cerr << os.str() << "\n";
-}
-
-// An evaluated, row-contiguous array's data in a buffer of its own.
-mx::array owned_copy(const mx::array& a) {
-  auto data = mx::allocator::malloc(std::max<size_t>(a.nbytes(), 1));
-  if (a.nbytes()) std::memcpy(data.buffer().raw_ptr(), a.data<void>(), a.nbytes());
-  return mx::array(std::move(data), a.shape(), a.dtype());
-}
-
-uint64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now() - t0).count());
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
@@ -244,97 +233,6 @@ void Program::copy_out(const mx::array& a, void* dst, DType t) {
   if (ops::lowp::is_lowp(t)) return ops::lowp::to_host(a, t, dst);  // packs 4-bit pairs
   copy_out(a, dst);
 }
-
-// State of one translation of the group (a probe, an eager run, or a compile trace).
-struct Program::Run {
-  Mode mode;
-  HostRecord* record;             // Probe: filled in read order; Replay: read back in order
-  std::vector<int>* host_deps;    // Probe only: the taint of every host read
-  mx::Stream s;
-  size_t next_read = 0;
-  // Probe only: the taint of the group's values, of bodies' outputs and of what hooks were
-  // handed, by array id. Arrays a translator builds between body runs (a Scan slice, a Loop
-  // counter, a stack of scan outputs) are traced back through their MLX inputs to known ones.
-  // Holding the array keeps its id from being reused. (Values inside a body are not kept: a
-  // translator only ever sees a body's outputs.)
-  std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
-
-  Stats* stats = nullptr;
-
-  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st, Stats* st_)
-      : mode(m), record(r), host_deps(deps), s(st), stats(st_) {}
-
-  bool tracking() const { return host_deps != nullptr; }
-
-  void note(const mx::array& a, const Taint& t) {
-    if (tracking()) lineage.try_emplace(a.id(), a, t);
-  }
-  // A sequence's items are noted one by one (a translator sees and builds on the arrays).
-  void note(const ops::Value& v, const Taint& t) {
-    if (v.is_tensor()) note(*v.tensor, t);
-    for (const auto& a : v.items) note(a, t);
-  }
-
-  StepInfos* steps = nullptr;  // the group's steps, as this translation saw them (optional)
-  size_t read_calls = 0;       // host reads asked for (deduplicated ones too) ...
-  size_t constant_reads = 0;   // ... of which reads of the group's constant initializers
-  // Piecewise runs and segment traces: a constant initializer read on the host is read
-  // directly (it holds the constant itself there, never a tracer), not recorded.
-  bool direct_constants = false;
-
-  Taint taint_of(const mx::array& a) {
-    if (auto it = lineage.find(a.id()); it != lineage.end()) return it->second.second;
-    Taint t;
-    // A leaf without a known id is a constant the translator made (its data came from host
-    // reads at most, and those already recorded their own taint).
-    if (a.has_primitive())
-      for (const auto& in : a.inputs()) {
-        auto ti = taint_of(in);
-        t.insert(t.end(), ti.begin(), ti.end());
-      }
-    std::sort(t.begin(), t.end());
-    t.erase(std::unique(t.begin(), t.end()), t.end());
-    lineage.try_emplace(a.id(), a, t);
-    return t;
-  }
-
-  // Host reads of this run by the array read (which they keep alive, so ids stay unique): the
-  // same value read again (total_sequence_length by every attention layer) is not synced again.
-  // Replays dedupe the same way, so they consume the record in the probe's order.
-  std::unordered_map<std::uintptr_t, std::pair<mx::array, mx::array>> reads;
-
-  // A host read: evaluated and recorded (probe), evaluated (eager), or the recorded value.
-  mx::array read(const mx::array& v, const Taint& t) {
-    ++read_calls;
-    if (auto it = reads.find(v.id()); it != reads.end()) return it->second.second;
-    mx::array a = read_once(v, t);
-    reads.try_emplace(v.id(), v, a);
-    return a;
-  }
-
-  mx::array read_once(const mx::array& v, const Taint& t) {
-    if (mode == Mode::Replay) {
-      if (next_read >= record->size())
-        throw std::runtime_error("[engine] replay read a host value the probe did not record");
-      const mx::array& a = (*record)[next_read++];
-      if (a.shape() != v.shape() || a.dtype() != v.dtype())
-        throw std::runtime_error("[engine] replay's host read differs from the probe's");
-      return a;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    mx::array a = mx::contiguous(v, false, s);
-    a.eval();
-    if (stats) {
-      stats->host_reads++;
-      stats->host_read_ns += elapsed_ns(t0);
-    }
-    if (host_deps) host_deps->insert(host_deps->end(), t.begin(), t.end());
-    // A recorded value outlives the run, and `a` may share a borrowed input's buffer
-    // (contiguous() of a contiguous array is a view): keep an owned copy.
-    if (record) record->push_back(owned_copy(a));
-    return a;
-  }
-};
 
 bool Program::is_constant_slot(const Plan& p, int slot) const {
   if (slot < 0) return false;
@@ -502,21 +400,6 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
   }
 }
 
-void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool read_host,
-                          StepInfos& infos) {
-  if (infos.size() <= k) infos.resize(k + 1);
-  StepInfo& info = infos[k];
-  info.fixed = !read_host && io.bodies.empty();
-  info.shapes.clear();
-  for (const auto* list : {&io.in, &io.out})
-    for (int sl : *list) {
-      if (sl < 0) { info.shapes.push_back({-1}); continue; }
-      const ops::Value& v = *slots[sl];
-      if (!v.is_tensor()) { info.fixed = false; info.shapes.push_back({-2}); continue; }
-      info.shapes.push_back(v.tensor->shape());
-    }
-}
-
 std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value> inputs,
                                           std::vector<Taint> input_taints, Run& run) const {
   // Outer-scope values follow the inputs in `inputs` (bodies): see the run_subgraph hook.
@@ -639,159 +522,6 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
   std::vector<Taint> taints;
   input_values(args, layout, values, taints);
   auto result = finish_outputs(run_plan(*top_, std::move(values), std::move(taints), run), s);
-  stats_.translate_ns += elapsed_ns(t0);
-  return result;
-}
-
-std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
-                                                        const StepInfos& b) const {
-  const Plan& p = *top_;
-  if (a.size() != p.steps.size() || b.size() != p.steps.size()) return nullptr;
-  // A segment of one step saves its translation but fuses nothing: not worth a compile.
-  constexpr size_t kMinSegmentSteps = 2;
-  // (Zero-size values stay eager: the GPU runs those graphs on the CPU stream, see Entry.)
-  auto stays = [&](size_t k) {
-    if (!a[k].fixed || !b[k].fixed || a[k].shapes != b[k].shapes) return false;
-    for (const auto& shape : a[k].shapes)
-      if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return false;
-    return true;
-  };
-  if (opt_.log_level >= 2)
-    for (size_t k = 0; k < p.steps.size(); ++k)
-      if (!stays(k))
-        std::cerr << "[MLX EP] " << where_ << ": shape family: " << p.graph->nodes[k].describe()
-                  << " stays eager ("
-                  << (!a[k].fixed || !b[k].fixed ? "reads a host value, runs a subgraph or takes "
-                                                   "a sequence"
-                                                 : "its shapes change")
-                  << ")\n";
-  auto pw = std::make_unique<Piecewise>();
-  size_t fixed_steps = 0;
-  for (size_t k = 0; k < p.steps.size();) {
-    if (!stays(k)) { ++k; continue; }
-    size_t e = k;
-    while (e < p.steps.size() && stays(e)) ++e;
-    if (e - k >= kMinSegmentSteps) {
-      Segment seg;
-      seg.begin = k;
-      seg.end = e;
-      std::unordered_set<int> produced, taken;
-      for (size_t j = k; j < e; ++j) {
-        const auto& io = p.steps[j];
-        for (size_t i = 0; i < io.in.size(); ++i) {
-          int sl = io.in[i];
-          // Constants are not arguments: the trace reads them as they are (see Run).
-          if (sl < 0 || produced.count(sl) || is_constant_slot(p, sl) || !taken.insert(sl).second)
-            continue;
-          seg.in_slots.push_back(sl);
-          seg.in_shapes.push_back(a[j].shapes[i]);
-        }
-        for (int sl : io.out)
-          if (sl >= 0) produced.insert(sl);
-      }
-      // Outputs: what later steps (or their bodies) read, and the group's outputs.
-      std::unordered_set<int> needed(p.output_slots.begin(), p.output_slots.end());
-      for (size_t j = e; j < p.steps.size(); ++j) {
-        needed.insert(p.steps[j].in.begin(), p.steps[j].in.end());
-        for (const auto& body : p.steps[j].bodies) needed.insert(body.second.begin(), body.second.end());
-      }
-      for (size_t j = k; j < e; ++j)
-        for (int sl : p.steps[j].out)
-          if (sl >= 0 && needed.count(sl)) seg.out_slots.push_back(sl);
-      fixed_steps += e - k;
-      pw->segments.push_back(std::move(seg));
-    }
-    k = e;
-  }
-  // Two signatures that share only a few steps (a prompt, then the first decode step) are not
-  // a family: keep looking (the next pair is two decode steps).
-  if (pw->segments.empty() || fixed_steps * 4 < p.steps.size()) return nullptr;
-  if (opt_.log_level >= 1)
-    std::cerr << "[MLX EP] " << where_ << ": shape family: " << pw->segments.size()
-              << " compiled segment(s) over " << fixed_steps << " of " << p.steps.size()
-              << " steps, the rest eager\n";
-  return pw;
-}
-
-std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
-                                              const Layout& layout, mx::Stream s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Plan& p = *top_;
-  Run run(Mode::Eager, nullptr, nullptr, s, &stats_);
-  run.direct_constants = true;
-  std::vector<ops::Value> values;
-  std::vector<Taint> taints;
-  input_values(args, layout, values, taints);
-  Slots slots(p.num_slots);
-  std::vector<Taint> taint(p.num_slots);  // unused: eager runs track no taint
-  for (size_t i = 0; i < p.num_inputs; ++i) slots[i] = std::move(values[i]);
-
-  bool matched = false;
-  size_t next = 0;
-  for (auto& seg : pw.segments) {
-    run_steps(p, slots, taint, run, next, seg.begin);
-    next = seg.end;
-    std::vector<mx::array> in;
-    bool match = !seg.broken;
-    for (size_t i = 0; match && i < seg.in_slots.size(); ++i) {
-      const auto& v = slots[seg.in_slots[i]];
-      match = v && v->is_tensor() && v->tensor->shape() == seg.in_shapes[i];
-      if (match) in.push_back(*v->tensor);
-    }
-    auto fn = seg.fns.find(s.index);
-    if (match && fn == seg.fns.end()) {
-      // The segment's steps over placeholders for its inputs: fixed steps read no host value
-      // but constants, which the trace's slots hold as themselves.
-      fn = seg.fns.emplace(s.index, mx::compile(
-          [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
-           s](const std::vector<mx::array>& xs) {
-            const Plan& tp = *top_;
-            Slots sl(tp.num_slots);
-            std::vector<Taint> none(tp.num_slots);
-            for (size_t i = 0; i < tp.num_inputs; ++i)
-              if (is_constant_slot(tp, static_cast<int>(i)))
-                sl[i] = ops::Value::of(constants_[i - input_names_.size()]);
-            for (size_t i = 0; i < ins.size(); ++i) sl[ins[i]] = ops::Value::of(xs[i]);
-            HostRecord empty;
-            Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
-            trace.direct_constants = true;
-            run_steps(tp, sl, none, trace, b, e);
-            std::vector<mx::array> r;
-            for (int o : outs) {
-              if (!sl[o] || !sl[o]->is_tensor())
-                throw std::runtime_error("[engine] a segment's output is not a tensor");
-              r.push_back(*sl[o]->tensor);
-            }
-            return r;
-          },
-          /*shapeless=*/false)).first;
-      ++stats_.segment_traces;
-    }
-    if (match) {
-      try {
-        auto outs = fn->second(in);
-        for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
-        ++stats_.segment_calls;
-        matched = true;
-        continue;
-      } catch (const std::exception& ex) {
-        // A trace the steps cannot take (a translator that reads data while tracing): this
-        // segment runs eagerly from now on; the eager run below reports a real input error.
-        seg.broken = true;
-        seg.fns.clear();
-        if (opt_.log_level >= 1)
-          std::cerr << "[MLX EP] " << where_ << ": segment of steps " << seg.begin << "-" << seg.end
-                    << " runs eagerly: " << ex.what() << "\n";
-      }
-    }
-    run_steps(p, slots, taint, run, seg.begin, seg.end);
-  }
-  run_steps(p, slots, taint, run, next, p.steps.size());
-  pw.misses = matched ? 0 : pw.misses + 1;
-  std::vector<ops::Value> outs;
-  outs.reserve(p.output_slots.size());
-  for (int sl : p.output_slots) outs.push_back(*slots[sl]);
-  auto result = finish_outputs(std::move(outs), s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
 }

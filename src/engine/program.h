@@ -147,8 +147,9 @@ class Program {
   std::vector<mx::array> arguments(const std::vector<HostTensor>& raw) const;
   mx::array input_array(const HostTensor& t) const;
   // What a translation saw of each step of the group (collected while looking for a shape
-  // family): `fixed` when the step read no host value, runs no subgraph, and takes and gives
-  // tensors only, so that its MLX graph is a function of its input shapes alone.
+  // family; shape_family.cc): `fixed` when the step read no host value but constant
+  // initializers, runs no subgraph, and takes and gives tensors only, so that its MLX graph is
+  // a function of its input shapes alone.
   struct StepInfo {
     bool fixed = true;
     std::vector<mx::Shape> shapes;  // its inputs' then its outputs' ({-1}: absent)
