@@ -65,7 +65,7 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
   auto k5 = mx::expand_dims(k, 2, s), v5 = mx::expand_dims(v, 2, s);
   auto product = [&](const mx::array& a, const mx::array& b) {
     if (row_gemv)
-      if (auto y = cpu_row_gemv(a, b, s)) return *y;
+      if (auto y = cpu_row_gemv(a, b, s, /*small_products=*/true)) return *y;
     return mx::matmul(a, b, s);
   };
   auto scores = mx::multiply(product(q5, mx::swapaxes(k5, -1, -2, s)), mx::array(scale, t), s);

@@ -12,6 +12,10 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 namespace ortmlx::ops {
 
 namespace {
@@ -44,11 +48,50 @@ SgemvFn sgemv() {
   return fn;
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ORTMLX_GEMV_X86 1
+// y[n] = w[n, :] . x (w's rows at stride ld, x contiguous), 8 lanes at a time.
+__attribute__((target("avx2,fma"))) void rows_dot_avx2(const float* w, int64_t ld, const float* x,
+                                                       float* y, int N, int K) {
+  for (int n = 0; n < N; ++n) {
+    const float* r = w + n * ld;
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(r + k), _mm256_loadu_ps(x + k), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    float t = _mm_cvtss_f32(h);
+    for (; k < K; ++k) t += r[k] * x[k];
+    y[n] = t;
+  }
+}
+// y = sum_k x[k] w[k, :] (w's rows at stride ld), 8 lanes at a time.
+__attribute__((target("avx2,fma"))) void rows_axpy_avx2(const float* w, int64_t ld, const float* x,
+                                                        float* y, int K, int N) {
+  std::fill(y, y + N, 0.f);
+  for (int k = 0; k < K; ++k) {
+    const float* r = w + k * ld;
+    const __m256 xk = _mm256_set1_ps(x[k]);
+    int n = 0;
+    for (; n + 8 <= N; n += 8) _mm256_storeu_ps(y + n, _mm256_fmadd_ps(xk, _mm256_loadu_ps(r + n), _mm256_loadu_ps(y + n)));
+    for (; n < N; ++n) y[n] += x[k] * r[n];
+  }
+}
+bool gemv_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
 // y[..., 1, N] = x[..., 1, K] . w[..., K, N]: one sgemv per batch element. x and w have the same
-// batch dims (the builder broadcasts them as views); any strides.
+// batch dims (the builder broadcasts them as views); any strides. `own`: products small and
+// many (attention's, per head) run on this thread with the AVX2 loops above instead of BLAS,
+// whose threads (OpenBLAS threads a gemv from 9,216 elements) wake for each and then spin in
+// sched_yield, taking a core from the stream and the row kernels' workers.
 class RowGemv : public mx::Primitive {
  public:
-  explicit RowGemv(mx::Stream s) : mx::Primitive(s) {}
+  explicit RowGemv(mx::Stream s, bool own = false) : mx::Primitive(s), own_(own) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& x = inputs[0];
@@ -71,7 +114,7 @@ class RowGemv : public mx::Primitive {
     const int64_t ws0 = w.strides()[nd - 2], ws1 = w.strides()[nd - 1];
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    enc.dispatch([fn = sgemv(), xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
+    enc.dispatch([fn = sgemv(), own = own_, xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
                   K, N, xs, ws0, ws1, b = std::move(b)] {
       std::vector<int64_t> idx(b.shape.size(), 0);
       std::vector<float> xbuf;
@@ -81,7 +124,7 @@ class RowGemv : public mx::Primitive {
           xo += idx[d] * b.x_strides[d];
           wo += idx[d] * b.w_strides[d];
         }
-        one_row(fn, xp + xo, xs, wp + wo, ws0, ws1, yp + i * N, K, N, xbuf);
+        one_row(fn, own, xp + xo, xs, wp + wo, ws0, ws1, yp + i * N, K, N, xbuf);
         for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {  // next batch index
           if (++idx[d] < b.shape[d]) break;
           idx[d] = 0;
@@ -96,7 +139,7 @@ class RowGemv : public mx::Primitive {
 
   const char* name() const override { return "RowGemv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return typeid(other) == typeid(RowGemv);
+    return typeid(other) == typeid(RowGemv) && static_cast<const RowGemv&>(other).own_ == own_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -105,6 +148,7 @@ class RowGemv : public mx::Primitive {
   }
 
  private:
+  bool own_;
   struct Batch {
     std::vector<int64_t> shape, x_strides, w_strides;
     int64_t count() const {
@@ -114,8 +158,8 @@ class RowGemv : public mx::Primitive {
     }
   };
 
-  static void one_row(SgemvFn fn, const float* xp, int64_t xs, const float* wp, int64_t ws0,
-                      int64_t ws1, float* yp, int K, int N, std::vector<float>& xbuf) {
+  static void one_row(SgemvFn fn, bool own, const float* xp, int64_t xs, const float* wp,
+                      int64_t ws0, int64_t ws1, float* yp, int K, int N, std::vector<float>& xbuf) {
     // A broadcast x (stride 0) is not a valid BLAS increment: gather it first.
     const float* xv = xp;
     int64_t incx = xs;
@@ -124,6 +168,20 @@ class RowGemv : public mx::Primitive {
       xv = xbuf.data();
       incx = 1;
     }
+#ifdef ORTMLX_GEMV_X86
+    if (own && gemv_avx2() && (ws1 == 1 || ws0 == 1)) {
+      if (incx != 1) {  // the loops read x contiguously
+        xbuf.resize(static_cast<size_t>(K));
+        for (int k = 0; k < K; ++k) xbuf[static_cast<size_t>(k)] = xv[k * incx];
+        xv = xbuf.data();
+      }
+      if (ws1 == 1)
+        rows_axpy_avx2(wp, ws0, xv, yp, K, N);  // row-major [K, N]
+      else
+        rows_dot_avx2(wp, ws1, xv, yp, N, K);  // a transposed view of row-major [N, K]
+      return;
+    }
+#endif
     constexpr int64_t kIntMax = 2147483647;  // BLAS takes int leading dims and increments
     const bool blas_ok = incx <= kIntMax && ws0 <= kIntMax && ws1 <= kIntMax;
     if (blas_ok && ws1 == 1 && ws0 >= std::max(N, 1)) {  // row-major [K, N]: y = w^T x
@@ -153,7 +211,8 @@ bool cpu_row_kernels_enabled() {
   return on;
 }
 
-std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s) {
+std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
+                                      bool small_products) {
   if (s.device != mx::Device::cpu || !sgemv()) return std::nullopt;
   if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() < 2 || x.ndim() < 1)
     return std::nullopt;
@@ -182,7 +241,7 @@ std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx
   auto xv = mx::broadcast_to(xr, xs, s), wv = mx::broadcast_to(w, ws, s);
   mx::Shape out = batch;
   out.insert(out.end(), {1, N});
-  mx::array y(std::move(out), mx::float32, std::make_shared<RowGemv>(s), {xv, wv});
+  mx::array y(std::move(out), mx::float32, std::make_shared<RowGemv>(s, small_products), {xv, wv});
   if (x.ndim() == 1) return mx::squeeze(y, 0, s);
   return y;
 }

@@ -22,7 +22,10 @@ namespace mx = mlx::core;
 // one MLX primitive that calls sgemv, when `s` is a CPU stream and the process has a CBLAS
 // sgemv; std::nullopt otherwise (the caller uses mx::matmul). The result has x's shape with the
 // last dim N. Any strides work (a transposed weight view is read as such, without a copy).
-std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s);
+// small_products: many small products (attention's, one per head) run single-threaded with
+// this library's AVX2 loops instead of BLAS (see RowGemv in cpu_gemv.cc).
+std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
+                                      bool small_products = false);
 
 // Whether the gemv path is available in this process (a CBLAS sgemv was found).
 bool cpu_gemv_available();
