@@ -282,15 +282,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
         throw ops::TranslateError("[engine] host read of " + std::string(slots[sl]->kind_name()));
       if (is_constant_slot(p, sl)) {
         ++run.constant_reads;
-        if (run.direct_constants) {
-          ++run.read_calls;
-          mx::array a = *slots[sl]->tensor;  // the constant's own data, already there
-          if (!a.is_available() || !a.flags().row_contiguous) {
-            a = mx::contiguous(a, false, run.s);
-            a.eval();
-          }
-          return a;
-        }
+        if (run.direct_constants) return run.read_constant(*slots[sl]->tensor);
       }
       return run.read(*slots[sl]->tensor, taint[sl]);
     };

@@ -184,12 +184,13 @@ class Program {
   // in between (attention over the growing cache, what reads host values) are translated
   // eagerly, as before. Correct for any signature: a segment is a function of its input shapes
   // only (fixed steps), and one whose shapes differ from the family's runs eagerly.
+  using SegmentFn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
   struct Segment {
     size_t begin = 0, end = 0;           // steps
     std::vector<int> in_slots, out_slots;
     std::vector<mx::Shape> in_shapes;    // the family's: other shapes run eagerly
     // One compiled function per MLX stream (each thread has its own default stream).
-    std::unordered_map<int, std::function<std::vector<mx::array>(const std::vector<mx::array>&)>> fns;
+    std::unordered_map<int, SegmentFn> fns;
     bool broken = false;                 // a trace failed: eager from then on
   };
   struct Piecewise {
@@ -199,6 +200,8 @@ class Program {
     int misses = 0;  // consecutive runs in which no segment matched its shapes
   };
   std::unique_ptr<Piecewise> find_family(const StepInfos& a, const StepInfos& b) const;
+  // The segment's steps as one mx::compile'd function of its inputs, traced on stream `s`.
+  SegmentFn segment_function(const Segment& seg, mx::Stream s);
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                        const Layout& layout, mx::Stream s);
   std::string signature_of(const std::vector<HostTensor>& raw) const;

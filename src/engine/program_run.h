@@ -83,6 +83,16 @@ struct Program::Run {
   // Replays dedupe the same way, so they consume the record in the probe's order.
   std::unordered_map<std::uintptr_t, std::pair<mx::array, mx::array>> reads;
 
+  // A constant initializer's data (direct_constants runs): the array itself, already evaluated
+  // in the program's constants; no record, no sync.
+  mx::array read_constant(const mx::array& c) {
+    ++read_calls;
+    if (c.is_available() && c.flags().row_contiguous) return c;
+    mx::array a = mx::contiguous(c, false, s);
+    a.eval();
+    return a;
+  }
+
   // A host read: evaluated and recorded (probe), evaluated (eager), or the recorded value.
   mx::array read(const mx::array& v, const Taint& t) {
     ++read_calls;

@@ -95,6 +95,34 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
   return pw;
 }
 
+Program::SegmentFn Program::segment_function(const Segment& seg, mx::Stream s) {
+  // The segment's steps over placeholders for its inputs: fixed steps read no host value but
+  // constants, which the trace's slots hold as themselves.
+  return mx::compile(
+      [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
+       s](const std::vector<mx::array>& xs) {
+        const Plan& p = *top_;
+        Slots slots(p.num_slots);
+        std::vector<Taint> none(p.num_slots);
+        for (size_t i = 0; i < p.num_inputs; ++i)
+          if (is_constant_slot(p, static_cast<int>(i)))
+            slots[i] = ops::Value::of(constants_[i - input_names_.size()]);
+        for (size_t i = 0; i < ins.size(); ++i) slots[ins[i]] = ops::Value::of(xs[i]);
+        HostRecord empty;
+        Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
+        trace.direct_constants = true;
+        run_steps(p, slots, none, trace, b, e);
+        std::vector<mx::array> r;
+        for (int o : outs) {
+          if (!slots[o] || !slots[o]->is_tensor())
+            throw std::runtime_error("[engine] a segment's output is not a tensor");
+          r.push_back(*slots[o]->tensor);
+        }
+        return r;
+      },
+      /*shapeless=*/false);
+}
+
 std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                               const Layout& layout, mx::Stream s) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -122,31 +150,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     }
     auto fn = seg.fns.find(s.index);
     if (match && fn == seg.fns.end()) {
-      // The segment's steps over placeholders for its inputs: fixed steps read no host value
-      // but constants, which the trace's slots hold as themselves.
-      fn = seg.fns.emplace(s.index, mx::compile(
-          [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
-           s](const std::vector<mx::array>& xs) {
-            const Plan& tp = *top_;
-            Slots sl(tp.num_slots);
-            std::vector<Taint> none(tp.num_slots);
-            for (size_t i = 0; i < tp.num_inputs; ++i)
-              if (is_constant_slot(tp, static_cast<int>(i)))
-                sl[i] = ops::Value::of(constants_[i - input_names_.size()]);
-            for (size_t i = 0; i < ins.size(); ++i) sl[ins[i]] = ops::Value::of(xs[i]);
-            HostRecord empty;
-            Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
-            trace.direct_constants = true;
-            run_steps(tp, sl, none, trace, b, e);
-            std::vector<mx::array> r;
-            for (int o : outs) {
-              if (!sl[o] || !sl[o]->is_tensor())
-                throw std::runtime_error("[engine] a segment's output is not a tensor");
-              r.push_back(*sl[o]->tensor);
-            }
-            return r;
-          },
-          /*shapeless=*/false)).first;
+      fn = seg.fns.emplace(s.index, segment_function(seg, s)).first;
       ++stats_.segment_traces;
     }
     if (match) {

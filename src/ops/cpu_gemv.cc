@@ -12,9 +12,7 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
+#include "ops/cpu_simd.h"
 
 namespace ortmlx::ops {
 
@@ -48,8 +46,7 @@ SgemvFn sgemv() {
   return fn;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ORTMLX_GEMV_X86 1
+#ifdef ORTMLX_X86
 // y[n] = w[n, :] . x (w's rows at stride ld, x contiguous), 8 lanes at a time.
 __attribute__((target("avx2,fma"))) void rows_dot_avx2(const float* w, int64_t ld, const float* x,
                                                        float* y, int N, int K) {
@@ -58,10 +55,7 @@ __attribute__((target("avx2,fma"))) void rows_dot_avx2(const float* w, int64_t l
     __m256 acc = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(r + k), _mm256_loadu_ps(x + k), acc);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    float t = _mm_cvtss_f32(h);
+    float t = hsum8(acc);
     for (; k < K; ++k) t += r[k] * x[k];
     y[n] = t;
   }
@@ -77,10 +71,6 @@ __attribute__((target("avx2,fma"))) void rows_axpy_avx2(const float* w, int64_t 
     for (; n + 8 <= N; n += 8) _mm256_storeu_ps(y + n, _mm256_fmadd_ps(xk, _mm256_loadu_ps(r + n), _mm256_loadu_ps(y + n)));
     for (; n < N; ++n) y[n] += x[k] * r[n];
   }
-}
-bool gemv_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
 }
 #endif
 
@@ -168,8 +158,8 @@ class RowGemv : public mx::Primitive {
       xv = xbuf.data();
       incx = 1;
     }
-#ifdef ORTMLX_GEMV_X86
-    if (own && gemv_avx2() && (ws1 == 1 || ws0 == 1)) {
+#ifdef ORTMLX_X86
+    if (own && cpu_has_avx2_fma() && (ws1 == 1 || ws0 == 1)) {
       if (incx != 1) {  // the loops read x contiguously
         xbuf.resize(static_cast<size_t>(K));
         for (int k = 0; k < K; ++k) xbuf[static_cast<size_t>(k)] = xv[k * incx];
@@ -201,6 +191,15 @@ class RowGemv : public mx::Primitive {
 }  // namespace
 
 bool cpu_gemv_available() { return sgemv() != nullptr; }
+
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
 
 bool cpu_row_kernels_enabled() {
   // ORT_MLX_CPU_GEMV=0 lets a benchmark or a bisection compare with MLX's own paths.

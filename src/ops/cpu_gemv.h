@@ -59,6 +59,9 @@ std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s)
 // ~7 ms of the step that way. std::nullopt off the CPU or when the shapes do not fit.
 std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
 
+// Whether this CPU runs the kernels' AVX2+FMA paths (false off x86-64); detected once.
+bool cpu_has_avx2_fma();
+
 // Worker threads for the row kernels: one fewer than the cores (the stream thread that runs a
 // task takes a share itself). Created on first use, shared by all programs.
 ThreadPool& cpu_row_pool();

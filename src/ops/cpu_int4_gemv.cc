@@ -14,12 +14,9 @@
 #include <mlx/primitives.h>
 #include <mlx/threadpool.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ORTMLX_X86 1
-#endif
 
 #include "ops/cpu_gemv.h"
+#include "ops/cpu_simd.h"
 
 namespace ortmlx::ops {
 
@@ -47,8 +44,8 @@ float quantize_block(const float* x, int64_t incx, int b0, int b1, Code code) {
 
 std::vector<float> fake_quant_row(const float* x, int64_t incx, int K, int block) {
   std::vector<float> out(static_cast<size_t>(K));
+  std::vector<float> q(static_cast<size_t>(block));
   for (int b0 = 0; b0 < K; b0 += block) {
-    std::vector<float> q(static_cast<size_t>(block));
     const int b1 = std::min(K, b0 + block);
     const float scale = quantize_block(x, incx, b0, b1, [&](int k, float c) { q[static_cast<size_t>(k - b0)] = c; });
     for (int k = b0; k < b1; ++k) out[static_cast<size_t>(k)] = q[static_cast<size_t>(k - b0)] * scale;
@@ -107,10 +104,7 @@ __attribute__((target("avx2,fma"))) float int4_row_avx2(const uint8_t* q, const 
     acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), _mm256_add_ps(lo_acc, hi_acc), acc);
     zsum += zb[b] * bsum[b];
   }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s) + zsum;
+  return hsum8(acc) + zsum;
 }
 #endif
 
@@ -168,15 +162,7 @@ __attribute__((target("avx2,fma"))) float int4_row_i8_avx2(const uint8_t* q, con
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sc[b] * asc[b]), acc);
     zsum += zb[b] * bsum[b];
   }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s) + zsum;
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+  return hsum8(acc) + zsum;
 }
 #endif
 
@@ -185,7 +171,7 @@ using Int4Row = float (*)(const uint8_t*, const float*, const float*, const floa
 
 Int4Row pick_int4_row() {
 #ifdef ORTMLX_X86
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return int4_row_avx2;
+  if (cpu_has_avx2_fma()) return int4_row_avx2;
 #endif
   return int4_row_scalar;
 }
@@ -237,7 +223,7 @@ class Int4RowGemv : public mx::Primitive {
       // otherwise the codes dequantized back to floats for the float kernel (same values).
       bool integer = false;
 #ifdef ORTMLX_X86
-      integer = int8 && has_avx2() && block % 32 == 0;
+      integer = int8 && cpu_has_avx2_fma() && block % 32 == 0;
 #endif
       SplitRow r;
       std::optional<QuantRow> qr;

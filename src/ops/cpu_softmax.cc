@@ -13,12 +13,8 @@
 #include <mlx/primitives.h>
 #include <mlx/threadpool.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ORTMLX_X86 1
-#endif
-
 #include "ops/cpu_gemv.h"
+#include "ops/cpu_simd.h"
 
 namespace ortmlx::ops {
 
@@ -102,7 +98,7 @@ using SoftmaxRow = void (*)(const float*, float*, int);
 
 SoftmaxRow pick_softmax_row() {
 #ifdef ORTMLX_X86
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return softmax_row_avx2;
+  if (cpu_has_avx2_fma()) return softmax_row_avx2;
 #endif
   return softmax_row_scalar;
 }
