@@ -89,17 +89,15 @@ mx::array mish(const OpContext& c, const mx::array& x) {
 }
 
 mx::array gelu(const OpContext& c, const mx::array& x) {
-  auto half_x = mx::multiply(sc(0.5, x), x, c.s);
   if (c.node.attr_string("approximate", "none") == "tanh") {
+    auto half_x = mx::multiply(sc(0.5, x), x, c.s);
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     auto x3 = mx::multiply(mx::multiply(x, x, c.s), x, c.s);
     auto inner = mx::multiply(sc(std::sqrt(2.0 / M_PI), x),
                               mx::add(x, mx::multiply(sc(0.044715, x), x3, c.s), c.s), c.s);
     return mx::multiply(half_x, mx::add(sc(1, x), mx::tanh(inner, c.s), c.s), c.s);
   }
-  // 0.5 x (1 + erf(x / sqrt(2)))
-  auto e = mx::erf(mx::multiply(x, sc(M_SQRT1_2, x), c.s), c.s);
-  return mx::multiply(half_x, mx::add(sc(1, x), e, c.s), c.s);
+  return gelu_erf(x, c.s);  // 0.5 x (1 + erf(x / sqrt(2)))
 }
 
 mx::array swish(const OpContext& c, const mx::array& x) {

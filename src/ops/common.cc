@@ -57,6 +57,18 @@ std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank) {
 }
 
 
+mx::array erf_of(const mx::array& x, mx::Stream s) {
+  if (auto y = cpu_erf(x, s)) return *y;
+  return mx::erf(x, s);
+}
+
+mx::array gelu_erf(const mx::array& x, mx::Stream s) {
+  if (auto y = cpu_erf(x, s, /*gelu=*/true)) return *y;
+  auto t = x.dtype();
+  auto inner = mx::erf(mx::multiply(x, mx::array(M_SQRT1_2, t), s), s);
+  return mx::multiply(mx::multiply(x, mx::array(0.5, t), s), mx::add(inner, mx::array(1.0, t), s), s);
+}
+
 mx::array exp_precise(const mx::array& x, mx::Stream s) {
   if (x.dtype() != mx::float64) return mx::exp(x, s);
   return mx::power(mx::array(M_E, mx::float64), x, s);

@@ -51,4 +51,9 @@ mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bo
                             mx::Stream s);
 mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s);
 
+// erf, and the erf-based GELU 0.5 x (1 + erf(x / sqrt 2)) in x's dtype: float32 on a CPU
+// stream through the EP's vectorized kernel (cpu_erf), otherwise MLX's ops.
+mx::array erf_of(const mx::array& x, mx::Stream s);
+mx::array gelu_erf(const mx::array& x, mx::Stream s);
+
 }  // namespace ortmlx::ops

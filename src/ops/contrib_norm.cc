@@ -18,13 +18,6 @@ const std::initializer_list<DType> kHalfFloat = {DType::Float32, DType::Float16,
 
 mx::array in_as(OpContext& c, size_t i, mx::Dtype t) { return mx::astype(c.in(i), t, c.s); }
 
-// Erf-based GELU, as ORT's Gelu/BiasGelu kernels compute it.
-mx::array gelu_erf(const mx::array& x, mx::Stream s) {
-  auto t = x.dtype();
-  auto inner = mx::erf(mx::multiply(x, mx::array(M_SQRT1_2, t), s), s);
-  return mx::multiply(mx::multiply(x, mx::array(0.5, t), s), mx::add(inner, mx::array(1.0, t), s), s);
-}
-
 // inv_std_var = 1 / sqrt(E[(x - mean)^2] + eps) (or E[x^2] when simplified), keepdims.
 mx::array inv_std(const mx::array& x, const mx::array& mean, bool simplified, float eps, mx::Stream s) {
   auto d = simplified ? x : mx::subtract(x, mean, s);

@@ -237,20 +237,11 @@ class Int4RowGemv : public mx::Primitive {
       }
       const QuantRow* qp8 = qr ? &*qr : nullptr;
       // Split the rows when there is enough work to pay for a hand-off (~10 us).
-      const int threads = static_cast<int>(std::thread::hardware_concurrency());
       const int64_t work = static_cast<int64_t>(N) * nb * block;
-      const int parts = work >= (int64_t{1} << 18) ? std::max(1, std::min(threads, N / 16)) : 1;
-      std::vector<std::future<void>> done;
-      const int per = (N + parts - 1) / parts;
-      for (int p = 1; p < parts; ++p) {
-        const int n0 = p * per, n1 = std::min(N, n0 + per);
-        if (n0 < n1)
-          done.push_back(cpu_row_pool().enqueue([&r, qp8, qp, sp, zp, yp, n0, n1, nb, block] {
-            int4_rows(r, qp8, qp, sp, zp, yp, n0, n1, nb, block);
-          }));
-      }
-      int4_rows(r, qp8, qp, sp, zp, yp, 0, std::min(N, per), nb, block);
-      for (auto& f : done) f.get();
+      const int parts = work >= (int64_t{1} << 18) ? std::max(1, std::min(cpu_threads(), N / 16)) : 1;
+      cpu_parallel_for(N, parts, [&](int64_t n0, int64_t n1) {
+        int4_rows(r, qp8, qp, sp, zp, yp, static_cast<int>(n0), static_cast<int>(n1), nb, block);
+      });
     });
   }
 

@@ -1,5 +1,5 @@
-// x86-64 AVX2 pieces shared by the CPU row kernels (cpu_gemv.cc, cpu_int4_gemv.cc,
-// cpu_softmax.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
+// x86-64 AVX2 pieces shared by the CPU kernels (cpu_gemv.cc, cpu_int4_gemv.cc, cpu_softmax.cc,
+// cpu_erf.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -14,6 +14,26 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
   s = _mm_hadd_ps(s, s);
   s = _mm_hadd_ps(s, s);
   return _mm_cvtss_f32(s);
+}
+
+// Cephes' expf on 8 lanes (range reduction by ln 2 split in two, degree-5 polynomial): within
+// ~2 ulp of expf for d in [-87.3, 0]; 0 below (the true value underflows to a denormal there).
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
+  __m256 x = _mm256_max_ps(d, lo);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
 }
 
 }  // namespace ortmlx::ops

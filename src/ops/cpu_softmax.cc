@@ -1,4 +1,5 @@
-// The last-axis softmax of ops/cpu_gemv.h (cpu_softmax_last_axis), and the row kernels' pool.
+// The last-axis softmax of ops/cpu_gemv.h (cpu_softmax_last_axis), and the row kernels' pool
+// (cpu_row_pool, cpu_parallel_for).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,23 @@ ThreadPool& cpu_row_pool() {
   return pool;
 }
 
+int cpu_threads() {
+  static const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return n;
+}
+
+void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
+  parts = static_cast<int>(std::clamp<int64_t>(parts, 1, std::max<int64_t>(n, 1)));
+  const int64_t per = (n + parts - 1) / parts;
+  std::vector<std::future<void>> done;
+  for (int p = 1; p < parts; ++p) {
+    const int64_t b = p * per, e = std::min(n, b + per);
+    if (b < e) done.push_back(cpu_row_pool().enqueue([&fn, b, e] { fn(b, e); }));
+  }
+  fn(0, std::min(n, per));
+  for (auto& f : done) f.get();
+}
+
 namespace {
 
 // exp(x - m) / sum over one row, scalar: the reference semantics (also for non-finite maxima).
@@ -40,26 +58,6 @@ void softmax_row_scalar(const float* x, float* y, int n) {
 }
 
 #ifdef ORTMLX_X86
-// Cephes' expf on 8 lanes (range reduction by ln 2 split in two, degree-5 polynomial): within
-// ~2 ulp of expf for d in [-87.3, 0]; 0 below (the true value underflows to a denormal there).
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
-  __m256 x = _mm256_max_ps(d, lo);
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
-}
-
 __attribute__((target("avx2,fma"))) void softmax_row_avx2(const float* x, float* y, int n) {
   __m256 vm = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   int i = 0;
@@ -121,16 +119,8 @@ class RowSoftmax : public mx::UnaryPrimitive {
       auto run = [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) row(xp + r * n, yp + r * n, n);
       };
-      const int threads = static_cast<int>(std::thread::hardware_concurrency());
-      const int parts = rows * n >= (int64_t{1} << 16) ? static_cast<int>(std::min<int64_t>(threads, rows)) : 1;
-      const int64_t per = (rows + parts - 1) / std::max(parts, 1);
-      std::vector<std::future<void>> done;
-      for (int p = 1; p < parts; ++p) {
-        const int64_t r0 = p * per, r1 = std::min(rows, r0 + per);
-        if (r0 < r1) done.push_back(cpu_row_pool().enqueue([&run, r0, r1] { run(r0, r1); }));
-      }
-      run(0, std::min(rows, per));
-      for (auto& f : done) f.get();
+      const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
+      cpu_parallel_for(rows, parts, run);
     });
   }
 

@@ -1,7 +1,9 @@
-// The CPU row kernels of ops/cpu_gemv.h against MLX's own ops on the same inputs: what the
+// The CPU kernels of ops/cpu_gemv.h against MLX's own ops on the same inputs: what the
 // kernels replace must stay what they compute.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "ops/cpu_gemv.h"
@@ -52,4 +54,56 @@ TEST(CpuConcat, DeclinesWhatItDoesNotCover) {
   EXPECT_FALSE(cpu_concat({a, mx::ones({2, 4})}, 0, cpu()).has_value());                // shapes
   EXPECT_FALSE(cpu_concat({a}, 0, cpu()).has_value());                                  // one input
   EXPECT_FALSE(cpu_concat({a, a}, 2, cpu()).has_value());                               // axis
+}
+
+namespace {
+
+// x over [-lo, lo] in n steps (n not a multiple of 8: the kernel's scalar tail runs too), with
+// the special values at the front.
+mx::array erf_inputs(int n, float lo) {
+  std::vector<float> v = {0.f, -0.f, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), 1e30f, -1e30f, 1e-30f, 9.3f, -9.3f};
+  for (int i = 0; i < n; ++i) v.push_back(-lo + 2 * lo * static_cast<float>(i) / static_cast<float>(n - 1));
+  return mx::array(v.data(), {static_cast<int>(v.size())}, mx::float32);
+}
+
+float max_abs_diff(const mx::array& a, const mx::array& b) {
+  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
+}
+
+}  // namespace
+
+TEST(CpuErf, MatchesMlxErfAcrossThreadsAndTail) {
+  // 100,001 + 9 values: split over the row pool (>= 32K elements a part) and an odd tail.
+  auto x = erf_inputs(100001, 6.f);
+  auto y = ortmlx::ops::cpu_erf(x, cpu());
+  ASSERT_TRUE(y.has_value());
+  auto want = mx::erf(x);
+  EXPECT_LT(max_abs_diff(*y, want), 3e-7f);
+  // erf(+-inf) = +-1, erf(+-0) = +-0 to the formula's error, NaN stays NaN.
+  y->eval();
+  EXPECT_EQ(y->data<float>()[2], 1.f);
+  EXPECT_EQ(y->data<float>()[3], -1.f);
+  auto nan = ortmlx::ops::cpu_erf(mx::array({std::nanf(""), 1.f}), cpu());
+  ASSERT_TRUE(nan.has_value());
+  nan->eval();
+  EXPECT_TRUE(std::isnan(nan->data<float>()[0]));
+}
+
+TEST(CpuErf, GeluAndStridedInput) {
+  auto x = mx::transpose(mx::reshape(erf_inputs(4087, 8.f), {128, 32}));  // [32, 128] view
+  auto y = ortmlx::ops::cpu_erf(x, cpu(), /*gelu=*/true);
+  ASSERT_TRUE(y.has_value());
+  ASSERT_EQ(y->shape(), x.shape());
+  auto want = mx::multiply(mx::multiply(x, mx::array(0.5f)),
+                           mx::add(mx::erf(mx::multiply(x, mx::array(static_cast<float>(M_SQRT1_2)))), mx::array(1.f)));
+  // |x| <= 8 and 1e30 scale the erf error by x / 2 (the 1e30 rows: both are exactly x or 0).
+  auto finite = mx::less(mx::abs(x), mx::array(100.f));
+  EXPECT_LT(mx::max(mx::where(finite, mx::abs(mx::subtract(*y, want)), mx::array(0.f))).item<float>(), 2e-6f);
+  EXPECT_TRUE(mx::array_equal(mx::where(finite, mx::array(0.f), *y), mx::where(finite, mx::array(0.f), want), /*equal_nan=*/true).item<bool>());
+}
+
+TEST(CpuErf, DeclinesOtherDtypes) {
+  EXPECT_FALSE(ortmlx::ops::cpu_erf(mx::ones({4}, mx::float16), cpu()).has_value());
+  EXPECT_FALSE(ortmlx::ops::cpu_erf(mx::ones({4}, mx::float64), cpu()).has_value());
 }

@@ -1,7 +1,10 @@
 import numpy as np
 import pytest
 
-from oracle import check_node
+import onnx
+from onnx import TensorProto, helper
+
+from oracle import check_model, check_node
 
 rng = np.random.default_rng(0)
 
@@ -50,6 +53,33 @@ def test_unary_float(op, dtype):
     if op in ("IsNaN", "IsInf"):
         x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
     check_node(op, {"x": x})
+
+
+def test_erf_large_and_special_values():
+    # Big enough for the CPU kernel (ops/cpu_erf.cc) to split over threads, an odd length (its
+    # scalar tail), and +-0, +-inf, NaN and huge values.
+    x = rand((301, 257), np.float32, -6, 6)
+    x.flat[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30]
+    check_node("Erf", {"x": x})
+
+
+def test_gelu_as_bert_exporters_write_it():
+    # x * 0.5 * (1 + Erf(x / sqrt 2)) after a bias Add (the MiniLM encoder's feed-forward).
+    n = [helper.make_node("Add", ["x", "bias"], ["h"]),
+         helper.make_node("Div", ["h", "sqrt2"], ["d"]),
+         helper.make_node("Erf", ["d"], ["e"]),
+         helper.make_node("Add", ["e", "one"], ["e1"]),
+         helper.make_node("Mul", ["h", "e1"], ["m"]),
+         helper.make_node("Mul", ["m", "half"], ["y"])]
+    init = [onnx.numpy_helper.from_array(rand((1536,), np.float32, -1, 1), "bias"),
+            onnx.numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "sqrt2"),
+            onnx.numpy_helper.from_array(np.array(1, np.float32), "one"),
+            onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    g = helper.make_graph(n, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 33, 1536])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 33, 1536])], init)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    check_model(model, {"x": rand((2, 33, 1536), np.float32, -5, 5)})
 
 
 def test_acosh():
