@@ -168,7 +168,13 @@ std::optional<Forest> build_legacy(const graph::Node& n, bool classifier, std::s
       return std::nullopt;
     }
     f.mode.push_back(m->second);
-    f.feature.push_back(static_cast<int32_t>(featureids[i]));
+    // A leaf's feature id means nothing, but the evaluation gathers it at every step (a leaf
+    // points to itself): feature 0 keeps that read in bounds whatever the model says.
+    f.feature.push_back(m->second == LEAF ? 0 : static_cast<int32_t>(featureids[i]));
+    if (m->second != LEAF && featureids[i] < 0) {
+      *why = "a negative feature id";
+      return std::nullopt;
+    }
     f.thr.push_back(values[i]);
     f.miss_true.push_back(i < missing.size() && missing[i] == 1);
     if (m->second != LEAF) f.max_feature = std::max(f.max_feature, static_cast<int>(featureids[i]));
@@ -284,6 +290,10 @@ std::optional<Forest> build_v5(const graph::Node& n, std::string* why) {
       return std::nullopt;
     }
     f.mode.push_back(static_cast<uint8_t>(modes[i]));
+    if (featureids[i] < 0) {
+      *why = "a negative feature id";
+      return std::nullopt;
+    }
     f.feature.push_back(static_cast<int32_t>(featureids[i]));
     f.thr.push_back((*splits)[i]);
     f.miss_true.push_back(!missing.empty() && missing[i] == 1);

@@ -324,6 +324,15 @@ def binary_trees(classes, positive=True):
     return attrs
 
 
+def test_tree_leaf_feature_ids_are_ignored():
+    # Leaves' nodes_featureids mean nothing; far out of range here (reading X there faults).
+    trees = [random_tree(3, 4, 1, MODES) for _ in range(3)]
+    attrs = legacy_attrs(trees, "target_")
+    attrs["nodes_featureids"] = [f if m != "LEAF" else 2**30 + i
+                                 for i, (f, m) in enumerate(zip(attrs["nodes_featureids"], attrs["nodes_modes"]))]
+    check("TreeEnsembleRegressor", {"X": tree_x(16, 4)}, {**attrs, "n_targets": 1}, [("Y", F32)])
+
+
 @pytest.mark.parametrize("classes", [[1], [0], [0, 1]])
 @pytest.mark.parametrize("base", [None, [0.3], [-0.2, 0.4]])
 @pytest.mark.parametrize("pt", ["NONE", "LOGISTIC", "SOFTMAX", "PROBIT"])
