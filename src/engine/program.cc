@@ -6,7 +6,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
@@ -92,27 +91,6 @@ void log_primitives(const std::vector<mx::array>& outs, const std::string& where
   std::cerr << os.str() << "\n";
 }
 
-// Ops a host-side step may be (Plan::host_side): shape and index arithmetic, cheap on the CPU
-// whatever their size; nothing that multiplies data (Expand, Tile, ConstantOfShape) or does real
-// integer arithmetic (MatMulInteger and the like stay on the device).
-bool host_side_op(const graph::Node& n) {
-  static const std::set<std::string> kOps = {
-      "Shape", "Size", "Gather", "Cast", "ReduceSum", "ReduceMax", "ReduceMin", "Add", "Sub",
-      "Mul", "Div", "Neg", "Squeeze", "Unsqueeze", "Concat", "Slice", "Range", "Equal", "Less",
-      "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Where", "Reshape",
-      "Flatten", "Identity", "Min", "Max", "CumSum"};
-  return n.domain.empty() && n.subgraphs().empty() && kOps.count(n.op_type) > 0;
-}
-
-bool integer_dtype(DType t) {
-  switch (t) {
-    case DType::Int8: case DType::Int16: case DType::Int32: case DType::Int64:
-    case DType::UInt8: case DType::UInt16: case DType::UInt32: case DType::UInt64:
-    case DType::Bool: return true;
-    default: return false;
-  }
-}
-
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
 
 // Gives the program its own copy of every subgraph (recursively), so their constants can be
@@ -146,13 +124,6 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
     output_dtypes_.push_back(vi ? vi->dtype : DType::Undefined);
   }
   keyed_inputs_.assign(input_names_.size(), false);
-  if (opt_.log_level >= 2 && opt_.host_stream > 0) {
-    std::ostringstream os;
-    for (size_t k = 0; k < top_->host_side.size(); ++k)
-      if (top_->host_side[k]) os << " " << graph_.nodes[k].describe();
-    if (!os.str().empty())
-      std::cerr << "[MLX EP] " << where_ << ": on the host stream (GPU runs):" << os.str() << "\n";
-  }
 }
 
 std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
@@ -205,14 +176,6 @@ std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
                : ""));
     return it->second;
   };
-  // What the scope's values are, by slot, for host_side: integer-typed inputs and constants.
-  std::vector<uint8_t> integer_slot(static_cast<size_t>(next), 0);
-  if (top)
-    for (const auto& [name, sl] : slot) {
-      const auto* c = g.constant(name);
-      const auto* vi = g.info(name);
-      integer_slot[static_cast<size_t>(sl)] = integer_dtype(c ? c->dtype : vi ? vi->dtype : DType::Undefined);
-    }
   for (const auto& n : g.nodes) {
     const auto* e = ops::find_op(n.domain, n.op_type, n.since_version);
     if (!e) throw std::runtime_error("[engine] no translator for " + n.describe());
@@ -226,21 +189,9 @@ std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
       io.bodies.emplace_back(body, std::move(outer));
       body_plans_[body] = std::move(bp);
     }
-    // A host-side step: an allowed op, integer outputs, and inputs that are integer values
-    // computed on the host side or given (a Shape's or Size's input: only its shape is read).
-    bool host = top && host_side_op(n) && !n.outputs.empty();
-    for (size_t i = 0; host && i < io.in.size(); ++i)
-      host = io.in[i] < 0 || (i == 0 && (n.op_type == "Shape" || n.op_type == "Size")) ||
-             integer_slot[static_cast<size_t>(io.in[i])];
-    for (const auto& out : n.outputs) {
-      const auto* vi = out.empty() ? nullptr : g.info(out);
-      host = host && (out.empty() || (vi && integer_dtype(vi->dtype)));
-    }
-    if (top) p->host_side.push_back(host ? 1 : 0);
     for (const auto& out : n.outputs) {
       if (out.empty()) { io.out.push_back(-1); continue; }
       io.out.push_back(next);
-      integer_slot.push_back(host ? 1 : 0);  // only host-side results count as host integers
       slot[out] = next++;
     }
     p->steps.push_back(std::move(io));
@@ -392,10 +343,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       }
       return outs;
     };
-    const bool on_host = run.host_s && top && p.host_side[k];
-    if (on_host) ++stats_.host_side_steps;
-    const mx::Stream node_s = on_host ? *run.host_s : run.s;
-    ops::OpContext ctx(node, *p.graph, std::move(node_inputs), node_s, &hooks);
+    ops::OpContext ctx(node, *p.graph, std::move(node_inputs), run.s, &hooks);
     ops::Outputs outs;
     try {
       outs = p.entries[k]->translate(ctx);
@@ -559,7 +507,7 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
                                           std::vector<int>* host_deps, mx::Stream s,
                                           StepInfos* info) const {
   const auto t0 = std::chrono::steady_clock::now();
-  Run run(mode, record, host_deps, s, &stats_, opt_.host_stream);
+  Run run(mode, record, host_deps, s, &stats_);
   run.steps = info;
   // The fused inputs back from the arguments (see arguments()), then the constants.
   std::vector<ops::Value> values;

@@ -30,9 +30,6 @@ struct Options {
   size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
   int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
   bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
-  // Plan::host_side steps run on the CPU stream: 0 never, 1 on GPU runs, 2 on every run (on
-  // the CPU device through a second CPU stream: tests exercise the cross-stream path there).
-  int host_stream = 1;
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
@@ -54,7 +51,6 @@ struct Stats {
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.
   std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
-  std::atomic<uint64_t> host_side_steps{0};  // steps translated on the host stream (host_side)
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).
@@ -121,14 +117,6 @@ class Program {
     std::vector<int> outer_slots;
     std::vector<int> output_slots;
     size_t num_slots = 0;
-    // Top plan only, one flag per step: on a GPU run the step is translated on MLX's CPU
-    // stream. Such steps are small integer computations over integer inputs or shapes (a
-    // sequence length from the attention mask, a dimension from a Shape): their results are
-    // what translators read on the host, and a host read of a GPU value is a device sync
-    // (~0.4 ms each on the H200, two per decode step), while the CPU stream reads them back
-    // without touching the GPU. GPU steps that take such a value wait for it through MLX's
-    // cross-stream events (CUDA memory is unified).
-    std::vector<uint8_t> host_side;
   };
   // Host values translators read, in the order they read them, so a compiled replay (which
   // takes the same branches and iteration counts, being keyed by them) sees the same numbers.

@@ -5,12 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
-
-#include <mlx/primitives.h>
 
 #include "engine/program.h"
 
@@ -34,8 +31,6 @@ struct Program::Run {
   HostRecord* record;             // Probe: filled in read order; Replay: read back in order
   std::vector<int>* host_deps;    // Probe only: the taint of every host read
   mx::Stream s;
-  // Plan::host_side steps' stream: the CPU's, on GPU runs (with Options::host_stream).
-  std::optional<mx::Stream> host_s;
   size_t next_read = 0;
   // Probe only: the taint of the group's values, of bodies' outputs and of what hooks were
   // handed, by array id. Arrays a translator builds between body runs (a Scan slice, a Loop
@@ -46,17 +41,8 @@ struct Program::Run {
 
   Stats* stats = nullptr;
 
-  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st, Stats* st_, int host_stream)
-      : mode(m), record(r), host_deps(deps), s(st), stats(st_) {
-    if (host_stream >= 1 && st.device == mx::Device::gpu) {
-      host_s = mx::default_stream(mx::Device::cpu);
-    } else if (host_stream == 2) {
-      // One second CPU stream per thread (a stream is a thread of MLX's: not one per run).
-      thread_local std::optional<mx::Stream> second;
-      if (!second) second = mx::new_stream(mx::Device::cpu);
-      host_s = *second;
-    }
-  }
+  Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st, Stats* st_)
+      : mode(m), record(r), host_deps(deps), s(st), stats(st_) {}
 
   bool tracking() const { return host_deps != nullptr; }
 
@@ -126,13 +112,8 @@ struct Program::Run {
       return a;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    // Evaluated where the value is computed: a host-side step's result on the CPU stream, with
-    // no GPU work and no device sync (Plan::host_side); data already there is read as it is.
-    mx::array a = v;
-    if (!v.is_available() || !v.flags().row_contiguous) {
-      a = mx::contiguous(v, false, v.has_primitive() ? v.primitive().stream() : s);
-      a.eval();
-    }
+    mx::array a = mx::contiguous(v, false, s);
+    a.eval();
     if (stats) {
       stats->host_reads++;
       stats->host_read_ns += elapsed_ns(t0);

@@ -109,7 +109,7 @@ Program::SegmentFn Program::segment_function(const Segment& seg, mx::Stream s) {
             slots[i] = ops::Value::of(constants_[i - input_names_.size()]);
         for (size_t i = 0; i < ins.size(); ++i) slots[ins[i]] = ops::Value::of(xs[i]);
         HostRecord empty;
-        Run trace(Mode::Replay, &empty, nullptr, s, nullptr, opt_.host_stream);
+        Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
         trace.direct_constants = true;
         run_steps(p, slots, none, trace, b, e);
         std::vector<mx::array> r;
@@ -127,7 +127,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
                                               const Layout& layout, mx::Stream s) {
   const auto t0 = std::chrono::steady_clock::now();
   const Plan& p = *top_;
-  Run run(Mode::Eager, nullptr, nullptr, s, &stats_, opt_.host_stream);
+  Run run(Mode::Eager, nullptr, nullptr, s, &stats_);
   run.direct_constants = true;
   std::vector<ops::Value> values;
   std::vector<Taint> taints;

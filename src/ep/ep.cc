@@ -288,7 +288,6 @@ void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos,
           << ",\"host_reads\":" << st.host_reads << ",\"host_read_ns\":" << st.host_read_ns
           << ",\"eval_arrays\":" << st.eval_arrays << ",\"piecewise_runs\":" << st.piecewise_runs
           << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
-          << ",\"host_side_steps\":" << st.host_side_steps
           << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
           << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
       } catch (...) {  // a statistics line is not worth failing a release over

@@ -34,8 +34,7 @@ long long to_int(const std::string& key, const std::string& v, long long lo, lon
 EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
                                 "report_path", "memory_limit_mb", "cache_limit_mb",
-                                "device_memory", "tf32", "int8_emulation", "shape_family",
-                                "host_stream"};
+                                "device_memory", "tf32", "int8_emulation", "shape_family"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -54,8 +53,6 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.compile_after = static_cast<int>(to_int("compile_after", v, 1, 1 << 20));
   if (auto v = lookup(entries, "shape_family"); !v.empty())
     o.engine.shape_family = to_int("shape_family", v, 0, 1);
-  if (auto v = lookup(entries, "host_stream"); !v.empty())
-    o.engine.host_stream = static_cast<int>(to_int("host_stream", v, 0, 2));
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));
   o.report_path = lookup(entries, "report_path");
