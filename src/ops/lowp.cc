@@ -3,6 +3,7 @@
 #include "ops/lowp.h"
 
 #include <cmath>
+#include <optional>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -69,7 +70,7 @@ bool is_lowp_float(DType t) {
 bool is_lowp_int(DType t) {
   return t == DType::Int4 || t == DType::UInt4 || t == DType::Int2 || t == DType::UInt2;
 }
-bool is_lowp(DType t) { return is_lowp_float(t) || is_lowp_int(t); }
+bool is_lowp(DType t) { return is_lowp_float(t) || is_lowp_int(t) || t == DType::Float8E8M0; }
 int bits(DType t) {
   if (t == DType::Int2 || t == DType::UInt2) return 2;
   if (t == DType::Int4 || t == DType::UInt4 || t == DType::Float4E2M1) return 4;
@@ -183,6 +184,39 @@ mx::array encode(const mx::array& x, DType t, bool saturate, mx::Stream s) {
   return mx::astype(code, mx::uint8, s);
 }
 
+mx::array decode_e8m0(const mx::array& codes, mx::Stream s) {
+  auto e = mx::astype(codes, mx::uint32, s);
+  // Code e >= 1 is the float32 with exponent field e and no mantissa; code 0 is 2^-127, a
+  // float32 subnormal (mantissa bit 22).
+  auto bits = mx::where(mx::equal(e, u32(0), s), u32(0x00400000), mx::left_shift(e, u32(23), s), s);
+  bits = mx::where(mx::equal(e, u32(0xFF), s), u32(0x7FC00000), bits, s);
+  return mx::view(bits, mx::float32, s);
+}
+
+mx::array encode_e8m0(const mx::array& x, bool saturate, const std::string& round_mode, mx::Stream s) {
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
+  auto b = mx::view(xf, mx::uint32, s);
+  auto e = mx::bitwise_and(mx::right_shift(b, u32(23), s), u32(0xFF), s);
+  auto special = mx::equal(e, u32(0xFF), s);  // NaN or Inf
+  std::optional<mx::array> up;
+  if (round_mode == "up") {
+    up = mx::greater(mx::bitwise_and(b, u32(0x7FFFFF), s), u32(0), s);
+  } else if (round_mode == "nearest") {
+    // Guard bit set, and the round or sticky bits, or a nonzero exponent (ONNX's rule).
+    auto guard = mx::greater(mx::bitwise_and(b, u32(0x400000), s), u32(0), s);
+    auto rest = mx::greater(mx::bitwise_and(b, u32(0x3FFFFF), s), u32(0), s);
+    up = mx::logical_and(guard, mx::logical_or(rest, mx::greater(e, u32(0), s), s), s);
+  } else if (round_mode != "down") {
+    throw TranslateError("[Cast] unknown round_mode '" + round_mode + "'");
+  }
+  if (up) {
+    if (saturate) up = mx::logical_and(*up, mx::not_equal(e, u32(0xFE), s), s);
+    e = mx::add(e, mx::astype(*up, mx::uint32, s), s);  // 0xFE + 1 = 0xFF (NaN) unsaturated
+  }
+  e = mx::where(special, u32(0xFF), e, s);
+  return mx::astype(e, mx::uint8, s);
+}
+
 mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s) {
   if (!is_lowp_int(t)) throw std::invalid_argument("[lowp] wrap_int wants int4/uint4/int2/uint2");
   const int b = bits(t);
@@ -207,17 +241,27 @@ mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s) {
 // * to int4/uint4/int2/uint2: floats truncate toward zero like every float -> integer Cast
 //   (ONNX leaves out-of-range values undefined; ORT's CPU EP rounds int4 to nearest instead),
 //   integers keep their low bits (ONNX: "discard higher bits and reinterpret").
-mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::Stream s) {
+mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::Stream s,
+                  const std::string& round_mode) {
   if (is_lowp(from) && x.dtype() != storage(from))
     throw TranslateError(std::string("[Cast] a ") + graph::dtype_name(from) +
                          " value arrived in the wrong storage dtype");
   if (from == to) return x;
   mx::array v = x;
-  if (is_lowp_float(from)) {
+  if (from == DType::Float8E8M0) {
+    v = decode_e8m0(x, s);
+    from = DType::Float32;
+  } else if (is_lowp_float(from)) {
     v = decode(x, from, s);
     from = DType::Float32;
   } else if (is_lowp_int(from)) {
     from = storage(from) == mx::int8 ? DType::Int8 : DType::UInt8;
+  }
+  if (to == DType::Float8E8M0) {
+    // From any type through float32 (a plain rounding, not round-to-odd): ONNX's reference reads
+    // the input as float32 first, and ORT's CPU EP does the same, so a float64 just under a
+    // power of two that rounds onto it takes that power's exponent.
+    return encode_e8m0(v, saturate, round_mode, s);
   }
   if (is_lowp_float(to)) {
     if (v.dtype() == mx::float64) v = f64_to_f32_odd(v, s);
@@ -333,8 +377,8 @@ Outputs translate_bitcast(OpContext& c) {
 
 const OpEntry kOps[] = {
     {"", "BitCast", 26, kAnyOpset, check_bitcast, translate_bitcast,
-     "same-width types (float8/float4/int4/uint4/int2/uint2 included); not to bool from other "
-     "types; no float8e8m0",
+     "same-width types (float8/float8e8m0/float4/int4/uint4/int2/uint2 included); not to bool "
+     "from other types",
      /*lowp=*/true},
 };
 

@@ -1,5 +1,7 @@
 // The ONNX element types MLX has no dtype for: the four float8 formats, float4e2m1, int4, uint4,
-// int2 and uint2 ("low precision" below). float8e8m0 is not handled.
+// int2 and uint2 ("low precision" below), and float8e8m0 (the OCP microscaling formats' scale:
+// a power of two 2^(e - 127), no sign, no mantissa; 0xFF is NaN), which only Cast, CastLike,
+// BitCast and the data-movement ops take.
 //
 // How they live in MLX: float8 values are uint8 arrays holding the raw codes; the sub-byte types
 // are stored UNPACKED, one element per byte: int4/int2 as int8 (in [-8, 7] / [-2, 1]),
@@ -15,13 +17,14 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "ops/op_context.h"
 
 namespace ortmlx::ops::lowp {
 
-bool is_lowp(DType t);        // float8 x4, float4e2m1, int4, uint4, int2, uint2
-bool is_lowp_float(DType t);  // float8 x4, float4e2m1
+bool is_lowp(DType t);        // float8 x4, float4e2m1, int4, uint4, int2, uint2, float8e8m0
+bool is_lowp_float(DType t);  // float8 x4, float4e2m1 (sign, exponent and mantissa: not e8m0)
 bool is_lowp_int(DType t);    // int4, uint4, int2, uint2
 int bits(DType t);            // 8 (float8), 4 (int4, uint4, float4e2m1), 2 (int2, uint2)
 mx::Dtype storage(DType t);   // int8 for int4/int2, uint8 for the others
@@ -38,9 +41,18 @@ mx::array encode(const mx::array& x, DType t, bool saturate, mx::Stream s);
 // higher bits and reinterpret in two's complement).
 mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s);
 
+// float8e8m0 codes -> float32 (exact: 2^(e - 127), 0xFF -> NaN), and float32 -> codes as ONNX's
+// Cast (opset 24) defines it: the exponent field of x (its sign dropped), NaN/Inf -> 0xFF, then
+// rounded by `round_mode` ("up": any mantissa bit rounds up; "down": truncates; "nearest": by the
+// guard bit, ties up), where `saturate` keeps 0xFE from rounding up to the NaN code.
+mx::array decode_e8m0(const mx::array& codes, mx::Stream s);
+mx::array encode_e8m0(const mx::array& x, bool saturate, const std::string& round_mode, mx::Stream s);
+
 // Cast `x` (declared ONNX dtype `from`, in its MLX storage) to `to`. Conversions that involve a
-// low precision type go through float32 (see lowp.cc for why that is exact).
-mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::Stream s);
+// low precision type go through float32 (see lowp.cc for why that is exact). `round_mode`
+// applies to float8e8m0 results only.
+mx::array convert(const mx::array& x, DType from, DType to, bool saturate, mx::Stream s,
+                  const std::string& round_mode = "up");
 
 // The declared ONNX dtype of node input i (its value info), else the MLX dtype's.
 DType declared_in(const OpContext& c, size_t i);

@@ -60,7 +60,8 @@ Outputs translate_cast(OpContext& c) {
   auto to = static_cast<DType>(c.node.attr_int("to", 0));
   auto from = lowp::declared_in(c, 0);
   if (lowp::is_lowp(from) || lowp::is_lowp(to))
-    return {lowp::convert(c.in(0), from, to, c.node.attr_int("saturate", 1) != 0, c.s)};
+    return {lowp::convert(c.in(0), from, to, c.node.attr_int("saturate", 1) != 0, c.s,
+                          c.node.attr_string("round_mode", "up"))};
   return {cast_to(c.in(0), to, c.s)};
 }
 
@@ -68,7 +69,8 @@ Outputs translate_cast_like(OpContext& c) {
   const auto& x = c.in(0);
   auto from = lowp::declared_in(c, 0), to = lowp::declared_in(c, 1);
   if (lowp::is_lowp(from) || lowp::is_lowp(to))
-    return {lowp::convert(x, from, to, c.node.attr_int("saturate", 1) != 0, c.s)};
+    return {lowp::convert(x, from, to, c.node.attr_int("saturate", 1) != 0, c.s,
+                          c.node.attr_string("round_mode", "up"))};
   auto d = c.in(1).dtype();
   return {x.dtype() == d ? x : mx::astype(x, d, c.s)};
 }
@@ -80,15 +82,25 @@ Support check_target_dtype(DType t, bool gpu, const char* what) {
   return Support::yes();
 }
 
+// float8e8m0 results: the three rounding modes ONNX defines.
+Support check_e8m0_round_mode(const NodeQuery& q, DType to) {
+  if (to != DType::Float8E8M0) return Support::yes();
+  auto mode = q.node.attr_string("round_mode", "up");
+  if (mode != "up" && mode != "down" && mode != "nearest")
+    return Support::no("unknown round_mode '" + mode + "'");
+  return Support::yes();
+}
+
 Support check_cast(const NodeQuery& q) {
   auto to = static_cast<DType>(q.node.attr_int("to", 0));
-  if (lowp::is_lowp(to)) return Support::yes();  // stored as bytes (lowp.h)
+  if (lowp::is_lowp(to)) return check_e8m0_round_mode(q, to);  // stored as bytes (lowp.h)
   return check_target_dtype(to, q.gpu, "Cast to");
 }
 
 Support check_cast_like(const NodeQuery& q) {
   auto t = q.input_dtype(1);  // unknown here: MLX has the dtype of whatever arrives
-  if (t == DType::Undefined || lowp::is_lowp(t)) return Support::yes();
+  if (t == DType::Undefined) return Support::yes();
+  if (lowp::is_lowp(t)) return check_e8m0_round_mode(q, t);
   return check_target_dtype(t, q.gpu, "CastLike to");
 }
 
@@ -206,9 +218,9 @@ const OpEntry kOps[] = {
     {"", "Size", 1, kAnyOpset, nullptr, translate_size},
     {"", "Cast", 1, kAnyOpset, check_cast, translate_cast,
      "float8/float4e2m1/int4/uint4/int2/uint2 through bit-level codecs (RNE, saturate per "
-     "ONNX's table); no string/float8e8m0", /*lowp=*/true},
+     "ONNX's table; float8e8m0 by its round_mode); no string", /*lowp=*/true},
     {"", "CastLike", 15, kAnyOpset, check_cast_like, translate_cast_like,
-     "as Cast; no string/float8e8m0", /*lowp=*/true},
+     "as Cast; no string", /*lowp=*/true},
     {"", "Constant", 1, kAnyOpset, check_constant, translate_constant,
      "no sparse_value/value_string(s)"},
     {"", "ConstantOfShape", 9, kAnyOpset, check_constant_of_shape, translate_constant_of_shape},

@@ -34,7 +34,9 @@ ML = {
     TP.UINT4: ml_dtypes.uint4,
     TP.INT2: ml_dtypes.int2,
     TP.UINT2: ml_dtypes.uint2,
+    TP.FLOAT8E8M0: ml_dtypes.float8_e8m0fnu,
 }
+E8M0 = ml_dtypes.float8_e8m0fnu
 F8 = [TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ]
 BITS = {TP.INT4: 4, TP.UINT4: 4, TP.FLOAT4E2M1: 4, TP.INT2: 2, TP.UINT2: 2}  # sub-byte types
 SUB_BYTE = set(BITS)
@@ -172,6 +174,8 @@ def same(actual: np.ndarray, expected: np.ndarray, name="output"):
         assert not bad.size, (f"{name}: {bad.size} differ, first at {int(bad[0][0])}: "
                               f"{a.reshape(-1)[bad[0][0]]} vs {e.reshape(-1)[bad[0][0]]}")
         assert np.array_equal(np.signbit(a[ok & ~np.isnan(a)]), np.signbit(e[ok & ~np.isnan(e)]))
+    elif actual.dtype == E8M0:  # one encoding per value (NaN is 0xFF only): compare codes
+        np.testing.assert_array_equal(actual.view(np.uint8), expected.view(np.uint8), err_msg=name)
     elif actual.dtype.kind == "f":
         assert_close(actual, expected, name)
     else:
@@ -290,6 +294,47 @@ def test_cast_chain_stays_in_one_group():
                   helper.make_node("Cast", ["q"], ["y"], to=TP.FLOAT16)],
                  {"x": TP.FLOAT}, {"y": TP.FLOAT16})
     check(m, {"x": float_probe()})
+
+
+# ---- float8e8m0 (the microscaling formats' power-of-two scale) --------------------------------
+
+def e8m0_probe() -> np.ndarray:
+    """float_probe plus the exponent field's edges: powers of two and their neighbours, the
+    largest exponent with a fraction (rounds to NaN unless saturated), float32 subnormals, and
+    guard/round/sticky patterns for round_mode=nearest."""
+    edges = [1.0, 1.5, 1.25, 1.75, 1.5 + 2.0 ** -23, 0.75, 2.0 ** 127, 2.0 ** 127 * 1.5,
+             2.0 ** 127 * (2 - 2.0 ** -23), 2.0 ** -126, 2.0 ** -127, 3 * 2.0 ** -130, 2.0 ** -149,
+             np.nextafter(np.float32(2.0), np.float32(0)), np.float32(1) + np.float32(2.0 ** -23)]
+    x = np.concatenate([float_probe(), np.array(edges, np.float32)])
+    return np.concatenate([x, -x]).astype(np.float32)
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("src", [TP.FLOAT, TP.FLOAT16, TP.DOUBLE])
+def test_cast_to_float8e8m0(src, saturate, round_mode):
+    # ONNX's reference (onnx.numpy_helper.to_float8e8m0), which reads every input as float32
+    # first (so does ORT's CPU EP): exact from float16, a rounding from float64.
+    from onnx import numpy_helper
+    if DEVICE == "gpu" and src == TP.DOUBLE:
+        pytest.skip("float64 is declined on the GPU")
+    with np.errstate(over="ignore"):
+        x = e8m0_probe().astype(NP[src])
+    if src == TP.DOUBLE:  # values a float32 rounding moves onto the next power of two
+        x = np.concatenate([x, [2.0 - 2.0 ** -40, 4.0 - 2.0 ** -30, 0.75 + 2.0 ** -60]])
+    want = numpy_helper.to_float8e8m0(x.astype(np.float32), saturate=bool(saturate), round_mode=round_mode)
+    m = model_of([helper.make_node("Cast", ["x"], ["y"], to=TP.FLOAT8E8M0, saturate=saturate,
+                                   round_mode=round_mode)], {"x": src}, {"y": TP.FLOAT8E8M0}, opset=25)
+    check(m, {"x": x}, expected=[want.view(E8M0)])
+
+
+@pytest.mark.parametrize("dst", [TP.FLOAT, TP.FLOAT16, TP.FLOAT8E4M3FN])
+def test_cast_from_float8e8m0(dst):
+    # Every code: 2^(e - 127), 0 -> 2^-127 (a float32 subnormal), 0xFF -> NaN; float16 and
+    # float8 then round as a float32 would (ORT's CPU EP is the oracle).
+    x = np.arange(256, dtype=np.uint8).view(E8M0).reshape(16, 16)
+    check(model_of([helper.make_node("Cast", ["x"], ["y"], to=dst)], {"x": TP.FLOAT8E8M0}, {"y": dst},
+                   opset=25), {"x": x})
 
 
 # ---- int4 / uint4 ---------------------------------------------------------------------------
