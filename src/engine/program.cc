@@ -266,6 +266,11 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     Taint node_taint;
     for (int sl : io.in) {
       if (sl < 0) { node_inputs.emplace_back(); continue; }
+      // Every slot a step reads was filled by an earlier step or the inputs; a hole is an
+      // engine bug (a segment that did not return a value read later), reported, not followed.
+      if (!slots[sl])
+        throw std::logic_error("[engine] " + node.describe() + " reads a value nothing produced (slot " +
+                               std::to_string(sl) + ")");
       node_inputs.push_back(slots[sl]);
       node_taint.insert(node_taint.end(), taint[sl].begin(), taint[sl].end());
     }
@@ -325,6 +330,8 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       if (run.tracking())
         for (size_t i = 0; i < args.size(); ++i) taints[i] = value_taint(args[i]);
       for (int sl : b->second) {
+        if (!slots[sl])
+          throw std::logic_error("[engine] " + node.describe() + "'s subgraph reads a value nothing produced");
         values.push_back(*slots[sl]);
         taints.push_back(taint[sl]);
       }
@@ -414,6 +421,7 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
   std::vector<ops::Value> result;
   result.reserve(p.output_slots.size());
   for (int sl : p.output_slots) {
+    if (!slots[sl]) throw std::logic_error("[engine] an output nothing produced (slot " + std::to_string(sl) + ")");
     result.push_back(*slots[sl]);
     if (!top) run.note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
   }

@@ -47,6 +47,17 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
                                                    "a sequence"
                                                  : "its shapes change")
                   << ")\n";
+  // The last step that reads each slot (its bodies' outer values included), and the group's
+  // outputs: a segment returns what is read after it.
+  std::vector<size_t> last_read(p.num_slots, 0);
+  std::vector<uint8_t> group_output(p.num_slots, 0);
+  for (size_t j = 0; j < p.steps.size(); ++j) {
+    for (int sl : p.steps[j].in)
+      if (sl >= 0) last_read[static_cast<size_t>(sl)] = j;
+    for (const auto& body : p.steps[j].bodies)
+      for (int sl : body.second) last_read[static_cast<size_t>(sl)] = j;
+  }
+  for (int sl : p.output_slots) group_output[static_cast<size_t>(sl)] = 1;
   auto pw = std::make_unique<Piecewise>();
   size_t fixed_steps = 0;
   for (size_t k = 0; k < p.steps.size();) {
@@ -72,14 +83,10 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
           if (sl >= 0) produced.insert(sl);
       }
       // Outputs: what later steps (or their bodies) read, and the group's outputs.
-      std::unordered_set<int> needed(p.output_slots.begin(), p.output_slots.end());
-      for (size_t j = e; j < p.steps.size(); ++j) {
-        needed.insert(p.steps[j].in.begin(), p.steps[j].in.end());
-        for (const auto& body : p.steps[j].bodies) needed.insert(body.second.begin(), body.second.end());
-      }
       for (size_t j = k; j < e; ++j)
         for (int sl : p.steps[j].out)
-          if (sl >= 0 && needed.count(sl)) seg.out_slots.push_back(sl);
+          if (sl >= 0 && (group_output[static_cast<size_t>(sl)] || last_read[static_cast<size_t>(sl)] >= e))
+            seg.out_slots.push_back(sl);
       fixed_steps += e - k;
       pw->segments.push_back(std::move(seg));
     }
@@ -176,7 +183,10 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
   pw.misses = matched ? 0 : pw.misses + 1;
   std::vector<ops::Value> outs;
   outs.reserve(p.output_slots.size());
-  for (int sl : p.output_slots) outs.push_back(*slots[sl]);
+  for (int sl : p.output_slots) {
+    if (!slots[sl]) throw std::logic_error("[engine] an output nothing produced (slot " + std::to_string(sl) + ")");
+    outs.push_back(*slots[sl]);
+  }
   auto result = finish_outputs(std::move(outs), s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
