@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <future>
 #include <limits>
 #include <stdexcept>
@@ -37,8 +38,21 @@ void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, in
     const int64_t b = p * per, e = std::min(n, b + per);
     if (b < e) done.push_back(cpu_row_pool().enqueue([&fn, b, e] { fn(b, e); }));
   }
-  fn(0, std::min(n, per));
-  for (auto& f : done) f.get();
+  // The pool's tasks hold `fn` by reference: wait for all of them before anything propagates.
+  std::exception_ptr error;
+  try {
+    fn(0, std::min(n, per));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& f : done) {
+    try {
+      f.get();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 namespace {
