@@ -393,15 +393,20 @@ def test_cast_saturate_attr_and_old_opsets():
     check_node("Cast", {"x": rand(())}, {"to": TensorProto.DOUBLE})
 
 
-def test_cast_float8e8m0_declined():
-    # float8e8m0 has no MLX storage (the other float8s, float4 and int4 do: test_lowp.py)
-    # (ORT's Python layer cannot return e8m0 as numpy: look at the placement without running)
+def test_cast_float8e8m0_placement():
+    # float8e8m0 is held as its byte codes (values: test_lowp.py); a round_mode ONNX does not
+    # define is declined at claim time (ORT's placement, without running).
     import onnxruntime as ort
-    m = make_node_model("Cast", {"x": rand((2, 3))}, attrs={"to": TensorProto.FLOAT8E8M0},
-                        opset=24)
-    so = om.record_assignment(om.session_options("cpu", fallback=True))
-    sess = ort.InferenceSession(m.SerializeToString(), sess_options=so)
-    assert om.EP_NAME not in om.placement(sess)
+    for mode, on_mlx in (("nearest", True), ("sideways", False)):
+        m = make_node_model("Cast", {"x": rand((2, 3))},
+                            attrs={"to": TensorProto.FLOAT8E8M0, "round_mode": mode}, opset=24)
+        so = om.record_assignment(om.session_options("cpu", fallback=True))
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(), sess_options=so)
+        except Exception as e:  # ORT's own CPU kernel may refuse the attribute: not on MLX either
+            assert not on_mlx, e
+            continue
+        assert (om.EP_NAME in om.placement(sess)) == on_mlx, (mode, om.placement(sess))
 
 
 @pytest.mark.parametrize("dst", [np.float16, np.int32, np.bool_, np.float64])
