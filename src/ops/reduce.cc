@@ -122,12 +122,18 @@ mx::array reduce_int(R k, const mx::array& x, const std::vector<int>& axes, bool
                        type_limit(d, true), s);
     }
     case R::LogSumExp: {
-      // ORT accumulates static_cast<T>(exp(x - max)) in T: 1 for each maximum, 0 otherwise,
-      // so the result is max + trunc(log(number of maxima)).
+      // ORT accumulates static_cast<T>(exp(x - max)) in T: 1 for each maximum, 0 otherwise;
+      // the result is static_cast<T>(log(n) + max) for n maxima, a truncation toward zero of
+      // the sum. In integers (no float64 on the GPU): log(n) lies strictly between
+      // f = floor(log n) and f + 1 when n >= 2, so the sum truncates to max + f when it is
+      // >= 0 and to max + f + 1 (toward zero) when max + f < 0; n == 1 gives max.
       auto m = mx::max(x, axes, true, s);
       auto cnt = mx::astype(mx::sum(mx::equal(x, m, s), axes, keep, s), d, s);
       if (!keep) m = mx::squeeze(m, axes, s);
-      return mx::add(m, trunc_log_int(cnt, s), s);
+      auto low = mx::add(m, trunc_log_int(cnt, s), s);
+      auto toward_zero = mx::logical_and(mx::greater(cnt, mx::array(1, d), s),
+                                         mx::less(low, mx::array(0, d), s), s);
+      return mx::add(low, mx::astype(toward_zero, d, s), s);
     }
   }
   return x;

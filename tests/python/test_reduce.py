@@ -144,16 +144,22 @@ def test_reduce_runtime_axes(op):
 @pytest.mark.parametrize("op", REDUCE_OPS)
 @pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("keepdims", [0, 1])
-def test_reduce_dtypes(op, dtype, keepdims, request):
-    if op == "ReduceLogSumExp" and dtype in (np.int32, np.int64):
-        # Known defect (left open in the closing notes): integer ReduceLogSumExp differs from
-        # ORT's integer arithmetic for some inputs (off by one near zero, e.g. -1 vs 0), with
-        # keepdims 0 and 1 alike; the data differ between runs, so it fails only sometimes.
-        request.applymarker(pytest.mark.xfail(reason="integer ReduceLogSumExp differs from ORT "
-                                              "for some inputs", strict=False))
+def test_reduce_dtypes(op, dtype, keepdims):
     x = data_for(op, (3, 4, 5), dtype)
     inputs, attrs, inits = reduce_case(op, x, [1], keepdims, 18)
     check_node(op, inputs, attrs, initializers=inits, opset=18)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_log_sum_exp_integer_truncates_toward_zero(dtype, keepdims):
+    # ORT: static_cast<T>(log(number of maxima) + max): rows whose maximum is negative and
+    # repeated truncate up (-1 twice: log 2 - 1 = -0.31 -> 0), others down (2 twice -> 2).
+    rows = [[-1, -1, -7], [-5, -5, -5], [-2, -2, -9], [2, 2, 0], [-3, -8, -9], [0, 0, -1],
+            [-1, -1, -1], [5, -5, 4]]
+    x = np.array(rows, dtype)
+    inputs, attrs, inits = reduce_case("ReduceLogSumExp", x, [1], keepdims, 18)
+    check_node("ReduceLogSumExp", inputs, attrs, initializers=inits, opset=18)
 
 
 @pytest.mark.parametrize("op", REDUCE_OPS)
