@@ -29,15 +29,18 @@ struct SplitRow {
 };
 
 // x quantized to int8 per block of `block` values and back: scale = max|x_b| / 127,
-// q = clip(round_half_even(x * (1 / scale)), -128, 127), x' = q * scale (0 where scale is 0), in
-// float32 step by step as the graph-level version in quantized_matmul.cc computes it.
+// q = clip(round_half_even(x * (127 / max|x_b|)), -128, 127), x' = q * scale (0 where the block
+// is all zeros), in float32 step by step as MLAS and the graph-level version in
+// quantized_matmul.cc compute it. (127 / max, not 1 / scale: the two differ in the last bit for
+// some maxima, and a code on a rounding tie then moves; ORT's CPU EP matched 127 / max in 300 of
+// 300 random 9-row products, 1 / scale in 299.)
 // Visits the int8 codes of x's block [b0, b1): code(k, q) per element, returns the scale.
 template <typename Code>
 float quantize_block(const float* x, int64_t incx, int b0, int b1, Code code) {
   float amax = 0.f;
   for (int k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(x[k * incx]));
   const float scale = amax / 127.f;
-  const float inv = scale != 0.f ? 1.f / scale : 0.f;
+  const float inv = amax != 0.f ? 127.f / amax : 0.f;
   for (int k = b0; k < b1; ++k) code(k, std::min(127.f, std::max(-128.f, std::nearbyint(x[k * incx] * inv))));
   return scale;
 }

@@ -83,9 +83,12 @@ mx::array fake_quant_int8_blocks(const mx::array& x, int K, int Kp, int block, m
   shape.back() = Kp / block;
   shape.push_back(block);
   auto blk = mx::reshape(xf, shape, s);
-  auto scale = mx::divide(mx::max(mx::abs(blk, s), -1, true, s), mx::array(127.f), s);
-  auto nz = mx::not_equal(scale, mx::array(0.f), s);
-  auto inv = mx::where(nz, mx::reciprocal(mx::where(nz, scale, mx::array(1.f), s), s), mx::array(0.f), s);
+  // MLAS's arithmetic: scale = max / 127 and codes round(x * (127 / max)) (not x / scale).
+  auto amax = mx::max(mx::abs(blk, s), -1, true, s);
+  auto scale = mx::divide(amax, mx::array(127.f), s);
+  auto nz = mx::not_equal(amax, mx::array(0.f), s);
+  auto inv = mx::where(nz, mx::divide(mx::array(127.f), mx::where(nz, amax, mx::array(1.f), s), s),
+                       mx::array(0.f), s);
   auto q = mx::clip(mx::round(mx::multiply(blk, inv, s), 0, s), mx::array(-128.f), mx::array(127.f), s);
   auto out = mx::reshape(mx::multiply(q, scale, s), xf.shape(), s);
   if (Kp != K) {

@@ -169,6 +169,23 @@ def test_matmul_nbits_accuracy_level_4(bits, block, zp_kind, M):
     nbits_check(M, 2 * block + 8, 24, bits, block, zp_kind, accuracy_level=4)
 
 
+@pytest.mark.parametrize("M", [1, 9])  # the 4-bit row kernel, and the graph path
+def test_matmul_nbits_accuracy_level_4_rounding_ties(M):
+    # Blocks whose maximum and one value put x * (127 / max) and x * (1 / (max / 127)) on
+    # different sides of a rounding tie: MLAS (ORT's CPU EP) codes with 127 / max.
+    K, N, block = 64, 16, 32
+    B, scales, zp = nbits_weights(K, N, 4, block, None)
+    a = rng.uniform(-0.3, 0.3, (M, K)).astype(np.float32)
+    for row in range(M):
+        for b0, (amax, x) in zip((0, 32), [(2.4026875495910645, 1.087830901145935),
+                                           (1.1147947311401367, -0.9085137844085693)]):
+            a[row, b0], a[row, b0 + 5] = amax, x
+    check_tol("MatMulNBits", {"A": a}, {"K": K, "N": N, "bits": 4, "block_size": block,
+                                        "accuracy_level": 4},
+              initializers={"B": B, "scales": scales}, input_order=["A", "B", "scales"],
+              rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_nbits_accuracy_level_4_half():
     nbits_check(3, 64, 24, 4, 32, "u8", dtype=np.float16, accuracy_level=4, rtol=2e-2, atol=2e-2)
 
