@@ -14,8 +14,6 @@
 
 #include <mlx/mlx.h>
 
-class ThreadPool;  // <mlx/threadpool.h>
-
 namespace ortmlx::ops {
 
 namespace mx = mlx::core;
@@ -71,14 +69,12 @@ std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, 
 // Whether this CPU runs the kernels' AVX2+FMA paths (false off x86-64); detected once.
 bool cpu_has_avx2_fma();
 
-// Worker threads for the row kernels: one fewer than the cores (the stream thread that runs a
-// task takes a share itself). Created on first use, shared by all programs.
-ThreadPool& cpu_row_pool();
 // The machine's hardware threads (at least 1).
 int cpu_threads();
 // Runs fn(begin, end) over [0, n) cut into `parts` contiguous ranges (clamped to [1, n]): the
-// first on the calling thread (a stream thread takes a share itself), the rest on
-// cpu_row_pool(); returns when all are done.
+// first on the calling thread (a stream thread takes a share itself), the rest on a pool of one
+// fewer worker than the cores (created on first use, shared by all programs); returns when all
+// are done.
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace ortmlx::ops

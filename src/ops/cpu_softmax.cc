@@ -20,10 +20,15 @@
 
 namespace ortmlx::ops {
 
+namespace {
+
+// The kernels' workers: one fewer than the cores (the stream thread takes a share itself).
 ThreadPool& cpu_row_pool() {
   static ThreadPool pool(std::max(2u, std::thread::hardware_concurrency()) - 1);
   return pool;
 }
+
+}  // namespace
 
 int cpu_threads() {
   static const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

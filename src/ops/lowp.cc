@@ -184,6 +184,12 @@ mx::array encode(const mx::array& x, DType t, bool saturate, mx::Stream s) {
   return mx::astype(code, mx::uint8, s);
 }
 
+namespace {
+
+// float8e8m0 codes -> float32 (exact: 2^(e - 127), 0xFF -> NaN), and float32 -> codes as ONNX's
+// Cast (opset 24) defines it: the exponent field of x (its sign dropped), NaN/Inf -> 0xFF, then
+// rounded by `round_mode` ("up": any mantissa bit rounds up; "down": truncates; "nearest": by the
+// guard bit, ties up), where `saturate` keeps 0xFE from rounding up to the NaN code.
 mx::array decode_e8m0(const mx::array& codes, mx::Stream s) {
   auto e = mx::astype(codes, mx::uint32, s);
   // Code e >= 1 is the float32 with exponent field e and no mantissa; code 0 is 2^-127, a
@@ -216,6 +222,8 @@ mx::array encode_e8m0(const mx::array& x, bool saturate, const std::string& roun
   e = mx::where(special, u32(0xFF), e, s);
   return mx::astype(e, mx::uint8, s);
 }
+
+}  // namespace
 
 mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s) {
   if (!is_lowp_int(t)) throw std::invalid_argument("[lowp] wrap_int wants int4/uint4/int2/uint2");

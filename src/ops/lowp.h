@@ -41,13 +41,6 @@ mx::array encode(const mx::array& x, DType t, bool saturate, mx::Stream s);
 // higher bits and reinterpret in two's complement).
 mx::array wrap_int(const mx::array& ints, DType t, mx::Stream s);
 
-// float8e8m0 codes -> float32 (exact: 2^(e - 127), 0xFF -> NaN), and float32 -> codes as ONNX's
-// Cast (opset 24) defines it: the exponent field of x (its sign dropped), NaN/Inf -> 0xFF, then
-// rounded by `round_mode` ("up": any mantissa bit rounds up; "down": truncates; "nearest": by the
-// guard bit, ties up), where `saturate` keeps 0xFE from rounding up to the NaN code.
-mx::array decode_e8m0(const mx::array& codes, mx::Stream s);
-mx::array encode_e8m0(const mx::array& x, bool saturate, const std::string& round_mode, mx::Stream s);
-
 // Cast `x` (declared ONNX dtype `from`, in its MLX storage) to `to`. Conversions that involve a
 // low precision type go through float32 (see lowp.cc for why that is exact). `round_mode`
 // applies to float8e8m0 results only.
