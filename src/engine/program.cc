@@ -15,6 +15,7 @@
 #include "engine/device_buffers.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
+#include "ops/host_fold.h"
 #include "ops/lowp.h"
 
 namespace ortmlx::engine {
@@ -243,6 +244,34 @@ bool Program::is_constant_slot(const Plan& p, int slot) const {
   return false;
 }
 
+// A node of shape arithmetic (ops/host_fold.h) whose inputs are all known on the host: outputs
+// of Shape/Size, of nodes folded before, or constants. Not taint: piecewise runs track none, and
+// a borrowed graph input is on the host too, but its data must not be folded into what a
+// compile trace or a shape-keyed segment replays. A constant inside a compile trace is a
+// placeholder there: its value comes from the program's own copy, so a trace folds exactly what
+// the probe before it folded (the recorded host reads then line up).
+std::optional<std::vector<mx::array>> Program::fold_on_host(
+    const Plan& p, const graph::Node& node, const StepIO& io,
+    const std::vector<std::optional<ops::Value>>& inputs, const Run& run) const {
+  if (!ops::host_foldable_op(node) || !io.bodies.empty()) return std::nullopt;
+  std::vector<std::optional<mx::array>> arrays;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]) { arrays.emplace_back(); continue; }
+    if (!inputs[i]->is_tensor()) return std::nullopt;
+    const int sl = io.in[i];
+    const mx::array& a = *inputs[i]->tensor;
+    if (run.host_known.count(a.id())) {
+      arrays.push_back(a);
+    } else if (is_constant_slot(p, sl)) {
+      arrays.push_back(a.is_available() || &p != top_.get()
+                           ? a : constants_[static_cast<size_t>(sl) - input_names_.size()]);
+    } else {
+      return std::nullopt;
+    }
+  }
+  return ops::fold_on_host(node, arrays);
+}
+
 void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run,
                         size_t begin, size_t end) const {
   const bool top = &p == top_.get();
@@ -350,10 +379,17 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       }
       return outs;
     };
+    auto folded = opt_.host_fold ? fold_on_host(p, node, io, node_inputs, run) : std::nullopt;
+    // For the shape family a folded step, and a Shape/Size step feeding folds, are eager steps:
+    // their results must stay host values for the folds and reads after them, where inside a
+    // compiled segment they would be placeholders (and a translation a fold replaces may read
+    // them, as Reshape's shape or Range's bounds).
+    const bool host_step = folded || (opt_.host_fold && shape_only_op(node));
+    if (folded) ++stats_.host_folds;
     ops::OpContext ctx(node, *p.graph, std::move(node_inputs), run.s, &hooks);
     ops::Outputs outs;
     try {
-      outs = p.entries[k]->translate(ctx);
+      outs = folded ? std::move(*folded) : p.entries[k]->translate(ctx);
     } catch (const std::exception& e) {
       std::ostringstream os;
       if (top) os << "[MLX EP] fused node '" << name_ << "': ";
@@ -390,11 +426,12 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       else
         taint[io.out[j]] = node_taint;
       if (top) run.note(v, taint[io.out[j]]);
+      if (v.is_tensor() && (folded || shape_only_op(node))) run.host_known.try_emplace(v.tensor->id(), *v.tensor);
     }
     // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
     if (top && run.steps)
       record_step(k, io, slots,
-                  run.read_calls - reads_before != run.constant_reads - constant_reads_before,
+                  host_step || run.read_calls - reads_before != run.constant_reads - constant_reads_before,
                   *run.steps);
   }
 }

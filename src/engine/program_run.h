@@ -40,6 +40,9 @@ struct Program::Run {
   std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
 
   Stats* stats = nullptr;
+  // Values known on the host (Shape/Size outputs, nodes folded by ops/host_fold.h), by array id;
+  // holding the array keeps its id from being reused within the run.
+  std::unordered_map<std::uintptr_t, mx::array> host_known;
 
   Run(Mode m, HostRecord* r, std::vector<int>* deps, mx::Stream st, Stats* st_)
       : mode(m), record(r), host_deps(deps), s(st), stats(st_) {}
@@ -112,9 +115,11 @@ struct Program::Run {
       return a;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    mx::array a = mx::contiguous(v, false, s);
-    a.eval();
-    if (stats) {
+    // Already on the host (a Shape, a folded value, a borrowed input): no evaluation, no sync.
+    const bool ready = v.is_available() && v.flags().row_contiguous;
+    mx::array a = ready ? v : mx::contiguous(v, false, s);
+    if (!ready) a.eval();
+    if (stats && !ready) {
       stats->host_reads++;
       stats->host_read_ns += elapsed_ns(t0);
     }

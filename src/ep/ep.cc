@@ -286,6 +286,7 @@ void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos,
           << ",\"traces\":" << st.traces << ",\"compute_ns\":" << st.compute_ns
           << ",\"eval_ns\":" << st.eval_ns << ",\"translate_ns\":" << st.translate_ns
           << ",\"host_reads\":" << st.host_reads << ",\"host_read_ns\":" << st.host_read_ns
+          << ",\"host_folds\":" << st.host_folds
           << ",\"eval_arrays\":" << st.eval_arrays << ",\"piecewise_runs\":" << st.piecewise_runs
           << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
           << ",\"compute_ns_compiled\":" << st.compute_ns_compiled

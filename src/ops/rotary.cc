@@ -3,6 +3,12 @@
 //
 // The caches are arbitrary tables (scaled, LongRoPE, ...), so the rotation is composed from
 // gathered cos/sin rows rather than mx::fast::rope, which derives its own frequencies.
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
 #include "ops/contrib_internal.h"
 
 namespace ortmlx::ops::contrib {
@@ -28,18 +34,72 @@ std::pair<mx::array, mx::array> rotary_half_tables(const mx::array& cos, const m
   return {mx::concatenate({c, c}, -1, s), mx::concatenate({mx::negative(sn, s), sn}, -1, s)};
 }
 
+namespace {
+
+// x * [cos, cos] + swap(x) * [-sin, sin] over x viewed as [..., 2, half]: the swap of halves is
+// a reversed view of that axis (no copy), so under mx::compile the two products and the sum are
+// one fused kernel reading x twice in place. Eager, the same rotation is four kernels (the swap's
+// concatenation, two products, a sum), which a GPU decode step pays in every layer.
+using ArrayFn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+std::vector<mx::array> rotate_halves_body(const std::vector<mx::array>& in, mx::Stream s) {
+  const mx::array& x = in[0];  // [..., 2, half]
+  const int r = static_cast<int>(x.ndim());
+  mx::Shape start(r, 0), stop = x.shape(), step(r, 1);
+  start[r - 2] = 1;   // index 1, then 0: the halves swapped
+  stop[r - 2] = -3;   // one before index 0 (MLX normalises a negative stop by adding the size)
+  step[r - 2] = -1;
+  auto swapped = mx::slice(x, start, stop, step, s);
+  return {mx::add(mx::multiply(x, in[1], s), mx::multiply(swapped, in[2], s), s)};
+}
+
+// One compiled function per stream: a compiled tape keeps the stream its ops were traced on,
+// so a function shared between the CPU and GPU streams would replay on the wrong one. The
+// engine runs on the devices' default streams, so this holds at most two.
+const ArrayFn& fused_rotate_halves(mx::Stream s) {
+  static std::mutex mu;
+  static std::map<int, ArrayFn> fns;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = fns.find(s.index);
+  if (it == fns.end())
+    it = fns.emplace(s.index, mx::compile([s](const std::vector<mx::array>& in) {
+                       return rotate_halves_body(in, s);
+                     })).first;
+  return it->second;
+}
+
+bool fused_rotary_enabled() {
+  // ORT_MLX_FUSED_ROTARY=0 keeps the eager four-kernel form: a benchmark compares the two in one
+  // process, so the variable is read per translation (a getenv, next to dozens of MLX ops).
+  const char* v = std::getenv("ORT_MLX_FUSED_ROTARY");
+  return !(v && v[0] == '0' && v[1] == '\0');
+}
+
+}  // namespace
+
 mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const mx::array& sin2,
                               int rotary_dim, mx::Stream s) {
   const int H = x.shape(-1), half = rotary_dim / 2;
   const mx::Dtype ct = compute_dtype(x, s);
   auto xc = mx::astype(x, ct, s);
   auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim, s);
-  // [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]: the
-  // same roundings as the two halves computed apart (a - b == a + (-b) exactly), in 4 kernels
-  // (one swap, two products, one sum) where the halves apart take 9.
-  auto swapped = mx::concatenate({slice_last(rot, half, rotary_dim, s), slice_last(rot, 0, half, s)}, -1, s);
-  auto out = mx::add(mx::multiply(rot, mx::astype(cos2, ct, s), s),
-                     mx::multiply(swapped, mx::astype(sin2, ct, s), s), s);
+  auto c2 = mx::astype(cos2, ct, s), s2 = mx::astype(sin2, ct, s);
+  mx::array out = rot;
+  if (fused_rotary_enabled()) {
+    // Same products and sum as below, so the same roundings (up to the fused kernel's FMA).
+    auto halves = [&](const mx::array& a) {
+      auto shp = a.shape();
+      shp.back() = 2;
+      shp.push_back(a.shape(-1) / 2);
+      return mx::reshape(a, shp, s);
+    };
+    out = mx::reshape(fused_rotate_halves(s)({halves(rot), halves(c2), halves(s2)})[0], rot.shape(), s);
+  } else {
+    // [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]: the
+    // same roundings as the two halves computed apart (a - b == a + (-b) exactly).
+    auto swapped = mx::concatenate({slice_last(rot, half, rotary_dim, s), slice_last(rot, 0, half, s)}, -1, s);
+    out = mx::add(mx::multiply(rot, c2, s), mx::multiply(swapped, s2, s), s);
+  }
   if (rotary_dim != H) out = mx::concatenate({out, slice_last(xc, rotary_dim, H, s)}, -1, s);
   return mx::astype(out, x.dtype(), s);
 }

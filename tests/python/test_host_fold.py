@@ -1,0 +1,119 @@
+"""Shape arithmetic folded on the host (ops/host_fold.h): the Shape -> Gather -> Unsqueeze ->
+Concat -> Reshape chains, Range over a length, Expand/Where/Div/Slice on shape values, as
+exporters write them. Each graph runs on the MLX EP alone (no CPU fallback) against ORT's CPU
+EP, over a new input shape every run (the shape family's decode-loop case) and a repeated one
+(the compiled path); the EP's report must show the chains folded and no host read left. A graph
+input's *data* feeding the same ops must not be folded: its values change between runs of one
+signature."""
+import gc
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxruntime_mlx as om
+
+rng = np.random.default_rng(0)  # reseeded per test by conftest.py
+
+
+def _i64(name, v):
+    return numpy_helper.from_array(np.array(v, np.int64), name)
+
+
+def _exporter_model():
+    # x: [B, S, H] float. y = reshape(x, [B, S, H // 2, 2]) summed over the last axis, plus the
+    # position ids (Range over S) as floats, masked by position < S - 1 (Where), expanded to
+    # [B, S, H // 2]; z = the shape vector of x sliced and scaled (an int64 output).
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "c0"], ["b"], axis=0),
+        helper.make_node("Gather", ["s", "c1"], ["sl"], axis=0),
+        helper.make_node("Gather", ["s", "c2"], ["h"], axis=0),
+        helper.make_node("Div", ["h", "c2"], ["h2"]),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b_"]),
+        helper.make_node("Unsqueeze", ["sl", "ax0"], ["s_"]),
+        helper.make_node("Unsqueeze", ["h2", "ax0"], ["h2_"]),
+        helper.make_node("Concat", ["b_", "s_", "h2_", "two"], ["shape4"], axis=0),
+        helper.make_node("Reshape", ["x", "shape4"], ["x4"]),
+        helper.make_node("ReduceSum", ["x4", "last"], ["pairs"], keepdims=0),
+        helper.make_node("Range", ["c0", "sl", "c1"], ["pos"]),
+        helper.make_node("Sub", ["sl", "c1"], ["s_1"]),
+        helper.make_node("Less", ["pos", "s_1"], ["keep"]),
+        helper.make_node("Where", ["keep", "pos", "minus1"], ["pos_m"]),
+        helper.make_node("Cast", ["pos_m"], ["pos_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["pos_f", "ax1"], ["pos_col"]),
+        helper.make_node("Concat", ["b_", "s_", "h2_"], ["shape3"], axis=0),
+        helper.make_node("Expand", ["pos_col", "shape3"], ["pos3"]),
+        helper.make_node("Add", ["pairs", "pos3"], ["y"]),
+        helper.make_node("Slice", ["s", "ax1", "big"], ["tail"]),
+        helper.make_node("Mul", ["tail", "c2"], ["z"]),
+    ]
+    inits = [_i64("c0", 0), _i64("c1", 1), _i64("c2", 2), _i64("ax0", [0]), _i64("ax1", [1]),
+             _i64("two", [2]), _i64("last", [-1]), _i64("minus1", -1), _i64("big", [2**62])]
+    g = helper.make_graph(nodes, "exporter_shapes",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "H"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("z", TensorProto.INT64, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def _stats(report):
+    return [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+
+
+def _run(model, feeds_list, tmp_path, **options):
+    report = tmp_path / f"report{len(list(tmp_path.iterdir()))}.jsonl"
+    so = om.record_assignment(om.session_options("cpu", fallback=False, report_path=str(report), **options))
+    s = ort.InferenceSession(model, sess_options=so)
+    assert set(om.placement(s)) == {om.EP_NAME}, om.placement(s)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        for got, want in zip(s.run(None, feeds), ref.run(None, feeds)):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    del s
+    gc.collect()
+    return _stats(report)
+
+
+@pytest.mark.parametrize("lengths", ["new_every_run", "repeated"])
+def test_exporter_shape_chains_fold(tmp_path, lengths):
+    model = _exporter_model()
+    sizes = [(2, S, 6) for S in range(3, 13)] if lengths == "new_every_run" else [(2, 5, 6)] * 6
+    feeds = [{"x": rng.uniform(-1, 1, s).astype(np.float32)} for s in sizes]
+    st = _run(model, feeds, tmp_path)
+    assert st["host_folds"] > 0 and st["host_reads"] == 0, st
+    off = _run(model, feeds, tmp_path, host_fold="0")
+    assert off["host_folds"] == 0 and off["host_reads"] > 0, off  # the same graph reads without
+
+
+def _range_of_input_model():
+    # n: int64 [1] graph input: Range(0, n) and a Reshape to [n, -1]. n's *data* reaches both
+    # (not a shape): never folded, so a compiled signature keyed by n's value stays right.
+    nodes = [
+        helper.make_node("Squeeze", ["n", "ax0"], ["n0"]),
+        helper.make_node("Range", ["c0", "n0", "c1"], ["r"]),
+        helper.make_node("Mul", ["r", "c2"], ["r2"]),
+        helper.make_node("Concat", ["n", "minus1v"], ["shp"], axis=0),
+        helper.make_node("Reshape", ["x", "shp"], ["y"]),
+    ]
+    inits = [_i64("c0", 0), _i64("c1", 1), _i64("c2", 2), _i64("ax0", [0]), _i64("minus1v", [-1])]
+    g = helper.make_graph(nodes, "data_ranges",
+                          [helper.make_tensor_value_info("n", TensorProto.INT64, [1]),
+                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [12])],
+                          [helper.make_tensor_value_info("r2", TensorProto.INT64, None),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def test_input_data_is_not_folded(tmp_path):
+    x = rng.uniform(-1, 1, 12).astype(np.float32)
+    feeds = [{"n": np.array([n], np.int64), "x": x} for n in (2, 3, 2, 4, 3, 6, 2, 2, 3)]
+    st = _run(_range_of_input_model(), feeds, tmp_path)
+    assert st["host_reads"] > 0, st
