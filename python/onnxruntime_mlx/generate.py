@@ -59,16 +59,19 @@ class Decoder:
             past[f"past_key_values.{i}.value"] = np.zeros(shape, self.kv_dtype)
         return past
 
-    def step(self, ids: np.ndarray, past: dict, total_len: int):
+    def step(self, ids: np.ndarray, past: dict, total_len: int, logits_to_host: bool = True):
         """One forward pass: (logits as numpy, the next step's past). `past` holds numpy arrays,
-        or (resident decoders) the previous step's OrtValues in the EP's memory."""
+        or (resident decoders) the previous step's OrtValues in the EP's memory.
+        logits_to_host=False (resident decoders): the logits stay in the EP's memory too and
+        come back as an OrtValue (a prompt's [1, S, vocab] logits are 131 MB at S = 1024 for a
+        32k vocabulary; a sampler needs one row of them)."""
         feeds = {"input_ids": ids.astype(np.int64),
                  "attention_mask": np.ones((ids.shape[0], total_len), np.int64), **past}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)
         if self.resident:
-            return self._step_resident(feeds)
+            return self._step_resident(feeds, logits_to_host)
         names = [o.name for o in self.session.get_outputs()]
         outs = dict(zip(names, self.session.run(None, feeds)))
         new_past = {}
@@ -77,7 +80,7 @@ class Decoder:
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
         return outs["logits"], new_past
 
-    def _step_resident(self, feeds: dict):
+    def _step_resident(self, feeds: dict, logits_to_host: bool = True):
         io = self.session.io_binding()
         for k, v in feeds.items():
             if isinstance(v, np.ndarray):
@@ -86,7 +89,7 @@ class Decoder:
                 io.bind_ortvalue_input(k, v)  # last step's present, where the EP left it
         names = [o.name for o in self.session.get_outputs()]
         for n in names:
-            if n == "logits":
+            if n == "logits" and logits_to_host:
                 io.bind_output(n)             # to the host: ORT copies it out of EP memory
             else:
                 io._iobinding.bind_output(n, self._ep_memory)
@@ -96,7 +99,7 @@ class Decoder:
         for i in range(self.num_layers):
             new_past[f"past_key_values.{i}.key"] = outs[f"present.{i}.key"]
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
-        return outs["logits"].numpy(), new_past
+        return (outs["logits"].numpy() if logits_to_host else outs["logits"]), new_past
 
     def generate(self, prompt: list[int], tokens: int) -> tuple[list[int], list[np.ndarray], dict]:
         """Greedy decode: returns (new token ids, last-position logits per step, timings)."""
