@@ -55,21 +55,7 @@ std::optional<Ints> read(const mx::array& a) {
   Ints h;
   h.dtype = a.dtype();
   h.shape.assign(a.shape().begin(), a.shape().end());
-  h.v.resize(a.size());
-  auto copy = [&](const auto* p) {
-    for (size_t i = 0; i < h.v.size(); ++i) h.v[i] = static_cast<int64_t>(p[i]);
-  };
-  switch (a.dtype().val()) {
-    case mx::Dtype::Val::bool_: copy(a.data<bool>()); break;
-    case mx::Dtype::Val::int8: copy(a.data<int8_t>()); break;
-    case mx::Dtype::Val::int16: copy(a.data<int16_t>()); break;
-    case mx::Dtype::Val::int32: copy(a.data<int32_t>()); break;
-    case mx::Dtype::Val::int64: copy(a.data<int64_t>()); break;
-    case mx::Dtype::Val::uint8: copy(a.data<uint8_t>()); break;
-    case mx::Dtype::Val::uint16: copy(a.data<uint16_t>()); break;
-    case mx::Dtype::Val::uint32: copy(a.data<uint32_t>()); break;
-    default: return std::nullopt;
-  }
+  h.v = evaluated_ints(a);
   return h;
 }
 

@@ -140,6 +140,8 @@ std::vector<Out> read_host(const mx::array& a) {
 }
 }  // namespace
 
+std::vector<int64_t> evaluated_ints(const mx::array& a) { return read_host<int64_t>(a); }
+
 std::vector<int64_t> OpContext::host_ints(size_t i) const { return read_host<int64_t>(host_array(i)); }
 std::vector<double> OpContext::host_floats(size_t i) const { return read_host<double>(host_array(i)); }
 

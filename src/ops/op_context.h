@@ -177,6 +177,8 @@ using Translate = Outputs (*)(OpContext&);
 
 // dtype bridge (ONNX <-> MLX)
 std::optional<mx::Dtype> to_mlx_dtype(DType t);
+// An evaluated, row-contiguous array's elements as int64 (any numeric dtype; floats truncate).
+std::vector<int64_t> evaluated_ints(const mx::array& a);
 DType from_mlx_dtype(mx::Dtype t);
 mx::Dtype mlx_dtype(DType t);  // throws for unsupported dtypes
 
