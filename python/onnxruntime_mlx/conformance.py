@@ -612,6 +612,7 @@ def run_conformance(pattern: str | None = None, *, jobs: int = 2, device: str = 
     lock = threading.Lock()
     bar = _Progress(len(names), progress)
     t0 = time.monotonic()
+    live: set = set()  # workers running now, so a SIGTERM (a `timeout` around the run) kills them
 
     def slot():
         worker = None
@@ -624,11 +625,14 @@ def run_conformance(pattern: str | None = None, *, jobs: int = 2, device: str = 
                 if worker is None or not worker.alive():
                     if worker is not None:
                         worker.close()
+                        live.discard(worker)
                     worker = _Worker(env)
+                    live.add(worker)
                 req = {"dir": str(directory / name), "device": device, "runs": runs}
                 res = worker.run(req, timeout)
                 if res["status"] == "crash":
                     worker.close()
+                    live.discard(worker)
                     worker = None
                     res.setdefault("ops", _ops_of(directory / name))
                 with lock:
@@ -637,12 +641,26 @@ def run_conformance(pattern: str | None = None, *, jobs: int = 2, device: str = 
         finally:
             if worker is not None:
                 worker.close()
+                live.discard(worker)
 
+    def on_term(signum, _frame):
+        # Without this the workers outlive a killed runner (each finishes its case first) and
+        # keep the machine busy: on the GPU box that spoiled a benchmark run after a timeout.
+        for w in list(live):
+            w.proc.kill()
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main else None
     threads = [threading.Thread(target=slot, daemon=True) for _ in range(max(1, jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     bar.close()
     report = Report(results, time.monotonic() - t0, max(1, jobs), device, str(directory))
     if json_path:
