@@ -257,7 +257,8 @@ Folded reshaped(const Ints& a, Dims shape) {
 }
 
 Folded unsqueeze(const graph::Node& n, const In& in) {
-  Dims axes = n.since_version < 13 ? n.attr_ints("axes") : (in.size() > 1 && in[1] ? in[1]->v : Dims{});
+  if (n.since_version >= 13 && (in.size() < 2 || !in[1])) return std::nullopt;  // axes required
+  Dims axes = n.since_version < 13 ? n.attr_ints("axes") : in[1]->v;
   const Ints& a = *in[0];
   const int64_t r = static_cast<int64_t>(a.shape.size() + axes.size());
   std::vector<bool> added(static_cast<size_t>(r), false);
@@ -407,6 +408,10 @@ Folded slice(const graph::Node& n, const In& in) {
     seen[*k] = true;
     const int64_t d = a.shape[*k], st = steps[i];
     int64_t s = starts[i], e = ends[i];
+    if (d == 0) {  // nothing to take (and the clamps below need d >= 1)
+      count[*k] = 0;
+      continue;
+    }
     if (s < 0) s += d;
     if (e < 0) e += d;
     if (st > 0) {

@@ -133,6 +133,7 @@ TEST(HostFold, SliceRangeExpandCastConstantOfShape) {
   expect_same(sl, {v, ints({3}, {1}), ints({0}, {1}), ints({1}, {1}), ints({-2}, {1})});
   expect_same(sl, {v, ints({0, 0}, {2}), ints({3, 4}, {2}), ints({0, 1}, {2}), ints({2, 3}, {2})});
   expect_same(op("Slice", 3), {ints({2, 7, 16, 64}, {4}), ints({-1}, {1}), ints({INT64_MAX}, {1})});
+  expect_same(sl, {ints({}, {0}), ints({-1}, {1}), ints({INT64_MIN}, {1}), ints({0}, {1}), ints({-1}, {1})});
   auto rg = op("Range", 3);
   expect_same(rg, {ints({3}, {}), ints({17}, {}), ints({4}, {})});
   expect_same(rg, {ints({5}, {}, mx::int32), ints({-6}, {}, mx::int32), ints({-3}, {}, mx::int32)});
