@@ -245,9 +245,10 @@ bool Program::is_constant_slot(const Plan& p, int slot) const {
 }
 
 // A node of shape arithmetic (ops/host_fold.h) whose inputs are all known on the host: outputs
-// of Shape/Size, of nodes folded before, or constants. Not taint: piecewise runs track none, and
-// a borrowed graph input is on the host too, but its data must not be folded into what a
-// compile trace or a shape-keyed segment replays. A constant inside a compile trace is a
+// of Shape/Size, of nodes folded before, or constants; in eager runs (piecewise decode steps
+// included) also fused inputs already on the host. Not taint: piecewise runs track none, and a
+// fused input's data must not be folded into what a compile trace or a shape-keyed segment
+// replays (probes record reads for those). A constant inside a compile trace is a
 // placeholder there: its value comes from the program's own copy, so a trace folds exactly what
 // the probe before it folded (the recorded host reads then line up).
 std::optional<std::vector<mx::array>> Program::fold_on_host(
@@ -261,6 +262,11 @@ std::optional<std::vector<mx::array>> Program::fold_on_host(
     const int sl = io.in[i];
     const mx::array& a = *inputs[i]->tensor;
     if (run.host_known.count(a.id())) {
+      arrays.push_back(a);
+    } else if (run.mode == Mode::Eager && &p == top_.get() && static_cast<size_t>(sl) < input_names_.size() &&
+               a.is_available()) {
+      // A fused input on the host (a mask, position ids): in an eager run nothing is replayed
+      // later, so its data may be folded too (GroupQueryAttention's seqlens_k from the mask).
       arrays.push_back(a);
     } else if (is_constant_slot(p, sl)) {
       arrays.push_back(a.is_available() || &p != top_.get()

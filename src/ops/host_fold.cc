@@ -443,6 +443,52 @@ Folded slice(const graph::Node& n, const In& in) {
   return res;
 }
 
+// ReduceSum over integers (a mask's length: ReduceSum(attention_mask) - 1 is GroupQueryAttention's
+// seqlens_k in the genai decoders).
+Folded reduce_sum(const graph::Node& n, const In& in) {
+  const Ints& a = *in[0];
+  if (is_bool(a)) return std::nullopt;
+  const int64_t r = static_cast<int64_t>(a.shape.size());
+  Dims raw;
+  bool noop = false;
+  if (n.since_version >= 13) {
+    if (in.size() > 1 && in[1]) raw = in[1]->v;
+    noop = n.attr_int("noop_with_empty_axes", 0) != 0;
+  } else {
+    raw = n.attr_ints("axes");
+  }
+  if (r == 0 || (raw.empty() && noop)) return a;  // a sum over no axes is the identity
+  std::vector<bool> reduced(static_cast<size_t>(r), raw.empty());
+  for (int64_t ax : raw) {
+    auto k = axis_in(ax, r);
+    if (!k) return std::nullopt;
+    reduced[*k] = true;  // a repeated axis counts once, as ORT takes it
+  }
+  const bool keep = n.attr_int("keepdims", 1) != 0;
+  Dims out;
+  for (int64_t i = 0; i < r; ++i) {
+    if (!reduced[i]) out.push_back(a.shape[i]);
+    else if (keep) out.push_back(1);
+  }
+  // Each input element adds into the output element of its index without the reduced axes.
+  Dims out_stride(static_cast<size_t>(r), 0);
+  int64_t st = 1;
+  for (int64_t i = r; i-- > 0;)
+    if (!reduced[i]) out_stride[i] = st, st *= a.shape[i];
+  Ints res{std::vector<int64_t>(static_cast<size_t>(numel(out)), 0), out, a.dtype};
+  Dims idx(static_cast<size_t>(r), 0);
+  for (size_t k = 0; k < a.v.size(); ++k) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < r; ++i) o += idx[i] * out_stride[i];
+    res.v[static_cast<size_t>(o)] = add_w(res.v[static_cast<size_t>(o)], a.v[k]);
+    for (int64_t i = r; i-- > 0;) {
+      if (++idx[i] < a.shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return res;
+}
+
 Folded range(const graph::Node&, const In& in) {
   const Ints &a = *in[0], &b = *in[1], &c = *in[2];
   if (!scalar_like(a) || !scalar_like(b) || !scalar_like(c) || is_bool(a) || a.dtype != b.dtype ||
@@ -499,6 +545,7 @@ const std::unordered_map<std::string_view, std::pair<FoldFn, size_t>>& table() {
       {"Where", {where, 3}},           {"Slice", {slice, 1}},
       {"Range", {range, 3}},           {"Expand", {expand, 2}},
       {"ConstantOfShape", {constant_of_shape, 1}},
+      {"ReduceSum", {reduce_sum, 1}},
   };
   return t;
 }

@@ -156,6 +156,23 @@ TEST(HostFold, SliceRangeExpandCastConstantOfShape) {
   EXPECT_FALSE(fold_on_host(op("ConstantOfShape", 1), {evaluated(ints({2, 3}, {2}))}));
 }
 
+TEST(HostFold, ReduceSumOverIntegers) {
+  auto mask = ints({1, 1, 1, 0, 1, 1, 0, 0}, {2, 4});
+  auto r = op("ReduceSum", 2);
+  expect_same(r, {mask, ints({1}, {1})});
+  expect_same(r, {mask, ints({-1, 0, 1}, {3})});
+  expect_same(op("ReduceSum", 1), {ints({5, -7, 9}, {3}, mx::int32)});  // all axes
+  auto keep0 = op("ReduceSum", 2);
+  ortmlx::test::int_attr(keep0, "keepdims", 0);
+  expect_same(keep0, {mask, ints({0}, {1})});
+  auto noop = op("ReduceSum", 1);
+  ortmlx::test::int_attr(noop, "noop_with_empty_axes", 1);
+  expect_same(noop, {mask});
+  auto old = op("ReduceSum", 1, 11);
+  ints_attr(old, "axes", {1});
+  expect_same(old, {mask});
+}
+
 TEST(HostFold, RefusesWhatItDoesNotCover) {
   auto g = op("Gather", 2);
   EXPECT_FALSE(fold_on_host(g, {evaluated(ints({1, 2}, {2})), evaluated(ints({5}, {}))}));  // out of range

@@ -117,3 +117,34 @@ def test_input_data_is_not_folded(tmp_path):
     feeds = [{"n": np.array([n], np.int64), "x": x} for n in (2, 3, 2, 4, 3, 6, 2, 2, 3)]
     st = _run(_range_of_input_model(), feeds, tmp_path)
     assert st["host_reads"] > 0, st
+
+
+def test_decode_reads_no_host_value(tmp_path):
+    """onnxruntime-genai's int4 Llama: GroupQueryAttention reads total_sequence_length
+    (Shape -> Gather -> Cast of the mask) and seqlens_k (ReduceSum(mask) - 1) on the host. In
+    eager decode steps both fold, from the mask's shape and its data on the host: no MLX
+    evaluation left but the probe's. The logits equal those of host_fold=0 (and ORT's CPU EP
+    within tolerance, checked by test_llm)."""
+    import pathlib
+
+    from onnxruntime_mlx.generate import Decoder
+    model = pathlib.Path(__file__).resolve().parents[1] / "models/llm/llama-int4"
+    logits_by = {}
+    for fold in ("1", "0"):
+        report = tmp_path / f"decode{fold}.jsonl"
+        dec = Decoder(model, "mlx", "cpu", report_path=str(report), host_fold=fold)
+        logits, past = dec.step(np.array([[5, 9, 2, 7]], np.int64), dec.empty_past(), 4)
+        total, seen = 4, [logits[0, -1]]
+        for _ in range(12):
+            total += 1
+            logits, past = dec.step(np.array([[int(np.argmax(logits[0, -1]))]], np.int64), past, total)
+            seen.append(logits[0, -1])
+        del dec, past
+        gc.collect()
+        logits_by[fold] = np.stack(seen)
+        st = _stats(report)
+        if fold == "1":
+            assert st["host_reads"] <= 2 and st["host_folds"] >= 12 * 2, st  # the first run's probe
+        else:
+            assert st["host_reads"] >= 12 * 2 and st["host_folds"] == 0, st
+    np.testing.assert_array_equal(logits_by["1"], logits_by["0"])
