@@ -7,6 +7,7 @@ input's *data* feeding the same ops must not be folded: its values change betwee
 signature."""
 import gc
 import json
+import pathlib
 
 import numpy as np
 import onnxruntime as ort
@@ -119,35 +120,38 @@ def test_input_data_is_not_folded(tmp_path):
     assert st["host_reads"] > 0, st
 
 
+LLM = pathlib.Path(__file__).resolve().parents[1] / "models" / "llm"
+
+
+def _greedy(model, fold, ids, steps, report):
+    """A prompt then `steps` greedy decode steps on the EP (CPU device): (the prompt's logits,
+    the steps' last-position logits, the run statistics)."""
+    from onnxruntime_mlx.generate import Decoder
+    dec = Decoder(model, "mlx", "cpu", report_path=str(report), host_fold=fold)
+    assert set(om.placement(dec.session)) == {om.EP_NAME}
+    prompt, past = dec.step(ids, dec.empty_past(), ids.shape[1])
+    logits, total, seen = prompt, ids.shape[1], []
+    for _ in range(steps):
+        total += 1
+        logits, past = dec.step(np.array([[int(np.argmax(logits[0, -1]))]], np.int64), past, total)
+        seen.append(logits[0, -1])
+    del dec, past
+    gc.collect()
+    return prompt, np.stack(seen), _stats(report)
+
+
 def test_decode_reads_no_host_value(tmp_path):
     """onnxruntime-genai's int4 Llama: GroupQueryAttention reads total_sequence_length
     (Shape -> Gather -> Cast of the mask) and seqlens_k (ReduceSum(mask) - 1) on the host. In
     eager decode steps both fold, from the mask's shape and its data on the host: no MLX
     evaluation left but the probe's. The logits equal those of host_fold=0 (and ORT's CPU EP
     within tolerance, checked by test_llm)."""
-    import pathlib
-
-    from onnxruntime_mlx.generate import Decoder
-    model = pathlib.Path(__file__).resolve().parents[1] / "models/llm/llama-int4"
-    logits_by = {}
-    for fold in ("1", "0"):
-        report = tmp_path / f"decode{fold}.jsonl"
-        dec = Decoder(model, "mlx", "cpu", report_path=str(report), host_fold=fold)
-        logits, past = dec.step(np.array([[5, 9, 2, 7]], np.int64), dec.empty_past(), 4)
-        total, seen = 4, [logits[0, -1]]
-        for _ in range(12):
-            total += 1
-            logits, past = dec.step(np.array([[int(np.argmax(logits[0, -1]))]], np.int64), past, total)
-            seen.append(logits[0, -1])
-        del dec, past
-        gc.collect()
-        logits_by[fold] = np.stack(seen)
-        st = _stats(report)
-        if fold == "1":
-            assert st["host_reads"] <= 2 and st["host_folds"] >= 12 * 2, st  # the first run's probe
-        else:
-            assert st["host_reads"] >= 12 * 2 and st["host_folds"] == 0, st
-    np.testing.assert_array_equal(logits_by["1"], logits_by["0"])
+    ids = np.array([[5, 9, 2, 7]], np.int64)
+    _, on, st = _greedy(LLM / "llama-int4", "1", ids, 12, tmp_path / "on.jsonl")
+    assert st["host_reads"] <= 2 and st["host_folds"] >= 12 * 2, st  # the first run's probe
+    _, off, st = _greedy(LLM / "llama-int4", "0", ids, 12, tmp_path / "off.jsonl")
+    assert st["host_reads"] >= 12 * 2 and st["host_folds"] == 0, st
+    np.testing.assert_array_equal(on, off)
 
 
 def test_fp16_multihead_decoder_folds(tmp_path):
@@ -158,30 +162,14 @@ def test_fp16_multihead_decoder_folds(tmp_path):
     logits match ORT's CPU EP, decode steps make no MLX evaluation for host values, and their
     logits equal host_fold=0's. (ORT's CPU EP cannot decode this model: its own fp16 buffer
     reuse fails on the first step, so decode is compared between the EP's two settings.)"""
-    import pathlib
-
     from onnxruntime_mlx.generate import Decoder
-    model = pathlib.Path(__file__).resolve().parents[1] / "models/llm/llama-fp16"
+    model = LLM / "llama-fp16"
     ids = np.array([[5, 9, 2, 7, 11, 3]], np.int64)
-    ref, _ = Decoder(model, "cpu").step(ids, Decoder(model, "cpu").empty_past(), ids.shape[1])
-    steps = {}
-    for fold in ("1", "0"):
-        report = tmp_path / f"fp16_{fold}.jsonl"
-        dec = Decoder(model, "mlx", "cpu", report_path=str(report), host_fold=fold)
-        assert set(om.placement(dec.session)) == {om.EP_NAME}
-        logits, past = dec.step(ids, dec.empty_past(), ids.shape[1])
-        np.testing.assert_allclose(logits.astype(np.float32), ref.astype(np.float32), rtol=2e-2, atol=2e-2)
-        total, seen = ids.shape[1], []
-        for _ in range(10):
-            total += 1
-            logits, past = dec.step(np.array([[int(np.argmax(logits[0, -1]))]], np.int64), past, total)
-            seen.append(logits[0, -1])
-        del dec, past
-        gc.collect()
-        steps[fold] = np.stack(seen)
-        st = _stats(report)
-        if fold == "1":
-            assert st["host_folds"] > 11 * 40 and st["host_reads"] == 0, st  # 910 and 0 here
-        else:
-            assert st["host_reads"] > 11 * 10, st  # 132 here
-    np.testing.assert_array_equal(steps["1"], steps["0"])
+    cpu = Decoder(model, "cpu")
+    ref, _ = cpu.step(ids, cpu.empty_past(), ids.shape[1])
+    prompt, on, st = _greedy(model, "1", ids, 10, tmp_path / "on.jsonl")
+    np.testing.assert_allclose(prompt.astype(np.float32), ref.astype(np.float32), rtol=2e-2, atol=2e-2)
+    assert st["host_folds"] > 11 * 40 and st["host_reads"] == 0, st  # 910 and 0 here
+    _, off, st = _greedy(model, "0", ids, 10, tmp_path / "off.jsonl")
+    assert st["host_reads"] > 11 * 10, st  # 132 here
+    np.testing.assert_array_equal(on, off)
