@@ -54,8 +54,8 @@ std::vector<mx::array> rotate_halves_body(const std::vector<mx::array>& in, mx::
 }
 
 // One compiled function per stream: a compiled tape keeps the stream its ops were traced on,
-// so a function shared between the CPU and GPU streams would replay on the wrong one. The
-// engine runs on the devices' default streams, so this holds at most two.
+// so a function shared between streams would replay on the wrong one. The engine runs on the
+// default streams, which MLX keeps per thread and device: one entry per such pair.
 const ArrayFn& fused_rotate_halves(mx::Stream s) {
   static std::mutex mu;
   static std::map<int, ArrayFn> fns;
