@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "python"))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
-from onnx import numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 
 import onnxruntime_mlx as om  # noqa: E402
 
@@ -34,7 +34,37 @@ MIXED = ["test_add_bcast", "test_matmul_4d", "test_softmax_axis_1", "test_conv_w
          "test_layer_normalization_4d_axis1", "test_reshape_extended_dims", "test_gather_0",
          "test_reduce_mean_keepdims_example", "test_maxpool_2d_pads", "test_concat_3d_axis_1",
          "test_slice", "test_transpose_all_permutations_3", "test_gemm_all_attributes",
-         "test_sigmoid", "test_cast_FLOAT_to_FLOAT16", "test_where_example"]
+         "test_sigmoid", "test_cast_FLOAT_to_FLOAT16", "test_where_example",
+         "test_rotary_embedding", "test_rotary_embedding_with_rotary_dim"]
+
+
+def shape_chain_case():
+    """An exporter's shape arithmetic (host-folded: ops/host_fold.cc): x [2, 6, 8] reshaped to
+    [B, S, H / 2, 2] through Shape -> Gather -> Div -> Unsqueeze -> Concat, plus Range(0, S)."""
+    from onnx import TensorProto
+
+    def i64(name, v):
+        return numpy_helper.from_array(np.array(v, np.int64), name)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "c0"], ["b"], axis=0),
+             helper.make_node("Gather", ["s", "c1"], ["n"], axis=0),
+             helper.make_node("Gather", ["s", "c2"], ["h"], axis=0),
+             helper.make_node("Div", ["h", "c2"], ["h2"]),
+             helper.make_node("Unsqueeze", ["b", "ax0"], ["b_"]),
+             helper.make_node("Unsqueeze", ["n", "ax0"], ["n_"]),
+             helper.make_node("Unsqueeze", ["h2", "ax0"], ["h2_"]),
+             helper.make_node("Concat", ["b_", "n_", "h2_", "two"], ["shape4"], axis=0),
+             helper.make_node("Reshape", ["x", "shape4"], ["y"]),
+             helper.make_node("Range", ["c0", "n", "c1"], ["pos"])]
+    g = helper.make_graph(nodes, "shape_chain",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "H"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("pos", TensorProto.INT64, None)],
+                          [i64("c0", 0), i64("c1", 1), i64("c2", 2), i64("ax0", [0]), i64("two", [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = np.random.default_rng(1).standard_normal((2, 6, 8)).astype(np.float32)
+    return "shape_chain", m.SerializeToString(), {"x": x}
 
 
 def rss_mb() -> float:
@@ -55,6 +85,7 @@ def load_cases():
             t.ParseFromString((d / "test_data_set_0" / f"input_{i}.pb").read_bytes())
             feeds[inp.name] = numpy_helper.to_array(t)
         cases.append((name, m.SerializeToString(), feeds))
+    cases.append(shape_chain_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
         x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)
