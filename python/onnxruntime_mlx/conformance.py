@@ -645,9 +645,16 @@ def run_conformance(pattern: str | None = None, *, jobs: int = 2, device: str = 
 
     def on_term(signum, _frame):
         # Without this the workers outlive a killed runner (each finishes its case first) and
-        # keep the machine busy: on the GPU box that spoiled a benchmark run after a timeout.
+        # keep the machine busy. What finished is reported (and written) as a partial result:
+        # a `timeout` around a long GPU run still leaves its counts.
         for w in list(live):
             w.proc.kill()
+        with lock:
+            done = dict(results)
+        partial = Report(done, time.monotonic() - t0, max(1, jobs), device, str(directory))
+        sys.stderr.write(f"\n{partial.summary_line()} -- interrupted after {len(done)} of {len(names)} cases\n")
+        if json_path:
+            partial.write_json(json_path)
         raise SystemExit(128 + signum)
 
     main = threading.current_thread() is threading.main_thread()
