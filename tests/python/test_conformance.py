@@ -44,3 +44,32 @@ def test_pass_count_not_below_baseline(report):
     print("\n" + report.summary_line())
     assert report.counts["pass"] >= floor, (
         f"{report.counts['pass']} cases pass, the baseline is {floor}: {report.summary_line()}")
+
+
+def test_sigterm_reports_partial_and_stops_workers(tmp_path):
+    """A `timeout` around the runner (the GPU script gives it a share of a device call) sends
+    SIGTERM: what finished is printed and written as a partial result, and no worker outlives
+    the runner (they would keep the machine busy during whatever runs next)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    try:
+        conformance.discover()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    out = tmp_path / "partial.json"
+    p = subprocess.Popen([sys.executable, "-m", "onnxruntime_mlx", "conformance", "--jobs", "2",
+                          "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    time.sleep(4)
+    workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "interrupted after" in err, err[-2000:]
+    assert json.loads(out.read_text())["total"] > 0
+    time.sleep(0.5)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and
+             "zombie" not in open(f"/proc/{w}/status").read().lower()]
+    assert workers and not alive, (workers, alive)
