@@ -1,0 +1,98 @@
+"""Decode-step A/B for a genai-format LLM on the MLX EP, in one process (MLX's kernel
+compilation is paid once): for each setting, a session, a prompt, then greedy steps; prints the
+median step time (steps after the first 8), host reads and folds per run, and the logits'
+largest difference from the first setting's. Settings alternate for --rounds rounds.
+
+    python tools/decode_steps.py MODEL_DIR [--device gpu] [--context 128] [--steps 40]
+        [--settings "host_fold=1;host_fold=0"] [--rounds 2] [--prefill-logits]
+
+A setting is `;`-separated from the next and holds `,`-separated key=value pairs: provider
+options (host_fold, shape_family, ...) or environment variables (names in capitals, e.g.
+ORT_MLX_FUSED_ROTARY=0, read by the EP per translation). --prefill-logits instead times the
+prompt alone with its logits copied to the host and kept in the EP's memory, alternating."""
+import argparse
+import gc
+import json
+import os
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+from onnxruntime_mlx.generate import Decoder
+
+
+def parse_setting(text: str) -> tuple[dict, dict]:
+    opts, env = {}, {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, value = pair.split("=", 1)
+        (env if key.isupper() else opts)[key] = value
+    return opts, env
+
+
+def run_setting(model, device, opts, env, context, steps, report):
+    for k, v in env.items():
+        os.environ[k] = v
+    report.unlink(missing_ok=True)
+    dec = Decoder(model, "mlx", device, device_memory="1", report_path=str(report), **opts)
+    ids = np.random.default_rng(0).integers(3, 1000, (1, context))
+    t = time.perf_counter()
+    logits, past = dec.step(ids, dec.empty_past(), context)
+    prompt_s = time.perf_counter() - t
+    total, times = context, []
+    for _ in range(steps):
+        nxt = np.array([[int(np.argmax(logits[0, -1]))]], np.int64)
+        total += 1
+        t = time.perf_counter()
+        logits, past = dec.step(nxt, past, total)
+        times.append(time.perf_counter() - t)
+    last = logits[0, -1].astype(np.float32)
+    del dec, past, logits
+    gc.collect()  # releasing the session writes its statistics to the report
+    st = json.loads([x for x in report.read_text().splitlines() if '"fused_node"' in x][-1])
+    return float(np.median(times[8:] or times)) * 1e3, prompt_s, st, last
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--settings", default="host_fold=1;host_fold=0")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prefill-logits", action="store_true")
+    a = p.parse_args()
+    report = pathlib.Path(tempfile.mkdtemp()) / "report.jsonl"
+    if a.prefill_logits:
+        dec = Decoder(a.model, "mlx", a.device, device_memory="1")
+        ids = np.random.default_rng(0).integers(3, 1000, (1, a.context))
+        for host in (True, False):  # warm-up
+            dec.step(ids, dec.empty_past(), a.context, logits_to_host=host)
+        for r in range(a.rounds):
+            for host in (True, False):
+                ts = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    dec.step(ids, dec.empty_past(), a.context, logits_to_host=host)
+                    ts.append(time.perf_counter() - t)
+                print(f"round {r} logits_to_host={host}: prompt of {a.context} median {np.median(ts) * 1e3:.0f} ms",
+                      flush=True)
+        return 0
+    settings = [s.strip() for s in a.settings.split(";") if s.strip()]
+    first = None
+    for r in range(a.rounds):
+        for text in settings:
+            opts, env = parse_setting(text)
+            med, prompt_s, st, last = run_setting(a.model, a.device, opts, env, a.context, a.steps, report)
+            first = last if first is None else first
+            runs = max(st["runs"], 1)
+            print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
+                  f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f};"
+                  f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
