@@ -23,6 +23,16 @@ def _i64(name, v):
     return numpy_helper.from_array(np.array(v, np.int64), name)
 
 
+def _model(nodes, inits, inputs, outputs):
+    """An opset-17 model: inputs {name: (elem_type, shape)}, outputs {name: elem_type}."""
+    g = helper.make_graph(nodes, "host_fold",
+                          [helper.make_tensor_value_info(n, t, shape) for n, (t, shape) in inputs.items()],
+                          [helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
 def _exporter_model():
     # x: [B, S, H] float. y = reshape(x, [B, S, H // 2, 2]) summed over the last axis, plus the
     # position ids (Range over S) as floats, masked by position < S - 1 (Where), expanded to
@@ -53,13 +63,8 @@ def _exporter_model():
     ]
     inits = [_i64("c0", 0), _i64("c1", 1), _i64("c2", 2), _i64("ax0", [0]), _i64("ax1", [1]),
              _i64("two", [2]), _i64("last", [-1]), _i64("minus1", -1), _i64("big", [2**62])]
-    g = helper.make_graph(nodes, "exporter_shapes",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "H"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-                           helper.make_tensor_value_info("z", TensorProto.INT64, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m.SerializeToString()
+    return _model(nodes, inits, {"x": (TensorProto.FLOAT, ["B", "S", "H"])},
+                  {"y": TensorProto.FLOAT, "z": TensorProto.INT64})
 
 
 def _stats(report):
@@ -103,14 +108,8 @@ def _range_of_input_model():
         helper.make_node("Reshape", ["x", "shp"], ["y"]),
     ]
     inits = [_i64("c0", 0), _i64("c1", 1), _i64("c2", 2), _i64("ax0", [0]), _i64("minus1v", [-1])]
-    g = helper.make_graph(nodes, "data_ranges",
-                          [helper.make_tensor_value_info("n", TensorProto.INT64, [1]),
-                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [12])],
-                          [helper.make_tensor_value_info("r2", TensorProto.INT64, None),
-                           helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m.SerializeToString()
+    return _model(nodes, inits, {"n": (TensorProto.INT64, [1]), "x": (TensorProto.FLOAT, [12])},
+                  {"r2": TensorProto.INT64, "y": TensorProto.FLOAT})
 
 
 def test_input_data_is_not_folded(tmp_path):
