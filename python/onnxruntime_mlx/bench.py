@@ -42,6 +42,8 @@ def add_arguments(p) -> None:
     p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
     p.add_argument("--baselines", default="cpu,mlx-lm,torch",
                    help="LLM comparisons to run (the CPU EP's fp16 decode of a 0.5B model takes minutes)")
+    p.add_argument("--case-timeout", type=float, default=1800,
+                   help="seconds one case may run; the figures it finished are kept")
     p.add_argument("--worker", default="", help=argparse_suppress())
 
 
@@ -65,6 +67,15 @@ def _median_time(fn, repeat: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+class Figures(dict):
+    """A worker's results: every figure set is also printed at once, so that a case stopped at
+    its time limit still reports the figures it finished (run_worker reads the last line)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        print("BENCH_PARTIAL " + json.dumps(self), flush=True)
+
+
 def _rss_mb() -> float:
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -83,14 +94,22 @@ def _session(path: str, provider: str, device: str, **opts):
     return ort.InferenceSession(str(path), sess_options=om.session_options(device, **opts))
 
 
-def _decode_rate(decode_pass, ctx_ids, spec: dict) -> float:
-    """Decode tokens/s: a warm-up pass from a shorter context (its step shapes differ from the
-    timed passes', so those see a new shape at every step, as real decoding does), then the
-    median of timed passes from `ctx_ids`; decode_pass(ids) returns the seconds of its steps."""
+def _decode_rate(decode_pass, ctx_ids, spec: dict, res: dict) -> None:
+    """Decode tokens/s into res: a warm-up pass from a shorter context (its step shapes differ
+    from the timed passes', so those see a new shape at every step, as real decoding does), then
+    the median of timed passes from `ctx_ids`. decode_pass(ids) returns the seconds of its steps,
+    or a list of each step's seconds where a step ends in a sync anyway (the EP and mlx-lm): then
+    the median step and the slowest step are recorded too, since a pass's total hides whether a
+    low rate is every step or a few slow ones (new shapes compiling, allocator growth)."""
     c = ctx_ids.shape[1]
     decode_pass(ctx_ids[:, : max(1, c - spec["steps"] - 1)])
-    times = [decode_pass(ctx_ids) for _ in range(max(1, spec["repeat"] // 2))]
-    return spec["steps"] / statistics.median(times)
+    passes = [decode_pass(ctx_ids) for _ in range(max(1, spec["repeat"] // 2))]
+    totals = [sum(p) if isinstance(p, list) else p for p in passes]
+    res[f"decode_tok_s@{c}"] = spec["steps"] / statistics.median(totals)
+    steps = [t for p in passes if isinstance(p, list) for t in p]
+    if steps:
+        res[f"decode_step_ms_median@{c}"] = statistics.median(steps) * 1e3
+        res[f"decode_step_ms_max@{c}"] = max(steps) * 1e3
 
 
 def _llm_ort(spec: dict) -> dict:
@@ -101,7 +120,7 @@ def _llm_ort(spec: dict) -> dict:
         opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
     dec = Decoder(spec["model"], spec["provider"], spec["device"], **opts)
-    res = {"rss_session_mb": _current_rss_mb() - rss0}
+    res = Figures(rss_session_mb=_current_rss_mb() - rss0)
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
     # Prefill keeps its logits where they were computed, as mlx-lm and PyTorch do (EP memory
@@ -118,13 +137,15 @@ def _llm_ort(spec: dict) -> dict:
         def decode_pass(ctx_ids):
             logits, past = dec.step(ctx_ids, dec.empty_past(), ctx_ids.shape[1])
             total = ctx_ids.shape[1]
-            t0 = time.perf_counter()
+            times = []
             for _ in range(n):
+                t0 = time.perf_counter()
                 nxt = np.array([[int(np.argmax(logits[0, -1]))]], np.int64)
                 total += 1
                 logits, past = dec.step(nxt, past, total)
-            return time.perf_counter() - t0
-        res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
+                times.append(time.perf_counter() - t0)
+            return times
+        _decode_rate(decode_pass, ids, spec, res)
     res["peak_rss_mb"] = _rss_mb()
     return res
 
@@ -142,7 +163,7 @@ def _llm_mlx_lm(spec: dict) -> dict:
     if spec.get("bits"):
         nn.quantize(model, group_size=spec.get("group_size", 32), bits=spec["bits"])
     mx.eval(model.parameters())
-    res = {}
+    res = Figures()
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
     for p in spec["prefill"]:
@@ -160,13 +181,15 @@ def _llm_mlx_lm(spec: dict) -> dict:
             cache = make_prompt_cache(model)
             logits = model(ctx, cache=cache)
             mx.eval(logits)
-            t0 = time.perf_counter()
+            times = []
             for _ in range(n):
+                t0 = time.perf_counter()
                 tok = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
                 logits = model(tok, cache=cache)
                 mx.eval(logits)
-            return time.perf_counter() - t0
-        res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
+                times.append(time.perf_counter() - t0)
+            return times
+        _decode_rate(decode_pass, ids, spec, res)
     res["peak_rss_mb"] = _rss_mb()
     return res
 
@@ -183,7 +206,7 @@ def _llm_torch(spec: dict) -> dict:
         model = AutoModelForCausalLM.from_pretrained(hf_dir(spec["model"]), torch_dtype=dtype)
     model = model.to(dev).eval()
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    res = {}
+    res = Figures()
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
     with torch.inference_mode():
@@ -209,7 +232,7 @@ def _llm_torch(spec: dict) -> dict:
                     past, logits = out.past_key_values, out.logits
                 sync()
                 return time.perf_counter() - t0
-            res[f"decode_tok_s@{c}"] = _decode_rate(decode_pass, ids, spec)
+            _decode_rate(decode_pass, ids, spec, res)
     return res
 
 
@@ -440,8 +463,12 @@ def run_worker(spec: dict, timeout: float = 1800) -> dict:
     try:
         r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "bench", "--worker",
                             json.dumps(spec)], capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        partial = [x for x in out.splitlines() if x.startswith("BENCH_PARTIAL ")]
+        res = {"ok": False, "partial": bool(partial), "error": f"timed out after {timeout:.0f} s"}
+        # The figures finished before the limit stay (ok=False marks the case incomplete).
+        return {**json.loads(partial[-1][len("BENCH_PARTIAL "):]), **res} if partial else res
     for line in r.stdout.splitlines()[::-1]:
         if line.startswith("BENCH_RESULT "):
             return json.loads(line[len("BENCH_RESULT "):])
@@ -581,16 +608,16 @@ def summarize(results: list[dict]) -> dict:
     for group, subjects in by.items():
         for subject, provs in subjects.items():
             ep = provs.get("mlx") or {}
-            if not ep.get("ok"):
+            if not (ep.get("ok") or ep.get("partial")):
                 continue
             for key, val in ep.items():
-                if not isinstance(val, (int, float)) or key in ("ok",) or key.startswith(("peak_rss", "rss_")):
+                if not isinstance(val, (int, float)) or isinstance(val, bool) or key.startswith(("peak_rss", "rss_")):
                     continue
                 higher_better = "tok_s" in key
                 row = {"group": group, "subject": subject, "figure": key, "ep": val}
                 for base in ("cpu", "mlx-lm", "torch"):
                     b = provs.get(base) or {}
-                    if b.get("ok") and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
+                    if (b.get("ok") or b.get("partial")) and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
                         row[base] = b[key]
                         row[f"ep/{base}"] = val / b[key] if higher_better else b[key] / val
                 ratios.append(row)
@@ -606,7 +633,7 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
             return "-"
         return f"{v:.2f}x" if ratio else (f"{v:.1f}" if v >= 10 else f"{v:.4g}")
     for r in summary["ratios"]:
-        unit = "" if "tok_s" in r["figure"] else " (s)"
+        unit = "" if "tok_s" in r["figure"] or "_ms" in r["figure"] else " (s)"
         lines.append(f"| {r['group']} | {r['subject']} | {r['figure']}{unit} | {f(r['ep'])} | "
                      f"{f(r.get('cpu'))} | {f(r.get('ep/cpu'), True)} | {f(r.get('mlx-lm'))} | "
                      f"{f(r.get('ep/mlx-lm'), True)} | {f(r.get('torch'))} | {f(r.get('ep/torch'), True)} |")
@@ -702,7 +729,7 @@ def run(args) -> int:
             shutil.rmtree(spec["path"], ignore_errors=True)
             pathlib.Path(spec["path"]).mkdir(parents=True)
             continue
-        res = run_worker(spec)
+        res = run_worker(spec, args.case_timeout)
         subject, _, provider = label.rpartition(" ")
         if spec["kind"] == "overhead":
             overhead = res

@@ -22,3 +22,25 @@ def test_bench_quick_runs_every_group(tmp_path):
     assert o["ok"] and 0 <= o["compiled"]["overhead_fraction"] < 1
     assert (tmp_path / "bench.md").read_text().count("|") > 20
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    # The EP's and mlx-lm's decode passes also record their median and slowest step.
+    llm = {(x["subject"], x["provider"]): x["result"] for x in data["results"] if x["group"] == "llm"}
+    for (subject, provider), res in llm.items():
+        if provider in ("mlx", "mlx-lm"):
+            assert 0 < res["decode_step_ms_median@32"] <= res["decode_step_ms_max@32"], (subject, provider, res)
+
+
+def test_case_timeout_keeps_the_figures_finished(tmp_path):
+    """A case stopped at its time limit keeps the figures it finished and is marked partial,
+    and its figures still get ratios (a GPU call's time limit otherwise loses a whole case)."""
+    import pathlib
+    from onnxruntime_mlx import bench
+    model = pathlib.Path(__file__).resolve().parents[2] / "tests/models/llm/llama-fp32"
+    # Prefill finishes in well under a second; 10^6 decode steps never do.
+    spec = {"kind": "llm_mlx_lm", "model": str(model), "device": "cpu", "vocab": 512, "repeat": 3,
+            "prefill": [32], "decode": [32], "steps": 10**6}
+    res = bench.run_worker(spec, timeout=20)
+    assert not res["ok"] and res["partial"] and "timed out" in res["error"], res
+    assert res["prefill_tok_s@32"] > 0 and "decode_tok_s@32" not in res, res
+    rows = bench.summarize([{"group": "llm", "subject": "m", "provider": "mlx", "result": res},
+                            {"group": "llm", "subject": "m", "provider": "mlx-lm", "result": res}])["ratios"]
+    assert [(r["figure"], r["ep/mlx-lm"]) for r in rows] == [("prefill_tok_s@32", 1.0)]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepares what the GPU suite needs on a device machine that has no network and takes at most
+# 64 MiB a call (the H200 of the development sessions), after ../shared/tools/gpu-prep made
+# .gpu/p1 and .gpu/p2 (MLX's CUDA wheels in two parts):
+#   .gpu/td/node.tar.xz  the ONNX node tests for the conformance runner (49 MB -> ~2 MB)
+#   .gpu/wheels/         onnxruntime-genai (the model builder), onnx-ir and mlx-lm for
+#                        Python 3.12, from PyPI, for scripts/gpu-bench
+# Run from the project root after scripts/setup. Then, calls back to back (the machine keeps
+# /tmp only while it stays warm, ~30 s after a call):
+#   1. carry [.gpu/p1]:  cp .gpu/p1/part00 /tmp/mlxcuda.part00
+#   2. carry [.gpu/p2, .gpu/td, .gpu/wheels, .deps/libonnxruntime-dev]:
+#      source .gpu/p2/install.sh && mkdir -p /tmp/td && xz -dc .gpu/td/node.tar.xz | tar x -C /tmp/td &&
+#      (GPU_BENCH_GEN_ONLY=1 nice -n 19 scripts/gpu-bench $OUT >/tmp/gen.log 2>&1 &) &&
+#      GPU_TEST_PARTS=conformance GPU_TEST_DEVICES=gpu CONFORMANCE_JOBS=16 CONFORMANCE_LIMIT=480 \
+#        CONFORMANCE_DATA=/tmp/td/node scripts/gpu-test $OUT; wait
+#      (builds build-gpu, ~35 s; the GPU conformance run alone ~330 s; the models ~100 s)
+#   3. same carry: source .gpu/p2/install.sh && scripts/gpu-bench $OUT/fp16 --only llm
+#      --baselines mlx-lm,torch --models /tmp/gpu-models/llama-fp16 --repeat 3
+#      --prefill 128,1024 --decode 128,1024 --case-timeout 270
+#   4. same carry: ... --baselines cpu,mlx-lm --models /tmp/gpu-models/llama-int4 --case-timeout 200
+# (the fp16 model's first prompt pays ~30 s of MLX CUDA kernel compilation; ORT's CPU EP cannot
+# decode that model, hence no cpu baseline for it).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+[ -f .gpu/p2/install.sh ] || { echo "run ../shared/tools/gpu-prep first" >&2; exit 1; }
+data=.deps/libonnx-testdata/usr/share/libonnx-testdata/data
+mkdir -p .gpu/td .gpu/wheels
+tar cf - -C "$data" node | xz -T2 -6 > .gpu/td/node.tar.xz
+pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .gpu/wheels)
+"${pip[@]}" --platform manylinux_2_28_x86_64 onnxruntime-genai
+"${pip[@]}" onnx-ir "mlx-lm==0.32.*"
+du -sh .gpu/p1 .gpu/p2 .gpu/td .gpu/wheels
