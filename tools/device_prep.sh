@@ -19,7 +19,9 @@
 #      --prefill 128,1024 --decode 128,1024 --case-timeout 270
 #   4. same carry: ... --baselines cpu,mlx-lm --models /tmp/gpu-models/llama-int4 --case-timeout 200
 # (the fp16 model's first prompt pays ~30 s of MLX CUDA kernel compilation; ORT's CPU EP cannot
-# decode that model, hence no cpu baseline for it).
+# decode that model, hence no cpu baseline for it). A/Bs of one change in one process, e.g.
+#      PYTHONPATH=python python3 tools/decode_steps.py /tmp/gpu-models/llama-fp16 --device gpu
+#        --settings "ORT_MLX_GROUPED_KV=1;ORT_MLX_GROUPED_KV=0" --context 1024
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

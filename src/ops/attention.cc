@@ -8,7 +8,11 @@
 // batch lengths, causal offsets); only GroupQueryAttention with one sequence reads its length on
 // the host, to drop the mask where it selects every key (see translate_gqa).
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
+
+#include <mlx/primitives.h>
 
 #include "ops/contrib_internal.h"
 #include "ops/cpu_gemv.h"
@@ -377,7 +381,10 @@ mx::array ort_mask(OpContext& c, const mx::array& m, int B, int S, int T, float 
   return mx::where(*keep, mx::array(0.f, t), mx::array(mfv, t), c.s);
 }
 
-// unidirectional: keys after past + s get mask_filter_value added, as ORT does.
+// unidirectional: keys after past + s get mask_filter_value added, as ORT does, with the past
+// P = T - S: query row s sits at position P + s. (ORT 1.31's CPU MultiHeadAttention, given K/V
+// longer than the query and no past input, masks otherwise: rows before the last see keys
+// [0, s] and the last row sees all of them; the bottom-right alignment is kept here.)
 mx::array ort_causal(int S, int T, float mfv, mx::Dtype t, mx::Stream s) {
   const int P = T - S;
   auto col = mx::reshape(mx::arange(T, mx::int32, s), {1, T}, s);
@@ -393,6 +400,52 @@ std::optional<mx::array> add_opt(const std::optional<mx::array>& a, const mx::ar
 float default_scale(const graph::Node& n, int H) {
   const float sc = n.attr_float("scale", 0.f);
   return sc != 0.f ? sc : 1.f / std::sqrt(static_cast<float>(H));
+}
+
+// ORT_MLX_GROUPED_KV=0 keeps the repeated K/V (an A/B benchmark switches it in one process, so
+// it is read per translation).
+bool grouped_kv_enabled() {
+  const char* v = std::getenv("ORT_MLX_GROUPED_KV");
+  return !v || std::string(v) != "0";
+}
+
+// The exporters' repeat_kv idiom: grouped-head models (Llama, Qwen) feed MultiHeadAttention,
+// which has no grouped K/V, with each KV head repeated r times:
+//   packed [B, T, N*H] = Reshape(Transpose(Reshape(Expand(Unsqueeze(P, 2), [B, Nkv, r, T, H]),
+//                        [B, N, T, H]), {0, 2, 1, 3})),  P [B, Nkv, T, H]
+// (onnxruntime-genai's fp16/bf16 decoders, with P the present cache). Attention takes grouped
+// heads itself (query head n reads KV head n / r, which is what the repetition gives), so P
+// can go in as it is: that skips two copies of the whole cache per layer and decode step
+// (the broadcast and the transpose are views; the two reshapes over them are copies).
+// Matched on the MLX graph those nodes' translators built and that nothing has evaluated yet:
+// the unit-axis insert, the broadcast of that axis and the axis merges are checked by shape
+// (each has one meaning given its input and output shapes), the transpose by its axes.
+// Anything else (already evaluated, another layout, r = 1) returns nullopt.
+std::optional<mx::array> repeated_kv_source(const mx::array& packed, int N) {
+  auto producer = [](const mx::array& a, std::initializer_list<const char*> prims) -> std::optional<mx::array> {
+    if (a.is_available() || !a.has_primitive() || a.inputs().size() != 1) return std::nullopt;
+    const std::string name = a.primitive().name();
+    for (const char* p : prims)
+      if (name == p) return a.inputs()[0];
+    return std::nullopt;
+  };
+  if (packed.ndim() != 3 || packed.shape(2) % N != 0) return std::nullopt;
+  const int B = packed.shape(0), T = packed.shape(1), H = packed.shape(2) / N;
+  auto bthn = producer(packed, {"Reshape"});  // [B, T, N, H] -> [B, T, N*H]
+  if (!bthn || bthn->shape() != mx::Shape{B, T, N, H}) return std::nullopt;
+  auto bnth = producer(*bthn, {"Transpose"});  // [B, N, T, H] -> [B, T, N, H]
+  if (!bnth || bnth->shape() != mx::Shape{B, N, T, H} ||
+      static_cast<const mx::Transpose&>(bthn->primitive()).state() != std::vector<int>{0, 2, 1, 3})
+    return std::nullopt;
+  auto repeated = producer(*bnth, {"Reshape"});  // [B, Nkv, r, T, H] -> [B, N, T, H]
+  if (!repeated || repeated->ndim() != 5) return std::nullopt;
+  const int Nkv = repeated->shape(1), r = repeated->shape(2);
+  if (r < 2 || Nkv * r != N || repeated->shape() != mx::Shape{B, Nkv, r, T, H}) return std::nullopt;
+  auto unit = producer(*repeated, {"Broadcast"});  // [B, Nkv, 1, T, H] -> [B, Nkv, r, T, H]
+  if (!unit || unit->shape() != mx::Shape{B, Nkv, 1, T, H}) return std::nullopt;
+  auto source = producer(*unit, {"ExpandDims", "Reshape"});  // [B, Nkv, T, H] -> [B, Nkv, 1, T, H]
+  if (!source || source->shape() != mx::Shape{B, Nkv, T, H}) return std::nullopt;
+  return source;
 }
 
 }  // namespace
@@ -446,8 +499,19 @@ Outputs translate_mha(OpContext& c) {
     } else {
       const auto& value = c.in(2);
       if (key.ndim() != 3 || value.ndim() != 3 || value.shape(2) % N != 0) c.fail("key/value must be 3-D");
-      K = to_bnsh(key, B, key.shape(1), N, key.shape(2) / N, c.s);
-      V = to_bnsh(value, B, value.shape(1), N, value.shape(2) / N, c.s);
+      // Grouped K/V under the exporter's repetition: only where nothing else needs N heads
+      // (no projection bias per head, no past to concatenate, no present outputs).
+      std::optional<mx::array> gk, gv;
+      if (!c.has(3) && !c.has(6) && !n.has_output(1) && !n.has_output(2) && grouped_kv_enabled()) {
+        gk = repeated_kv_source(key, N);
+        gv = gk ? repeated_kv_source(value, N) : std::nullopt;
+      }
+      if (gk && gv && gk->shape(1) == gv->shape(1)) {
+        K = *gk, V = *gv;
+      } else {
+        K = to_bnsh(key, B, key.shape(1), N, key.shape(2) / N, c.s);
+        V = to_bnsh(value, B, value.shape(1), N, value.shape(2) / N, c.s);
+      }
     }
   }
   const int H = Q.shape(3), Hv = V.shape(3);

@@ -132,18 +132,21 @@ mx::array apply_rotary(const mx::array& x, const mx::array& cos, const mx::array
 namespace {
 
 // Rotates x given as [B, S, hidden] (num_heads from the attribute or the cache) or [B, N, S, H],
-// with cos/sin rows already gathered per (batch, position): [B or 1, S, half].
+// with cos/sin rows already gathered per (batch, position): [B or 1, S, half], or with
+// full_width the halves form's tables [B or 1, S, 2 * half] (rotary_half_tables).
 mx::array rotate_bsd_or_bnsh(OpContext& c, const mx::array& x, mx::array cos, mx::array sin,
-                             int num_heads, int rotary_dim, bool interleaved) {
-  const int half = cos.shape(-1);
+                             int num_heads, int rotary_dim, bool interleaved, bool full_width = false) {
+  const int half = full_width ? cos.shape(-1) / 2 : cos.shape(-1);
+  auto rotate = [&](const mx::array& v, const mx::array& co, const mx::array& si) {
+    return full_width ? apply_rotary_halves(v, co, si, rotary_dim, c.s)
+                      : apply_rotary(v, co, si, rotary_dim, interleaved, c.s);
+  };
   if (x.ndim() == 4) {
     // [B, N, S, H]: positions vary along axis 2
     const int H = x.shape(3);
     if (rotary_dim == 0) rotary_dim = 2 * half;
     if (rotary_dim > H || rotary_dim != 2 * half) c.fail("rotary dimension does not match the cache");
-    cos = mx::expand_dims(cos, 1, c.s);
-    sin = mx::expand_dims(sin, 1, c.s);
-    return apply_rotary(x, cos, sin, rotary_dim, interleaved, c.s);
+    return rotate(x, mx::expand_dims(cos, 1, c.s), mx::expand_dims(sin, 1, c.s));
   }
   if (x.ndim() != 3) c.fail("input must be 3-D or 4-D");
   const int B = x.shape(0), S = x.shape(1), D = x.shape(2);
@@ -158,21 +161,39 @@ mx::array rotate_bsd_or_bnsh(OpContext& c, const mx::array& x, mx::array cos, mx
   if (rotary_dim == 0) rotary_dim = 2 * half;
   if (rotary_dim > H || rotary_dim != 2 * half) c.fail("rotary dimension does not match the cache");
   auto x4 = mx::reshape(x, {B, S, num_heads, H}, c.s);
-  auto y = apply_rotary(x4, mx::expand_dims(cos, 2, c.s), mx::expand_dims(sin, 2, c.s), rotary_dim,
-                        interleaved, c.s);
+  auto y = rotate(x4, mx::expand_dims(cos, 2, c.s), mx::expand_dims(sin, 2, c.s));
   return mx::reshape(y, {B, S, D}, c.s);
 }
 
 int seq_len_of(const mx::array& x) { return x.ndim() == 4 ? x.shape(2) : x.shape(1); }
 
 // cos/sin rows for position ids [B, S] (or a scalar start position broadcast to [1, S]).
-std::pair<mx::array, mx::array> gather_cache(OpContext& c, const mx::array& pos, size_t cos_i,
-                                             size_t sin_i, int S) {
+std::pair<mx::array, mx::array> gather_rows(OpContext& c, const mx::array& pos, const mx::array& cos,
+                                            const mx::array& sin, int S) {
   mx::array p = mx::astype(pos, mx::int32, c.s);
   if (p.ndim() <= 1 && p.size() == 1)  // a start offset: positions start .. start + S - 1
     p = mx::expand_dims(mx::add(mx::arange(S, mx::int32, c.s), mx::reshape(p, {}, c.s), c.s), 0, c.s);
   if (p.ndim() != 2) c.fail("position_ids must be [batch, sequence] or a single start position");
-  return {mx::take(c.in(cos_i), p, 0, c.s), mx::take(c.in(sin_i), p, 0, c.s)};
+  return {mx::take(cos, p, 0, c.s), mx::take(sin, p, 0, c.s)};
+}
+
+// The halves form's full-width tables ([cos, cos], [-sin, sin] in x's compute dtype) made once
+// from constant caches and shared by every node reading them (all layers, Q and K): a decode
+// step then gathers their rows instead of building them in every node (two concatenations and
+// a negation per node, ~6 kernels a layer). nullopt: interleaved, or caches that are not
+// constants (then the rows are gathered first and the tables built from those).
+std::optional<std::pair<mx::array, mx::array>> shared_half_tables(OpContext& c, const mx::array& x,
+                                                                  size_t cos_i, size_t sin_i) {
+  if (c.node.attr_int("interleaved", 0) != 0 || !c.is_constant(cos_i) || !c.is_constant(sin_i))
+    return std::nullopt;
+  const mx::Dtype t = compute_dtype(x, c.s);
+  const std::string tag = std::to_string(static_cast<int>(t.val())) + "/" + c.node.inputs[cos_i] + "/" +
+                          c.node.inputs[sin_i];
+  auto cos2 = c.prepared("shared:rope_cos2/" + tag, {cos_i, sin_i},
+                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).first; });
+  auto sin2 = c.prepared("shared:rope_sin2/" + tag, {cos_i, sin_i},
+                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).second; });
+  return std::make_pair(cos2, sin2);
 }
 
 }  // namespace
@@ -190,10 +211,12 @@ Support check_rotary_ms(const NodeQuery& q) {
 Outputs translate_rotary_ms(OpContext& c) {
   const auto& x = c.in(0);
   // `scale` is accepted and unused, like ORT's CPU and CUDA kernels.
-  auto [cos, sin] = gather_cache(c, c.in(1), 2, 3, seq_len_of(x));
+  const auto tables = shared_half_tables(c, x, 2, 3);
+  auto [cos, sin] = gather_rows(c, c.in(1), tables ? tables->first : c.in(2),
+                                tables ? tables->second : c.in(3), seq_len_of(x));
   return {rotate_bsd_or_bnsh(c, x, cos, sin, static_cast<int>(c.node.attr_int("num_heads", 0)),
                              static_cast<int>(c.node.attr_int("rotary_embedding_dim", 0)),
-                             c.node.attr_int("interleaved", 0) != 0)};
+                             c.node.attr_int("interleaved", 0) != 0, tables.has_value())};
 }
 
 // ---- ai.onnx RotaryEmbedding-23: (X, cos_cache, sin_cache, position_ids?) ------------------------
@@ -205,14 +228,17 @@ Support check_rotary_onnx(const NodeQuery& q) {
 Outputs translate_rotary_onnx(OpContext& c) {
   const auto& x = c.in(0);
   mx::array cos = c.in(1), sin = c.in(2);
+  // Shared tables only where rows are gathered (without position_ids the caches are per call).
+  const auto tables = c.has(3) ? shared_half_tables(c, x, 1, 2) : std::nullopt;
   if (c.has(3)) {
-    std::tie(cos, sin) = gather_cache(c, c.in(3), 1, 2, seq_len_of(x));
+    std::tie(cos, sin) = gather_rows(c, c.in(3), tables ? tables->first : cos, tables ? tables->second : sin,
+                                     seq_len_of(x));
   } else if (cos.ndim() != 3) {
     c.fail("without position_ids the caches must be [batch, sequence, dim/2]");
   }
   return {rotate_bsd_or_bnsh(c, x, cos, sin, static_cast<int>(c.node.attr_int("num_heads", 0)),
                              static_cast<int>(c.node.attr_int("rotary_embedding_dim", 0)),
-                             c.node.attr_int("interleaved", 0) != 0)};
+                             c.node.attr_int("interleaved", 0) != 0, tables.has_value())};
 }
 
 }  // namespace ortmlx::ops::contrib

@@ -2,6 +2,7 @@
 which implements every one of them, with the node forced onto MLX (no CPU fallback)."""
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import oracle
 from oracle import check_node, make_node_model, run_cpu, run_mlx, assert_close
@@ -406,6 +407,40 @@ def test_rotary_onnx23(interleaved, with_pos, layout):
         cos, sin = rope_cache(12, H // 2)
         check_tol("RotaryEmbedding", {"x": x, "cos": cos, "sin": sin, "pos": pos},
                   dict(attrs, rotary_embedding_dim=H // 2), opset=23, domain="")
+
+
+@pytest.mark.parametrize("domain", ["com.microsoft", ""])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("rd", [8, 16])
+def test_rotary_constant_caches_partial(domain, dtype, rd):
+    # Constant caches: the halves form's tables are prepared once and shared between nodes
+    # (ops/rotary.cc, shared_half_tables); two nodes here read the same caches (Q and K).
+    B, S, N, H = 2, 3, 2, 16
+    cos, sin = (a.astype(dtype) for a in rope_cache(10, rd))
+    pos = rng.integers(0, 10, size=(B, S)).astype(np.int64)
+    q, k = (rng.standard_normal((B, S, N * H)).astype(dtype) for _ in range(2))
+    attrs = {"num_heads": N, "rotary_embedding_dim": rd}
+    ins = {"ms": lambda x, y: [x, "pos", "cos", "sin"], "": lambda x, y: [x, "cos", "sin", "pos"]}
+    order = ins["ms" if domain else ""]
+    nodes = [helper.make_node("RotaryEmbedding", order(x, y), [y], domain=domain, **attrs)
+             for x, y in (("q", "q_rot"), ("k", "k_rot"))]
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g = helper.make_graph(nodes, "rope", [helper.make_tensor_value_info("q", t, None),
+                                          helper.make_tensor_value_info("k", t, None),
+                                          helper.make_tensor_value_info("pos", TensorProto.INT64, None)],
+                          [helper.make_tensor_value_info(n, t, None) for n in ("q_rot", "k_rot")],
+                          [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+    opsets = [helper.make_opsetid("", 23)] + ([helper.make_opsetid("com.microsoft", 1)] if domain else [])
+    m = helper.make_model(g, opset_imports=opsets)
+    m.ir_version = 10
+    feeds = {"q": q, "k": k, "pos": pos}
+    want = oracle.run_cpu(m, feeds)
+    got, placement = oracle.run_mlx(m, feeds)
+    assert len(placement.get(om.EP_NAME, [])) == 2, placement
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32),
+                                   rtol=1e-2 if dtype == np.float16 else 1e-5,
+                                   atol=2e-3 if dtype == np.float16 else 1e-5)
 
 
 # ---- normalizations ------------------------------------------------------------------------

@@ -89,6 +89,22 @@ def test_matmul_dtypes(dtype, shapes):
     check_node("MatMul", {"a": a, "b": b}, expected=expected)
 
 
+# A half-precision weight given as an initializer: on MLX's CPU backend its float32 copy is
+# prepared once per session (translate_matmul's f32_constant); every run after the first
+# reuses it. check_node runs each model several times.
+@pytest.mark.parametrize("shapes", [((1, 64), (64, 48)), ((1, 1, 64), (64, 48)), ((9, 64), (64, 48)),
+                                    ((2, 3, 64), (64,)), ((64,), (2, 64, 5))])
+def test_matmul_f16_constant_weight(shapes):
+    check_node("MatMul", {"a": rand(shapes[0], np.float16)}, initializers={"b": rand(shapes[1], np.float16)})
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_f16_constant_weight(trans_b):
+    b = rand((6, 5) if not trans_b else (5, 6), np.float16)
+    check_node("Gemm", {"a": rand((3, 6), np.float16)}, {"transB": trans_b, "alpha": 0.5},
+               initializers={"b": b, "c": rand((5,), np.float16)})
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_matmul_int_small_exact(dtype):
     # Values where no wrap-around happens: the result is the true integer product.
