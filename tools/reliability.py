@@ -67,6 +67,22 @@ def shape_chain_case():
     return "shape_chain", m.SerializeToString(), {"x": x}
 
 
+def fp16_decoder_case():
+    """A prompt of onnxruntime-genai's fp16 Llama (tests/models/llm/llama-fp16, the
+    MultiHeadAttention form): half-precision weights prepared once, RotaryEmbedding's shared
+    tables, the grouped KV cache under the exporter's repeat_kv chain (ops/attention.cc).
+    (A prompt, not a decode step: ORT's CPU EP, the gates' reference, cannot run this model's
+    decode steps: its buffer reuse fails.)"""
+    model = onnx.load(ROOT / "tests/models/llm/llama-fp16/model.onnx")  # external data inlined
+    n = 4
+    feeds = {"input_ids": np.array([[7, 30, 2, 99]], np.int64), "attention_mask": np.ones((1, n), np.int64),
+             "position_ids": np.arange(n, dtype=np.int64)[None]}
+    for inp in model.graph.input:
+        if inp.name.startswith("past_key_values."):
+            feeds[inp.name] = np.zeros((1, 2, 0, 16), np.float16)
+    return "llama_fp16_prompt", model.SerializeToString(), feeds
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -86,6 +102,7 @@ def load_cases():
             feeds[inp.name] = numpy_helper.to_array(t)
         cases.append((name, m.SerializeToString(), feeds))
     cases.append(shape_chain_case())
+    cases.append(fp16_decoder_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
         x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)
