@@ -8,7 +8,7 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import onnxruntime_mlx as om
 from oracle import DEVICE, assert_close
@@ -50,7 +50,7 @@ def _repeat_kv(prefix, present, n_heads, form):
                    _i64("rep", [r]), _i64("heads", [n_heads]), _i64("packed", [0, 0, n_heads * H])]
 
 
-def _model(n_heads, form, unidirectional):
+def _model(n_heads, form, unidirectional, dtype=np.float32):
     """q [B, S, N*H]; k, v [B, S, Nkv*H] appended to past [B, Nkv, P, H] (outputs present_*),
     repeated to N heads and attended by MultiHeadAttention."""
     nodes, inits = [], [_i64("i0", [0]), _i64("i1", [1]), _i64("i2", [2]), _i64("i4", [4]),
@@ -64,7 +64,7 @@ def _model(n_heads, form, unidirectional):
         inits += [i for i in ri if i.name not in {j.name for j in inits}]
     nodes.append(helper.make_node("MultiHeadAttention", ["q", "k_packed", "v_packed"], ["out"],
                                   domain="com.microsoft", num_heads=n_heads, unidirectional=unidirectional))
-    f = TensorProto.FLOAT
+    f = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inputs = [helper.make_tensor_value_info("q", f, [B, "S", n_heads * H])]
     inputs += [helper.make_tensor_value_info(x, f, [B, "S", NKV * H]) for x in ("k", "v")]
     inputs += [helper.make_tensor_value_info(f"past_{x}", f, [B, NKV, "P", H]) for x in ("k", "v")]
@@ -75,8 +75,8 @@ def _model(n_heads, form, unidirectional):
     return m.SerializeToString()
 
 
-def _feeds(n_heads, s, p):
-    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+def _feeds(n_heads, s, p, dtype=np.float32):
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
     return {"q": f(B, s, n_heads * H), "k": f(B, s, NKV * H), "v": f(B, s, NKV * H),
             "past_k": f(B, NKV, p, H), "past_v": f(B, NKV, p, H)}
 
@@ -103,14 +103,15 @@ def _primitives(capfd, model, feeds, grouped, monkeypatch):
 CASES = [(4, 1, 7), (4, 5, 0), (8, 3, 4)]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("n_heads,s,p", CASES)
 @pytest.mark.parametrize("unidirectional", [0, 1])
-def test_exporter_repeat_kv_runs_grouped(n_heads, s, p, unidirectional, capfd, monkeypatch):
+def test_exporter_repeat_kv_runs_grouped(n_heads, s, p, unidirectional, dtype, capfd, monkeypatch):
     if unidirectional and s > 1 and p > 0:
         pytest.skip("ORT's CPU MultiHeadAttention masks a query shorter than its K/V (no past "
                     "input) its own way: rows before the last see keys [0, s], the last all keys")
-    model = _model(n_heads, "exporter", unidirectional)
-    feeds = _feeds(n_heads, s, p)
+    model = _model(n_heads, "exporter", unidirectional, dtype)
+    feeds = _feeds(n_heads, s, p, dtype)
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     grouped, n_grouped = _primitives(capfd, model, feeds, True, monkeypatch)
     repeated, n_repeated = _primitives(capfd, model, feeds, False, monkeypatch)
