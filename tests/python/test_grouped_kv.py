@@ -82,18 +82,23 @@ def _feeds(n_heads, s, p, dtype=np.float32):
 
 
 def _primitives(capfd, model, feeds, grouped, monkeypatch):
-    """Runs the model on the MLX EP alone; returns its outputs and how many MLX primitives its
-    (eager) evaluation ran, from log_level=3."""
+    """Runs the model on the MLX EP alone, three times (an eager probe, then compiled runs);
+    returns the last run's outputs and how many MLX primitives the first (eager) evaluation
+    ran, from log_level=3. Every run must give the same outputs."""
     monkeypatch.setenv("ORT_MLX_GROUPED_KV", "1" if grouped else "0")
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so = om.record_assignment(om.session_options(DEVICE, fallback=False, so=so, log_level=3))
     sess = ort.InferenceSession(model, sess_options=so)
     capfd.readouterr()
-    outs = sess.run(None, feeds)
+    first = sess.run(None, feeds)
     err = capfd.readouterr().err
     counts = [sum(int(n) for n in re.findall(r"=(\d+)", line)) for line in err.splitlines() if "evaluates:" in line]
     assert counts, err[-2000:]
+    for _ in range(2):  # the compiled runs trace the same translation
+        outs = sess.run(None, feeds)
+        for a, b in zip(outs, first):
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-3, atol=1e-3)
     placement = om.placement(sess)
     assert set(placement) == {om.EP_NAME}, placement  # every node, MultiHeadAttention included
     return outs, counts[-1]
