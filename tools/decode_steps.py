@@ -1,7 +1,8 @@
 """Decode-step A/B for a genai-format LLM on the MLX EP, in one process (MLX's kernel
 compilation is paid once): for each setting, a session, a prompt, then greedy steps; prints the
-median step time (steps after the first 8), host reads and folds per run, and the logits'
-largest difference from the first setting's. Settings alternate for --rounds rounds.
+median step time (steps after the first 8), per run (the prompt's included) host reads, folds,
+MLX arrays evaluated, segment calls and translation time, and the logits' largest difference
+from the first setting's. Settings alternate for --rounds rounds.
 
     python tools/decode_steps.py MODEL_DIR [--device gpu] [--context 128] [--steps 40]
         [--settings "host_fold=1;host_fold=0"] [--rounds 2] [--prefill-logits]
@@ -89,7 +90,9 @@ def main() -> int:
             first = last if first is None else first
             runs = max(st["runs"], 1)
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
-                  f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f};"
+                  f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f},"
+                  f" MLX arrays evaluated {st.get('eval_arrays', 0) / runs:.0f}, segment calls"
+                  f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms;"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
     return 0
 
