@@ -599,6 +599,11 @@ def plan(args) -> list[tuple[str, str, dict]]:
     return cases
 
 
+def _has_figures(result: dict) -> bool:
+    """A case that finished, or one stopped at its time limit after some figures (partial)."""
+    return bool(result.get("ok") or result.get("partial"))
+
+
 def summarize(results: list[dict]) -> dict:
     """Ratios: EP / CPU EP and EP / native MLX, per figure (higher = EP faster)."""
     by = {}
@@ -608,7 +613,7 @@ def summarize(results: list[dict]) -> dict:
     for group, subjects in by.items():
         for subject, provs in subjects.items():
             ep = provs.get("mlx") or {}
-            if not (ep.get("ok") or ep.get("partial")):
+            if not _has_figures(ep):
                 continue
             for key, val in ep.items():
                 if not isinstance(val, (int, float)) or isinstance(val, bool) or key.startswith(("peak_rss", "rss_")):
@@ -617,7 +622,7 @@ def summarize(results: list[dict]) -> dict:
                 row = {"group": group, "subject": subject, "figure": key, "ep": val}
                 for base in ("cpu", "mlx-lm", "torch"):
                     b = provs.get(base) or {}
-                    if (b.get("ok") or b.get("partial")) and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
+                    if _has_figures(b) and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
                         row[base] = b[key]
                         row[f"ep/{base}"] = val / b[key] if higher_better else b[key] / val
                 ratios.append(row)

@@ -8,9 +8,9 @@
 // batch lengths, causal offsets); only GroupQueryAttention with one sequence reads its length on
 // the host, to drop the mask where it selects every key (see translate_gqa).
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include <mlx/primitives.h>
 
@@ -264,20 +264,10 @@ Outputs translate_gqa(OpContext& c) {
     const int rotary_dim = 2 * cos_cache.shape(1);
     if (rotary_dim > H) c.fail("cos_cache is wider than head_size / 2");
     const bool inter = n.attr_int("rotary_interleaved", 0) == 1;
-    // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]): prepared once
-    // from constant caches, shared by all layers reading the same caches (one copy per model,
-    // not per layer), then only their rows are picked per run.
+    // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]), prepared once;
+    // only their rows are picked per run.
     mx::array cos_t = cos_cache, sin_t = c.in(8);
-    if (!inter) {
-      const mx::Dtype rt = compute_dtype(Q, c.s);
-      const std::string tag = std::to_string(static_cast<int>(rt.val())) + "/" + n.inputs[7] + "/" + n.inputs[8];
-      cos_t = c.prepared("shared:rope_cos2/" + tag, {7, 8}, [&] {
-        return rotary_half_tables(cos_cache, c.in(8), rt, c.s).first;
-      });
-      sin_t = c.prepared("shared:rope_sin2/" + tag, {7, 8}, [&] {
-        return rotary_half_tables(cos_cache, c.in(8), rt, c.s).second;
-      });
-    }
+    if (!inter) std::tie(cos_t, sin_t) = prepared_half_tables(c, compute_dtype(Q, c.s), 7, 8);
     const int rows = cos_cache.shape(0);
     std::optional<mx::array> cos, sin;
     if (known_past && !c.has(9) && *known_past + S <= rows) {
@@ -402,13 +392,6 @@ float default_scale(const graph::Node& n, int H) {
   return sc != 0.f ? sc : 1.f / std::sqrt(static_cast<float>(H));
 }
 
-// ORT_MLX_GROUPED_KV=0 keeps the repeated K/V (an A/B benchmark switches it in one process, so
-// it is read per translation).
-bool grouped_kv_enabled() {
-  const char* v = std::getenv("ORT_MLX_GROUPED_KV");
-  return !v || std::string(v) != "0";
-}
-
 // The exporters' repeat_kv idiom: grouped-head models (Llama, Qwen) feed MultiHeadAttention,
 // which has no grouped K/V, with each KV head repeated r times:
 //   packed [B, T, N*H] = Reshape(Transpose(Reshape(Expand(Unsqueeze(P, 2), [B, Nkv, r, T, H]),
@@ -502,7 +485,8 @@ Outputs translate_mha(OpContext& c) {
       // Grouped K/V under the exporter's repetition: only where nothing else needs N heads
       // (no projection bias per head, no past to concatenate, no present outputs).
       std::optional<mx::array> gk, gv;
-      if (!c.has(3) && !c.has(6) && !n.has_output(1) && !n.has_output(2) && grouped_kv_enabled()) {
+      // ORT_MLX_GROUPED_KV=0 keeps the repeated K/V (read per translation, for A/Bs).
+      if (!c.has(3) && !c.has(6) && !n.has_output(1) && !n.has_output(2) && env_switch_on("ORT_MLX_GROUPED_KV")) {
         gk = repeated_kv_source(key, N);
         gv = gk ? repeated_kv_source(value, N) : std::nullopt;
       }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace ortmlx::ops {
 
@@ -41,6 +42,11 @@ Support flag_attr_0_or_1(const NodeQuery& q, const char* name) {
 mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s) {
   auto d = mlx_dtype(t);
   return a.dtype() == d ? a : mx::astype(a, d, s);
+}
+
+bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && v[0] == '0' && v[1] == '\0');
 }
 
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {

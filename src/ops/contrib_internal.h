@@ -30,6 +30,11 @@ std::pair<mx::array, mx::array> rotary_half_tables(const mx::array& cos, const m
                                                    mx::Dtype t, mx::Stream s);
 mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const mx::array& sin2,
                               int rotary_dim, mx::Stream s);
+// The full-width tables of node inputs cos_i/sin_i in dtype t, prepared once when both are
+// constant initializers and shared by every node of the graph reading the same caches (all
+// layers, Q and K: one copy per model); made at each call otherwise (OpContext::prepared).
+std::pair<mx::array, mx::array> prepared_half_tables(OpContext& c, mx::Dtype t, size_t cos_i,
+                                                     size_t sin_i);
 Support check_rotary_ms(const NodeQuery& q);
 Outputs translate_rotary_ms(OpContext& c);
 Support check_rotary_onnx(const NodeQuery& q);

@@ -3,8 +3,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <typeinfo>
 #include <vector>
@@ -12,6 +10,7 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
+#include "ops/common.h"
 #include "ops/cpu_simd.h"
 
 namespace ortmlx::ops {
@@ -203,10 +202,7 @@ bool cpu_has_avx2_fma() {
 
 bool cpu_row_kernels_enabled() {
   // ORT_MLX_CPU_GEMV=0 lets a benchmark or a bisection compare with MLX's own paths.
-  static const bool on = [] {
-    const char* v = std::getenv("ORT_MLX_CPU_GEMV");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("ORT_MLX_CPU_GEMV");
   return on;
 }
 

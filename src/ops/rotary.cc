@@ -3,7 +3,6 @@
 //
 // The caches are arbitrary tables (scaled, LongRoPE, ...), so the rotation is composed from
 // gathered cos/sin rows rather than mx::fast::rope, which derives its own frequencies.
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -32,6 +31,17 @@ std::pair<mx::array, mx::array> rotary_half_tables(const mx::array& cos, const m
                                                    mx::Dtype t, mx::Stream s) {
   auto c = mx::astype(cos, t, s), sn = mx::astype(sin, t, s);
   return {mx::concatenate({c, c}, -1, s), mx::concatenate({mx::negative(sn, s), sn}, -1, s)};
+}
+
+std::pair<mx::array, mx::array> prepared_half_tables(OpContext& c, mx::Dtype t, size_t cos_i,
+                                                     size_t sin_i) {
+  const std::string tag = std::to_string(static_cast<int>(t.val())) + "/" + c.node.inputs[cos_i] + "/" +
+                          c.node.inputs[sin_i];
+  auto cos2 = c.prepared("shared:rope_cos2/" + tag, {cos_i, sin_i},
+                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).first; });
+  auto sin2 = c.prepared("shared:rope_sin2/" + tag, {cos_i, sin_i},
+                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).second; });
+  return {cos2, sin2};
 }
 
 namespace {
@@ -68,13 +78,6 @@ const ArrayFn& fused_rotate_halves(mx::Stream s) {
   return it->second;
 }
 
-bool fused_rotary_enabled() {
-  // ORT_MLX_FUSED_ROTARY=0 keeps the eager four-kernel form: a benchmark compares the two in one
-  // process, so the variable is read per translation (a getenv, next to dozens of MLX ops).
-  const char* v = std::getenv("ORT_MLX_FUSED_ROTARY");
-  return !(v && v[0] == '0' && v[1] == '\0');
-}
-
 }  // namespace
 
 mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const mx::array& sin2,
@@ -85,7 +88,9 @@ mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const m
   auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim, s);
   auto c2 = mx::astype(cos2, ct, s), s2 = mx::astype(sin2, ct, s);
   mx::array out = rot;
-  if (fused_rotary_enabled()) {
+  // ORT_MLX_FUSED_ROTARY=0 keeps the eager four-kernel form (read per translation: a benchmark
+  // compares the two in one process).
+  if (env_switch_on("ORT_MLX_FUSED_ROTARY")) {
     // Same products and sum as below, so the same roundings (up to the fused kernel's FMA).
     auto halves = [&](const mx::array& a) {
       auto shp = a.shape();
@@ -177,23 +182,14 @@ std::pair<mx::array, mx::array> gather_rows(OpContext& c, const mx::array& pos, 
   return {mx::take(cos, p, 0, c.s), mx::take(sin, p, 0, c.s)};
 }
 
-// The halves form's full-width tables ([cos, cos], [-sin, sin] in x's compute dtype) made once
-// from constant caches and shared by every node reading them (all layers, Q and K): a decode
-// step then gathers their rows instead of building them in every node (two concatenations and
-// a negation per node, ~6 kernels a layer). nullopt: interleaved, or caches that are not
-// constants (then the rows are gathered first and the tables built from those).
+// RotaryEmbedding's shared tables (prepared_half_tables) where its caches are constants and
+// not interleaved; nullopt otherwise (then the rows are gathered first and the tables built
+// from those).
 std::optional<std::pair<mx::array, mx::array>> shared_half_tables(OpContext& c, const mx::array& x,
                                                                   size_t cos_i, size_t sin_i) {
   if (c.node.attr_int("interleaved", 0) != 0 || !c.is_constant(cos_i) || !c.is_constant(sin_i))
     return std::nullopt;
-  const mx::Dtype t = compute_dtype(x, c.s);
-  const std::string tag = std::to_string(static_cast<int>(t.val())) + "/" + c.node.inputs[cos_i] + "/" +
-                          c.node.inputs[sin_i];
-  auto cos2 = c.prepared("shared:rope_cos2/" + tag, {cos_i, sin_i},
-                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).first; });
-  auto sin2 = c.prepared("shared:rope_sin2/" + tag, {cos_i, sin_i},
-                         [&] { return rotary_half_tables(c.in(cos_i), c.in(sin_i), t, c.s).second; });
-  return std::make_pair(cos2, sin2);
+  return prepared_half_tables(c, compute_dtype(x, c.s), cos_i, sin_i);
 }
 
 }  // namespace
