@@ -10,17 +10,21 @@
 #   1. carry [.gpu/p1]:  cp .gpu/p1/part00 /tmp/mlxcuda.part00
 #   2. carry [.gpu/p2, .gpu/td, .gpu/wheels, .deps/libonnxruntime-dev]:
 #      source .gpu/p2/install.sh && mkdir -p /tmp/td && xz -dc .gpu/td/node.tar.xz | tar x -C /tmp/td &&
-#      (GPU_BENCH_GEN_ONLY=1 nice -n 19 scripts/gpu-bench $OUT >/tmp/gen.log 2>&1 &) &&
+#      { GPU_BENCH_GEN_ONLY=1 scripts/gpu-bench $OUT > $OUT/gen.log 2>&1 & } ;
 #      GPU_TEST_PARTS=conformance GPU_TEST_DEVICES=gpu CONFORMANCE_JOBS=16 CONFORMANCE_LIMIT=480 \
 #        CONFORMANCE_DATA=/tmp/td/node scripts/gpu-test $OUT; wait
-#      (builds build-gpu, ~35 s; the GPU conformance run alone ~330 s; the models ~100 s)
+#      (builds build-gpu, ~35 s; the GPU conformance run alone 279-330 s; the models ~30 s each
+#      when not starved: do not `nice` the generation, and keep it a child of this shell so that
+#      `wait` waits for it; a `pgrep -f` for it would match the call's own command line)
 #   3. same carry: source .gpu/p2/install.sh && scripts/gpu-bench $OUT/fp16 --only llm
 #      --baselines mlx-lm,torch --models /tmp/gpu-models/llama-fp16 --repeat 3
 #      --prefill 128,1024 --decode 128,1024 --case-timeout 270
-#   4. same carry: ... --baselines cpu,mlx-lm --models /tmp/gpu-models/llama-int4 --case-timeout 200
-# (the fp16 model's first prompt pays ~30 s of MLX CUDA kernel compilation; ORT's CPU EP cannot
-# decode that model, hence no cpu baseline for it). A/Bs of one change in one process, e.g.
-#      PYTHONPATH=python python3 tools/decode_steps.py /tmp/gpu-models/llama-fp16 --device gpu
+#      (install.sh sets PYTHONPATH to MLX's CUDA wheel: add to it, never replace it)
+#   4. same carry: ... --baselines cpu,mlx-lm,torch --models /tmp/gpu-models/llama-int4 --case-timeout 200
+# Each call must start within ~30 s of the last one's end, or the machine (and /tmp) is gone.
+# ORT's CPU EP cannot decode the fp16 model, hence no cpu baseline for it. A/Bs of one change
+# in one process, e.g.
+#      PYTHONPATH=python:$PYTHONPATH python3 tools/decode_steps.py /tmp/gpu-models/llama-fp16 --device gpu
 #        --settings "ORT_MLX_GROUPED_KV=1;ORT_MLX_GROUPED_KV=0" --context 1024
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -663,7 +663,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       auto outs = run_piecewise(*piecewise_, args, layout, s);
       // The family is gone when no segment has matched for a while: look for another.
       if (piecewise_->misses >= 4) piecewise_.reset();
-      if (!opt_.gpu || !touches_empty(outs)) {
+      if (!opt_.gpu || !touches_empty(outs)) {  // otherwise run again below, on the CPU stream
         ++stats_.piecewise_runs;
         ++stats_.eager_runs;
         return eval_all(std::move(outs));
@@ -704,9 +704,12 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       else
         last_steps_.emplace(layout, std::move(steps));
     }
-    if (opt_.gpu && touches_empty(outs)) {
-      entry.on_cpu = entry.eager_only = true;
-      outs = translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu));
+    if (touches_empty(outs)) {
+      ++stats_.empty_operand_runs;
+      if (opt_.gpu) {
+        entry.on_cpu = entry.eager_only = true;
+        outs = translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu));
+      }
     }
     ++stats_.eager_runs;
     auto result = eval_all(std::move(outs));
@@ -727,6 +730,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   ++e.hits;
   if (e.on_cpu) {
     ++stats_.eager_runs;
+    ++stats_.empty_operand_runs;
     return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu)));
   }
   if (!e.eager_only && !compile_broken_ && !e.fn && e.hits >= opt_.compile_after && !e.probed) {

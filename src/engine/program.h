@@ -53,6 +53,10 @@ struct Stats {
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.
   std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
+  // Eager runs whose graph touched a zero-size array. On the GPU these ran on the CPU stream
+  // (MLX's CUDA kernels fault on such arrays); on the CPU device only a new signature's first
+  // run is checked, so a test there can see what the GPU would do.
+  std::atomic<uint64_t> empty_operand_runs{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).

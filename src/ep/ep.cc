@@ -289,6 +289,7 @@ void MlxEp::ReleaseNodeComputeInfosImpl(OrtEp* self, OrtNodeComputeInfo** infos,
           << ",\"host_folds\":" << st.host_folds
           << ",\"eval_arrays\":" << st.eval_arrays << ",\"piecewise_runs\":" << st.piecewise_runs
           << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
+          << ",\"empty_operand_runs\":" << st.empty_operand_runs
           << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
           << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
       } catch (...) {  // a statistics line is not worth failing a release over

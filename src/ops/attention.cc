@@ -123,7 +123,7 @@ mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fre
     // buffer's length). past_len is clipped to [0, T - S] (consistent inputs always are).
     const auto zero = mx::array(0, fresh.dtype());
     mx::array base = mx::zeros({1, Nkv, T, H}, fresh.dtype(), s);
-    if (past) {
+    if (past && past->size() > 0) {  // an empty past (a first prompt) adds nothing: see concat_nonempty
       const int P = past->shape(2);
       base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
     }
@@ -137,7 +137,7 @@ mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fre
   auto in_new = mx::logical_and(mx::greater_equal(rel, mx::array(0), s), mx::less(rel, mx::array(S), s), s);
   auto zero = mx::array(0, fresh.dtype());
   mx::array base = zero;
-  if (past) {
+  if (past && past->size() > 0) {
     const int P = past->shape(2);
     base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
     base = mx::where(mx::less(rel, mx::array(0), s), base, zero, s);
@@ -305,8 +305,8 @@ Outputs translate_gqa(OpContext& c) {
   mx::array present_k = K, present_v = V;
   if (known_past && past_k && *known_past == P && P + S == T) {
     // The usual decode step (on the CPU by chunk copies: see cpu_concat).
-    present_k = cpu_concat({*past_k, K}, 2, c.s).value_or(mx::concatenate({*past_k, K}, 2, c.s));
-    present_v = cpu_concat({*past_v, V}, 2, c.s).value_or(mx::concatenate({*past_v, V}, 2, c.s));
+    present_k = concat_nonempty({*past_k, K}, 2, c.s);
+    present_v = concat_nonempty({*past_v, V}, 2, c.s);
   } else if (past_k || !first_prompt || T != S) {
     present_k = gqa_present(past_k, K, past_len, T, c.s);
     present_v = gqa_present(past_v, V, past_len, T, c.s);
@@ -511,8 +511,8 @@ Outputs translate_mha(OpContext& c) {
     }
   }
   if (c.has(6)) {
-    K = mx::concatenate({c.in(6), K}, 2, c.s);
-    V = mx::concatenate({c.in(7), V}, 2, c.s);
+    K = concat_nonempty({c.in(6), K}, 2, c.s);
+    V = concat_nonempty({c.in(7), V}, 2, c.s);
   }
   const int T = K.shape(2);
   std::optional<mx::array> bias;
@@ -563,8 +563,8 @@ Outputs translate_attention_ms(OpContext& c) {
   auto V = to_bnsh(slice_axis(qkv, 2, 2 * D, 2 * D + Dv, c.s), B, S, N, Hv, c.s);
   if (c.has(4)) {  // past [2, B, N, P, H]
     auto past = mx::astype(c.in(4), ct, c.s);
-    K = mx::concatenate({mx::take(past, 0, 0, c.s), K}, 2, c.s);
-    V = mx::concatenate({mx::take(past, 1, 0, c.s), V}, 2, c.s);
+    K = concat_nonempty({mx::take(past, 0, 0, c.s), K}, 2, c.s);
+    V = concat_nonempty({mx::take(past, 1, 0, c.s), V}, 2, c.s);
   }
   const int T = K.shape(2);
   std::optional<mx::array> bias;
@@ -613,8 +613,8 @@ Outputs translate_attention_onnx(OpContext& c) {
   int P = 0;
   if (c.has(4)) {
     P = c.in(4).shape(2);
-    K = mx::concatenate({c.in(4), K}, 2, c.s);
-    V = mx::concatenate({c.in(5), V}, 2, c.s);
+    K = concat_nonempty({c.in(4), K}, 2, c.s);
+    V = concat_nonempty({c.in(5), V}, 2, c.s);
   }
   const int T = K.shape(2);
   // One additive float bias: attn_mask (bool -> 0/-inf; a short last axis is padded with -inf),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 
 namespace ortmlx::ops {
 
@@ -51,6 +52,21 @@ bool env_switch_on(const char* name) {
 
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
   return s.device == mx::Device::cpu && (a.dtype() == mx::float16 || a.dtype() == mx::bfloat16);
+}
+
+mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s) {
+  if (xs.empty()) throw std::invalid_argument("concatenation of no arrays");
+  // Only inputs empty *along the axis*: one empty in another dimension does not fit the others
+  // (an invalid Concat) and must still fail in mx::concatenate, not vanish.
+  const int rank = static_cast<int>(xs[0].ndim()), ax = axis < 0 ? axis + rank : axis;
+  const auto empty_along_axis = [ax](const mx::array& x) {
+    return ax >= 0 && ax < static_cast<int>(x.ndim()) && x.shape(ax) == 0;
+  };
+  if (std::any_of(xs.begin(), xs.end(), [](const mx::array& x) { return x.size() > 0; }))
+    std::erase_if(xs, empty_along_axis);
+  if (xs.size() == 1) return xs[0];
+  if (auto y = cpu_concat(xs, axis, s)) return *y;
+  return mx::concatenate(std::move(xs), axis, s);
 }
 
 mx::array scalar_like(double v, const mx::array& like) { return mx::array(v, like.dtype()); }

@@ -42,6 +42,12 @@ bool compute_half_in_f32(const mx::array& a, mx::Stream s);
 // to exactly "0". Read at each call, so a benchmark can switch it between sessions.
 bool env_switch_on(const char* name);
 mx::array scalar_like(double v, const mx::array& like);
+// Concatenation along `axis` that leaves out the inputs empty along it while another input is
+// not empty (the result is the same). Why: on MLX's CUDA backend a fused graph that touches a
+// zero-size array runs on the CPU stream (engine/program.cc, touches_empty), and an LLM's first
+// prompt appends its keys/values to an empty past: the whole prompt ran on the CPU (0.44B fp16
+// Llama on the H200: ~27 s for 128 tokens). On the CPU stream through cpu_concat where it applies.
+mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s);
 std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
 
 

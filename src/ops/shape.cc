@@ -88,8 +88,7 @@ Outputs translate_concat(OpContext& c) {
     if (c.has(i)) xs.push_back(c.in(i));
   if (xs.empty()) c.fail("no inputs");
   int axis = norm_axis(c.node.attr_int("axis", 1), xs[0].ndim());
-  if (xs.size() == 1) return {xs[0]};
-  return {mx::concatenate(std::move(xs), axis, c.s)};
+  return {concat_nonempty(std::move(xs), axis, c.s)};
 }
 
 // Sizes from the `split` input (opset 13+) or attribute (< 13); otherwise equal parts. Opset 18's

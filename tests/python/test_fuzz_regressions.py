@@ -231,3 +231,19 @@ def test_conv_same_padding_negative_begin_pad_declined(tmp_path):
     w = rng.standard_normal((1, 1, 3, 3)).astype(np.float32)
     declined_to_cpu(conv_model("SAME_UPPER", [6, 2]), {"x": x, "w": w}, tmp_path,
                     "negative begin padding")
+
+
+def test_concat_input_empty_off_the_axis_still_fails():
+    # Fuzz finding (after Concat learned to leave out inputs empty along its axis): [2,2,2] and
+    # [2,2,0] along axis 0 do not fit (ORT's CPU kernel returns a [4,2,2] anyway). The second
+    # input is empty in another dimension, so it must not be dropped to give [2,2,2]: the EP
+    # reports the mismatch, naming the node.
+    node = helper.make_node("Concat", ["a", "b"], ["y"], axis=0)
+    m = model(node, [vi("a", [2, 2, 2]), vi("b", [None, 2, None])])
+    s = ort.InferenceSession(m, sess_options=om.session_options("cpu", fallback=False))
+    feeds = {"a": np.ones((2, 2, 2), np.float32), "b": np.ones((2, 2, 0), np.float32)}
+    with pytest.raises(Exception, match="Concat"):
+        s.run(None, feeds)
+    # Empty along the axis is fine, and equals numpy's.
+    feeds["b"] = np.ones((0, 2, 2), np.float32)
+    np.testing.assert_array_equal(s.run(None, feeds)[0], feeds["a"])

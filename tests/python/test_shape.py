@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper, TensorProto
 
-from oracle import check_node, check_model, make_node_model, placement_of
+from oracle import DEVICE, check_node, check_model, make_node_model, placement_of
 import onnxruntime_mlx as om
 
 rng = np.random.default_rng(1)
@@ -95,6 +95,41 @@ def test_concat_mixed():
     check_node("Concat", {"a": rand((2, 0), np.int64), "b": rand((2, 3), np.int64)}, {"axis": 1})
     check_node("Concat", {"a": rand((2,), np.bool_)}, {"axis": 0})
     check_node("Concat", {"a": rand((2, 2))}, {"axis": 0}, initializers={"b": rand((1, 2))})
+
+
+def _empty_operand_runs(model, feeds, report):
+    """Runs `model` twice on the EP with a report; returns its outputs and the fused node's
+    empty_operand_runs (eager runs whose MLX graph touched a zero-size array)."""
+    import gc
+    import json
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(model.SerializeToString(),
+                             sess_options=om.session_options(DEVICE, so=so, report_path=str(report)))
+    outs = [s.run(None, feeds) for _ in range(2)][-1]
+    del s
+    gc.collect()  # the statistics line is written when the session goes
+    stats = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+    assert len(stats) == 1, stats
+    return outs, stats[0]["empty_operand_runs"]
+
+
+def test_concat_leaves_out_empty_operands(tmp_path):
+    """Inputs empty along the axis add nothing to a Concat, and the EP leaves them out of the MLX
+    graph: on the GPU a graph that touches a zero-size array runs on the CPU stream (an LLM's
+    first prompt appends to an empty KV cache). All inputs empty still gives the empty result,
+    and the statistic shows that graph's zero-size arrays."""
+    feeds = {"a": rand((2, 0, 4)), "b": rand((2, 3, 4)), "c": rand((2, 0, 4)), "d": rand((2, 2, 4))}
+    model = make_node_model("Concat", feeds, attrs={"axis": 1})
+    check_node("Concat", feeds, {"axis": 1})
+    outs, empty_runs = _empty_operand_runs(model, feeds, tmp_path / "some_empty.jsonl")
+    np.testing.assert_array_equal(outs[0], np.concatenate(list(feeds.values()), 1))
+    assert empty_runs == 0
+    feeds = {"a": rand((2, 0)), "b": rand((2, 0))}
+    outs, empty_runs = _empty_operand_runs(make_node_model("Concat", feeds, attrs={"axis": 1}), feeds,
+                                           tmp_path / "all_empty.jsonl")
+    assert outs[0].shape == (2, 0) and empty_runs >= 1
 
 
 @pytest.mark.parametrize("runtime", [False, True])
