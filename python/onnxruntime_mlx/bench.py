@@ -86,6 +86,13 @@ def _current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _fused_node_totals(report: pathlib.Path) -> dict:
+    """The EP's run statistics (report_path's per-fused-node lines, written when the session is
+    released), summed over the fused nodes."""
+    lines = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+    return {k: sum(x[k] for x in lines) for k in (lines[0] if lines else {}) if k != "fused_node"}
+
+
 def _session(path: str, provider: str, device: str, **opts):
     import onnxruntime as ort
     if provider == "cpu":
@@ -115,8 +122,14 @@ def _decode_rate(decode_pass, ctx_ids, spec: dict, res: dict) -> None:
 def _llm_ort(spec: dict) -> dict:
     import numpy as np
     from onnxruntime_mlx.generate import Decoder
-    opts = {"report_path": spec["report"]} if spec.get("report") else {}
-    if spec["provider"] == "mlx" and spec.get("resident_kv"):
+    import gc
+    import tempfile
+    ep = spec["provider"] == "mlx"
+    report = None
+    if ep:  # the EP's own statistics come with the figures (ep_stats)
+        report = pathlib.Path(spec.get("report") or tempfile.mkdtemp(prefix="bench-") + "/report.jsonl")
+    opts = {"report_path": str(report)} if report else {}
+    if ep and spec.get("resident_kv"):
         opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
     dec = Decoder(spec["model"], spec["provider"], spec["device"], **opts)
@@ -147,6 +160,15 @@ def _llm_ort(spec: dict) -> dict:
             return times
         _decode_rate(decode_pass, ids, spec, res)
     res["peak_rss_mb"] = _rss_mb()
+    if report:
+        del dec
+        gc.collect()  # releasing the session writes its statistics
+        tot = _fused_node_totals(report)
+        # empty_operand_runs > 0 on the GPU: runs that went to MLX's CPU stream (a zero-size
+        # array in the graph), the cause of the fp16 prompts of 2026-12-01 at 5 tok/s.
+        res["ep_stats"] = {k: tot.get(k) for k in ("runs", "compiled_runs", "piecewise_runs",
+                                                    "eval_arrays", "host_reads", "host_folds",
+                                                    "empty_operand_runs")}
     return res
 
 
@@ -387,8 +409,7 @@ def _overhead(spec: dict) -> dict:
         wall = time.perf_counter() - t0
         del dec  # releasing the fused nodes writes their counters to the report
         gc.collect()
-        lines = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
-        tot = {k: sum(x[k] for x in lines) for k in lines[0] if k != "fused_node"}
+        tot = _fused_node_totals(report)
         if mode == "compiled":
             runs, compute, evals = tot["compiled_runs"], tot["compute_ns_compiled"], tot["eval_ns_compiled"]
         else:
@@ -678,6 +699,15 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
                           and r["provider"] == p), None)
                 cells.append(f"{v:.0f}" if v else "-")
             lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    stats = [r for r in results if isinstance(r["result"].get("ep_stats"), dict)]
+    if stats:
+        lines += ["", "| EP statistics (whole case) | runs | compiled | shape family | MLX arrays evaluated | "
+                  "host reads | host folds | runs touching a zero-size array |", "|---|" + "---:|" * 7]
+        for r in stats:
+            s = r["result"]["ep_stats"]
+            lines.append(f"| {r['subject']} | " + " | ".join(str(s.get(k, "-")) for k in (
+                "runs", "compiled_runs", "piecewise_runs", "eval_arrays", "host_reads", "host_folds",
+                "empty_operand_runs")) + " |")
     failed = [r for r in results if not r["result"].get("ok")]
     if failed:
         lines += ["", "Failed cases:"] + [f"- {r['group']} {r['subject']} {r['provider']}: {r['result'].get('error')}"

@@ -27,6 +27,10 @@ def test_bench_quick_runs_every_group(tmp_path):
     for (subject, provider), res in llm.items():
         if provider in ("mlx", "mlx-lm"):
             assert 0 < res["decode_step_ms_median@32"] <= res["decode_step_ms_max@32"], (subject, provider, res)
+        if provider == "mlx":  # the EP's own statistics: no run fell back to MLX's CPU stream
+            st = res["ep_stats"]
+            assert st["runs"] > 0 and st["eval_arrays"] > 0 and st["empty_operand_runs"] == 0, st
+    assert "EP statistics" in (tmp_path / "bench.md").read_text()
 
 
 def test_case_timeout_keeps_the_figures_finished(tmp_path):
