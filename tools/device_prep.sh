@@ -18,9 +18,14 @@
 #      `wait` waits for it; a `pgrep -f` for it would match the call's own command line)
 #   3. same carry: source .gpu/p2/install.sh && scripts/gpu-bench $OUT/fp16 --only llm
 #      --baselines mlx-lm,torch --models /tmp/gpu-models/llama-fp16 --repeat 3
-#      --prefill 128,1024 --decode 128,1024 --case-timeout 270
-#      (install.sh sets PYTHONPATH to MLX's CUDA wheel: add to it, never replace it)
-#   4. same carry: ... --baselines cpu,mlx-lm,torch --models /tmp/gpu-models/llama-int4 --case-timeout 200
+#      --prefill 128,1024 --decode 128,1024 --case-timeout 180
+#      (install.sh sets PYTHONPATH to MLX's CUDA wheel: add to it, never replace it; bench.md's
+#      "EP statistics" must show 0 runs touching a zero-size array, or a prompt ran on the CPU)
+#   4. same carry: ... --baselines cpu,mlx-lm --models /tmp/gpu-models/llama-int4 --case-timeout 200
+#      (the torch baseline skips int4 checkpoints)
+# Where the conformance table is already current, call 2 can be the build alone
+# (GPU_TEST_PARTS=build scripts/gpu-test $OUT) followed by call 3's bench in the same call:
+# gpu-bench generates the models it misses (~30 s each).
 # Each call must start within ~30 s of the last one's end, or the machine (and /tmp) is gone.
 # ORT's CPU EP cannot decode the fp16 model, hence no cpu baseline for it. A/Bs of one change
 # in one process, e.g.
