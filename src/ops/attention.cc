@@ -123,7 +123,7 @@ mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fre
     // buffer's length). past_len is clipped to [0, T - S] (consistent inputs always are).
     const auto zero = mx::array(0, fresh.dtype());
     mx::array base = mx::zeros({1, Nkv, T, H}, fresh.dtype(), s);
-    if (past && past->size() > 0) {  // an empty past (a first prompt) adds nothing: see concat_nonempty
+    if (past && past->size() > 0) {  // an empty past (a first prompt): see concat_nonempty
       const int P = past->shape(2);
       base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
     }
