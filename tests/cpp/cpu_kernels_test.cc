@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/common.h"
 #include "ops/cpu_gemv.h"
 
 namespace mx = mlx::core;
@@ -54,6 +55,33 @@ TEST(CpuConcat, DeclinesWhatItDoesNotCover) {
   EXPECT_FALSE(cpu_concat({a, mx::ones({2, 4})}, 0, cpu()).has_value());                // shapes
   EXPECT_FALSE(cpu_concat({a}, 0, cpu()).has_value());                                  // one input
   EXPECT_FALSE(cpu_concat({a, a}, 2, cpu()).has_value());                               // axis
+}
+
+TEST(ConcatNonempty, LeavesOutInputsEmptyAlongTheAxis) {
+  // An LLM's first prompt: an empty past [1, 2, 0, 4] and the new rows. The result is the new
+  // rows themselves, with no zero-size array left in the graph (on the GPU such a graph runs on
+  // MLX's CPU stream), on any stream.
+  auto fresh = mx::reshape(mx::arange(24, mx::float32), {1, 2, 3, 4});
+  auto past = mx::zeros({1, 2, 0, 4}, mx::float32);
+  for (auto s : {cpu(), mx::default_stream(mx::default_device())}) {
+    auto y = ortmlx::ops::concat_nonempty({past, fresh}, 2, s);
+    EXPECT_EQ(y.id(), fresh.id());
+    auto z = ortmlx::ops::concat_nonempty({past, fresh, past, fresh}, -2, s);
+    for (const auto& in : z.inputs()) EXPECT_GT(in.size(), 0u);
+    expect_same(z, mx::concatenate({fresh, fresh}, 2));
+  }
+  // All empty: the empty concatenation, as ONNX defines it.
+  auto e = ortmlx::ops::concat_nonempty({past, past}, 2, cpu());
+  EXPECT_EQ(e.shape(), (mx::Shape{1, 2, 0, 4}));
+}
+
+TEST(ConcatNonempty, KeepsInputsEmptyOffTheAxis) {
+  // [2, 2, 0] is empty, but not along axis 0: it does not fit [2, 2, 2] there, and the
+  // mismatch must still be reported (a fuzz finding: dropping it gave a [2, 2, 2] result).
+  auto a = mx::ones({2, 2, 2}, mx::float32);
+  auto b = mx::ones({2, 2, 0}, mx::float32);
+  EXPECT_THROW(mx::eval(ortmlx::ops::concat_nonempty({a, b}, 0, cpu())), std::exception);
+  EXPECT_THROW(ortmlx::ops::concat_nonempty({}, 0, cpu()), std::invalid_argument);
 }
 
 namespace {
