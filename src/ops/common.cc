@@ -62,9 +62,13 @@ mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s) {
   const auto empty_along_axis = [ax](const mx::array& x) {
     return ax >= 0 && ax < static_cast<int>(x.ndim()) && x.shape(ax) == 0;
   };
+  const size_t given = xs.size();
   if (std::any_of(xs.begin(), xs.end(), [](const mx::array& x) { return x.size() > 0; }))
     std::erase_if(xs, empty_along_axis);
-  if (xs.size() == 1) return xs[0];
+  // One input left of several (a first prompt's new keys after its empty past): made
+  // row-contiguous as a concatenation would make it, since it is usually a transposed view and
+  // its consumers (present output, repeat_kv reshapes) would each copy it otherwise.
+  if (xs.size() == 1) return given == 1 ? xs[0] : mx::contiguous(xs[0], false, s);
   if (auto y = cpu_concat(xs, axis, s)) return *y;
   return mx::concatenate(std::move(xs), axis, s);
 }

@@ -65,7 +65,10 @@ TEST(ConcatNonempty, LeavesOutInputsEmptyAlongTheAxis) {
   auto past = mx::zeros({1, 2, 0, 4}, mx::float32);
   for (auto s : {cpu(), mx::default_stream(mx::default_device())}) {
     auto y = ortmlx::ops::concat_nonempty({past, fresh}, 2, s);
-    EXPECT_EQ(y.id(), fresh.id());
+    for (const auto& in : y.inputs()) EXPECT_EQ(in.id(), fresh.id());
+    expect_same(y, fresh);
+    // A single input stays itself (ONNX Concat of one tensor).
+    EXPECT_EQ(ortmlx::ops::concat_nonempty({fresh}, 2, s).id(), fresh.id());
     auto z = ortmlx::ops::concat_nonempty({past, fresh, past, fresh}, -2, s);
     for (const auto& in : z.inputs()) EXPECT_GT(in.size(), 0u);
     expect_same(z, mx::concatenate({fresh, fresh}, 2));
