@@ -89,7 +89,8 @@ def _current_rss_mb() -> float:
 def _fused_node_totals(report: pathlib.Path) -> dict:
     """The EP's run statistics (report_path's per-fused-node lines, written when the session is
     released), summed over the fused nodes."""
-    lines = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+    from onnxruntime_mlx.runner import read_fused_node_stats
+    lines = read_fused_node_stats(report)
     return {k: sum(x[k] for x in lines) for k in (lines[0] if lines else {}) if k != "fused_node"}
 
 

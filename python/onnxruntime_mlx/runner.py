@@ -94,6 +94,12 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
     return feeds
 
 
+def read_fused_node_stats(path) -> list[dict]:
+    """The EP's run statistics from a report_path file: one dict per fused node, written when
+    its session is released (so read it after the session is gone)."""
+    return [json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if '"fused_node"' in x]
+
+
 def read_report(path: str) -> list[dict]:
     """The EP's decline report: one JSON object per line (ORT may call GetCapability more than
     once per session, so lines repeat; deduplicated here)."""

@@ -114,19 +114,22 @@ mx::array from_bnsh(const mx::array& x, mx::Stream s) {
 mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fresh,
                       const mx::array& past_len, int T, mx::Stream s) {
   const int B = fresh.shape(0), Nkv = fresh.shape(1), S = fresh.shape(2), H = fresh.shape(3);
+  const auto zero = mx::array(0, fresh.dtype());
+  // The past buffer zero-padded to T rows. An empty past (a first prompt) adds nothing, and is
+  // kept out of the graph: see concat_nonempty.
+  std::optional<mx::array> past_t;
+  if (past && past->size() > 0) {
+    const int P = past->shape(2);
+    past_t = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
+  }
   if (B == 1 && S <= T) {
-    // One sequence (every decode step): the past buffer, zero-padded to T rows, with the new
-    // rows written at past_len by a dynamic slice update: one pass over the cache, where the
-    // gather below takes several. Rows from past_len + S up to the past buffer's length keep
-    // the past buffer's rows instead of zeros; ORT's CPU kernel leaves those rows unwritten
-    // (no attention reads them), and in decoding they do not exist (past_len is the past
-    // buffer's length). past_len is clipped to [0, T - S] (consistent inputs always are).
-    const auto zero = mx::array(0, fresh.dtype());
-    mx::array base = mx::zeros({1, Nkv, T, H}, fresh.dtype(), s);
-    if (past && past->size() > 0) {  // an empty past (a first prompt): see concat_nonempty
-      const int P = past->shape(2);
-      base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
-    }
+    // One sequence (every decode step): the padded past buffer with the new rows written at
+    // past_len by a dynamic slice update: one pass over the cache, where the gather below
+    // takes several. Rows from past_len + S up to the past buffer's length keep the past
+    // buffer's rows instead of zeros; ORT's CPU kernel leaves those rows unwritten (no
+    // attention reads them), and in decoding they do not exist (past_len is the past buffer's
+    // length). past_len is clipped to [0, T - S] (consistent inputs always are).
+    mx::array base = past_t ? *past_t : mx::zeros({1, Nkv, T, H}, fresh.dtype(), s);
     auto start = mx::clip(past_len, mx::array(0), mx::array(T - S), s);
     return mx::slice_update(base, fresh, start, {2}, s);
   }
@@ -135,13 +138,7 @@ mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fre
   auto idx = mx::broadcast_to(mx::clip(rel, mx::array(0), mx::array(S - 1), s), {B, Nkv, T, H}, s);
   auto fresh_rows = mx::take_along_axis(fresh, idx, 2, s);
   auto in_new = mx::logical_and(mx::greater_equal(rel, mx::array(0), s), mx::less(rel, mx::array(S), s), s);
-  auto zero = mx::array(0, fresh.dtype());
-  mx::array base = zero;
-  if (past && past->size() > 0) {
-    const int P = past->shape(2);
-    base = P < T ? mx::pad(*past, {2}, {0}, {T - P}, zero, "constant", s) : *past;
-    base = mx::where(mx::less(rel, mx::array(0), s), base, zero, s);
-  }
+  mx::array base = past_t ? mx::where(mx::less(rel, mx::array(0), s), *past_t, zero, s) : zero;
   return mx::where(in_new, fresh_rows, base, s);
 }
 

@@ -6,7 +6,6 @@ EP, over a new input shape every run (the shape family's decode-loop case) and a
 input's *data* feeding the same ops must not be folded: its values change between runs of one
 signature."""
 import gc
-import json
 import pathlib
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
 
 rng = np.random.default_rng(0)  # reseeded per test by conftest.py
 
@@ -68,7 +68,7 @@ def _exporter_model():
 
 
 def _stats(report):
-    return [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+    return runner.read_fused_node_stats(report)[0]
 
 
 def _run(model, feeds_list, tmp_path, **options):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
 from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "models" / "llm"
@@ -58,7 +59,6 @@ def test_decode_steps_run_as_a_shape_family(family, precision, tmp_path):
     compiled segments (reused from step to step), the rest eagerly. Its logits are the all-eager
     run's (shape_family=0), and its report shows the segments at work."""
     import gc
-    import json
     model = MODELS / f"{family}-{precision}"
     results = {}
     for family_on in ("0", "1"):
@@ -68,7 +68,7 @@ def test_decode_steps_run_as_a_shape_family(family, precision, tmp_path):
         layers = dec.num_layers
         del dec
         gc.collect()  # the statistics line is written when the session goes
-        stats = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+        stats = runner.read_fused_node_stats(report)
         assert len(stats) == 1, stats
         results[family_on] = (toks, np.stack(logits), stats[0])
     eager, family_run = results["0"], results["1"]
@@ -91,12 +91,11 @@ def test_first_prompt_touches_no_empty_array(model, tmp_path):
     touch that zero-size cache: on the GPU such a graph runs on the CPU stream (before the fix,
     the 0.44B fp16 Llama's 128-token prompt took ~27 s on the H200). The report counts those runs."""
     import gc
-    import json
     report = tmp_path / "report.jsonl"
     dec = Decoder(MODELS / model, "mlx", "cpu", report_path=str(report))
     toks, _, _ = dec.generate(DEFAULT_PROMPT, 3)
     assert len(toks) == 3
     del dec
     gc.collect()  # the statistics line is written when the session goes
-    stats = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+    stats = runner.read_fused_node_stats(report)
     assert stats and all(s["empty_operand_runs"] == 0 for s in stats), stats

@@ -8,6 +8,7 @@ from onnx import helper, TensorProto
 
 from oracle import DEVICE, check_node, check_model, make_node_model, placement_of
 import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
 
 rng = np.random.default_rng(1)
 I64 = np.int64
@@ -101,7 +102,6 @@ def _empty_operand_runs(model, feeds, report):
     """Runs `model` twice on the EP with a report; returns its outputs and the fused node's
     empty_operand_runs (eager runs whose MLX graph touched a zero-size array)."""
     import gc
-    import json
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -110,7 +110,7 @@ def _empty_operand_runs(model, feeds, report):
     outs = [s.run(None, feeds) for _ in range(2)][-1]
     del s
     gc.collect()  # the statistics line is written when the session goes
-    stats = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+    stats = runner.read_fused_node_stats(report)
     assert len(stats) == 1, stats
     return outs, stats[0]["empty_operand_runs"]
 

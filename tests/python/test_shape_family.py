@@ -3,7 +3,6 @@ every run (a decode loop) runs its fixed stretches through compiled segments. A 
 only if its MLX graph follows from its input shapes alone; these graphs check that a step whose
 result depends on a *value* derived from a changing shape stays eager, so each run is exact."""
 import gc
-import json
 
 import numpy as np
 import onnx
@@ -11,6 +10,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
 
 
 def _model():
@@ -65,7 +65,7 @@ def test_shape_derived_host_read_stays_eager(tmp_path):
         np.testing.assert_allclose(y, _reference(x, h, table), rtol=1e-5, atol=1e-6, err_msg=f"L={L}")
     del s
     gc.collect()
-    st = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+    st = runner.read_fused_node_stats(report)[0]
     # Runs 1-2 find the family; runs 3-12 take the segments (the Slice, the Shape/ReduceSum of
     # x stay eager).
     assert st["piecewise_runs"] == 10, st
@@ -101,5 +101,5 @@ def test_family_runs_from_many_threads(tmp_path):
     assert not errors, errors[:2]
     del s
     gc.collect()
-    st = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x][0]
+    st = runner.read_fused_node_stats(report)[0]
     assert st["runs"] == 4 * 38 and st["piecewise_runs"] > 100 and st["segment_calls"] > 100, st
