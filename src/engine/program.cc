@@ -350,6 +350,15 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       prepared_.emplace(full, a);
       return a;
     };
+    hooks.translation_memo = [&](const std::string& key, const std::vector<mx::array>& of,
+                                 const std::function<std::vector<mx::array>()>& make) {
+      std::pair<std::string, std::vector<std::uintptr_t>> k{key, {}};
+      for (const auto& a : of) k.second.push_back(a.id());
+      if (auto it = run.memo.find(k); it != run.memo.end()) return it->second.result;
+      auto result = make();
+      run.memo.emplace(std::move(k), Run::MemoEntry{of, result});
+      return result;
+    };
     hooks.run_subgraph_values = [&](const graph::Graph& body, const std::vector<ops::Value>& args)
         -> std::vector<ops::Value> {
       auto b = std::find_if(io.bodies.begin(), io.bodies.end(),
@@ -436,9 +445,8 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     }
     // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
     if (top && run.steps)
-      record_step(k, io, slots,
-                  host_step || run.read_calls - reads_before != run.constant_reads - constant_reads_before,
-                  *run.steps);
+      record_step(k, io, slots, host_step,
+                  run.read_calls - reads_before != run.constant_reads - constant_reads_before, *run.steps);
   }
 }
 

@@ -158,6 +158,7 @@ class Program {
   // a function of its input shapes alone.
   struct StepInfo {
     bool fixed = true;
+    bool host = false;  // a host fold or a Shape/Size: no MLX work (not fixed either)
     std::vector<mx::Shape> shapes;  // its inputs' then its outputs' ({-1}: absent)
   };
   using StepInfos = std::vector<StepInfo>;
@@ -184,7 +185,7 @@ class Program {
                                                      const StepIO& io,
                                                      const std::vector<std::optional<ops::Value>>& inputs,
                                                      const Run& run) const;
-  static void record_step(size_t k, const StepIO& io, const Slots& slots, bool read_host,
+  static void record_step(size_t k, const StepIO& io, const Slots& slots, bool host_step, bool read_host,
                           StepInfos& infos);
 
   // A shape family (a decode loop: every step a new signature, because the KV cache grows).

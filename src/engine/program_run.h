@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
@@ -57,6 +58,13 @@ struct Program::Run {
     if (v.is_tensor()) note(*v.tensor, t);
     for (const auto& a : v.items) note(a, t);
   }
+
+  // EngineHooks::translation_memo: results by key and the ids of the arrays they derive from,
+  // with those arrays held (their ids stay unique within the run).
+  struct MemoEntry {
+    std::vector<mx::array> of, result;
+  };
+  std::map<std::pair<std::string, std::vector<std::uintptr_t>>, MemoEntry> memo;
 
   StepInfos* steps = nullptr;  // the group's steps, as this translation saw them (optional)
   size_t read_calls = 0;       // host reads asked for (deduplicated ones too) ...

@@ -10,11 +10,12 @@
 
 namespace ortmlx::engine {
 
-void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool read_host,
-                          StepInfos& infos) {
+void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool host_step,
+                          bool read_host, StepInfos& infos) {
   if (infos.size() <= k) infos.resize(k + 1);
   StepInfo& info = infos[k];
-  info.fixed = !read_host && io.bodies.empty();
+  info.host = host_step;
+  info.fixed = !host_step && !read_host && io.bodies.empty();
   info.shapes.clear();
   for (const auto* list : {&io.in, &io.out})
     for (int sl : *list) {
@@ -94,7 +95,11 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
   }
   // Two signatures that share only a few steps (a prompt, then the first decode step) are not
   // a family: keep looking (the next pair is two decode steps).
-  if (pw->segments.empty() || fixed_steps * 4 < p.steps.size()) return nullptr;
+  // Host steps (folds, Shape) do no MLX work: the quarter is of the steps that do, so that
+  // folding more of a graph on the host does not turn a family away.
+  size_t device_steps = 0;
+  for (size_t k = 0; k < p.steps.size(); ++k) device_steps += !(a[k].host && b[k].host);
+  if (pw->segments.empty() || fixed_steps * 4 < device_steps) return nullptr;
   if (opt_.log_level >= 1)
     std::cerr << "[MLX EP] " << where_ << ": shape family: " << pw->segments.size()
               << " compiled segment(s) over " << fixed_steps << " of " << p.steps.size()

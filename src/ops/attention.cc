@@ -515,7 +515,10 @@ Outputs translate_mha(OpContext& c) {
   std::optional<mx::array> bias;
   if (c.has(4)) bias = ort_mask(c, c.in(4), B, S, T, mfv, ct);
   if (n.attr_int("unidirectional", 0) != 0) bias = add_opt(bias, ort_causal(S, T, mfv, ct, c.s), c.s);
-  if (c.has(5)) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
+  // An all-zero attention_bias (an exporter's mask-derived bias in a decode step without
+  // padding, known on the host by folding) adds nothing: left out (see known_all_zero).
+  // ORT_MLX_ZERO_BIAS=0 keeps it (read per translation, for A/Bs).
+  if (c.has(5) && !(env_switch_on("ORT_MLX_ZERO_BIAS") && known_all_zero(c.in(5)))) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
   auto out = attend(mx::astype(Q, ct, c.s), mx::astype(K, ct, c.s), mx::astype(V, ct, c.s),
                     default_scale(n, H), {}, bias, 0.f, {}, c.s).out;
   return {mx::astype(from_bnsh(out, c.s), out_t, c.s), K, V};
@@ -567,7 +570,10 @@ Outputs translate_attention_ms(OpContext& c) {
   std::optional<mx::array> bias;
   if (c.has(3)) bias = ort_mask(c, c.in(3), B, S, T, mfv, ct);
   if (n.attr_int("unidirectional", 0) != 0) bias = add_opt(bias, ort_causal(S, T, mfv, ct, c.s), c.s);
-  if (c.has(5)) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
+  // An all-zero attention_bias (an exporter's mask-derived bias in a decode step without
+  // padding, known on the host by folding) adds nothing: left out (see known_all_zero).
+  // ORT_MLX_ZERO_BIAS=0 keeps it (read per translation, for A/Bs).
+  if (c.has(5) && !(env_switch_on("ORT_MLX_ZERO_BIAS") && known_all_zero(c.in(5)))) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
   auto out = attend(Q, K, V, default_scale(n, H), {}, bias, 0.f, {}, c.s).out;
   Outputs outs = {mx::astype(from_bnsh(out, c.s), out_t, c.s)};
   if (n.has_output(1)) {  // [2, B, N, T, H]: needs K and V of one head size

@@ -1,6 +1,8 @@
 #include "ops/common.h"
 #include "ops/cpu_gemv.h"
 
+#include <mlx/primitives.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -52,6 +54,36 @@ bool env_switch_on(const char* name) {
 
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
   return s.device == mx::Device::cpu && (a.dtype() == mx::float16 || a.dtype() == mx::bfloat16);
+}
+
+namespace {
+constexpr size_t kKnownZeroMaxElements = size_t{1} << 16;
+
+bool evaluated_all_zero(const mx::array& a) {
+  if (a.size() > kKnownZeroMaxElements || !a.flags().row_contiguous) return false;
+  auto all = [&](auto* p) { return std::all_of(p, p + a.size(), [](auto x) { return x == decltype(x)(0); }); };
+  switch (a.dtype().val()) {
+    case mx::Dtype::Val::float16: return all(a.data<mx::float16_t>());
+    case mx::Dtype::Val::bfloat16: return all(a.data<mx::bfloat16_t>());
+    case mx::Dtype::Val::float32: return all(a.data<float>());
+    case mx::Dtype::Val::bool_: return all(a.data<bool>());
+    default: return false;
+  }
+}
+}  // namespace
+
+bool known_all_zero(const mx::array& a) {
+  if (a.is_available()) return evaluated_all_zero(a);
+  if (!a.has_primitive() || a.inputs().empty()) return false;
+  static const char* const kPreserving[] = {"Reshape", "Broadcast", "BroadcastAxes", "ExpandDims",
+                                            "Squeeze", "Transpose", "AsType", "Contiguous", "Copy",
+                                            "Flatten", "Unflatten", "Slice", "Concatenate", "Pad"};
+  const std::string name = a.primitive().name();
+  if (std::none_of(std::begin(kPreserving), std::end(kPreserving), [&](const char* p) { return name == p; }))
+    return false;
+  // Pad's inputs are the array and the pad value: both zero. Every other op here maps zeros to
+  // zeros (a cast of 0 is 0 in any dtype).
+  return std::all_of(a.inputs().begin(), a.inputs().end(), [](const mx::array& in) { return known_all_zero(in); });
 }
 
 mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s) {

@@ -48,6 +48,14 @@ mx::array scalar_like(double v, const mx::array& like);
 // prompt appends its keys/values to an empty past: the whole prompt ran on the CPU (0.44B fp16
 // Llama on the H200: ~27 s for 128 tokens). On the CPU stream through cpu_concat where it applies.
 mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s);
+// Whether `a` is known to hold only zeros without evaluating anything: it is evaluated (a value
+// folded on the host: ops/host_fold.h) and zero, or it is built by value-preserving ops (views,
+// broadcasts, casts, concatenations, zero padding) from such arrays. A lazy array whose values
+// need arithmetic, a compile trace's placeholder, and data of more than kKnownZeroMaxElements
+// elements answer false. For an additive attention bias: a decoder's all-zero bias (no padding,
+// one query row) is dropped, so MLX's fused attention runs without a mask array (on its CUDA
+// backend sdpa_vector takes none; with one MLX falls back to ~10 unfused ops a layer).
+bool known_all_zero(const mx::array& a);
 std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
 
 

@@ -3,9 +3,18 @@
 // in the tensor's own width as ORT's kernels do), and wrapped back to their dtype at the end.
 // Whatever is invalid (an index out of range, a division by zero, mismatched shapes) is not
 // folded: the op's translator then fails with its usual message.
+//
+// Floating-point tensors are folded only while every value is an integer the dtype holds
+// exactly (masks: 0, 1, -65504, -inf excluded). Then each op's exact result, when the dtype
+// holds it, is what the float kernel computes too (it rounds the exact result, which needs no
+// rounding); any result it does not hold exactly (an overflow, a fraction, a negative zero)
+// refuses the fold, and MLX computes the node as before. This is what lets an exporter's
+// additive attention bias, built from the mask's data in fp16, be known on the host in a decode
+// step, where the attention ops drop it when it is all zeros (ops/attention.cc).
 #include "ops/host_fold.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <numeric>
@@ -28,8 +37,13 @@ struct Ints {
 using In = std::vector<std::optional<Ints>>;
 using Folded = std::optional<Ints>;
 
+bool is_float(mx::Dtype t) { return t == mx::float16 || t == mx::bfloat16 || t == mx::float32; }
+
 bool covered(mx::Dtype t) {
   switch (t.val()) {
+    case mx::Dtype::Val::float16:
+    case mx::Dtype::Val::bfloat16:
+    case mx::Dtype::Val::float32:
     case mx::Dtype::Val::bool_:
     case mx::Dtype::Val::int8:
     case mx::Dtype::Val::int16:
@@ -40,12 +54,23 @@ bool covered(mx::Dtype t) {
     case mx::Dtype::Val::uint32:
       return true;
     default:
-      return false;  // floats, and uint64 (its upper half does not fit int64 comparisons)
+      return false;  // float64, and uint64 (its upper half does not fit int64 comparisons)
   }
 }
 
 int64_t numel(const Dims& d) {
   return std::accumulate(d.begin(), d.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+// Whether the float dtype holds the integer x exactly (then a float kernel's result is x too).
+bool exact_in(int64_t x, mx::Dtype t) {
+  constexpr int64_t kExactDouble = int64_t{1} << 53;
+  if (x > kExactDouble || x < -kExactDouble) return false;
+  const auto f = static_cast<float>(x);
+  if (static_cast<double>(f) != static_cast<double>(x)) return false;  // float32 rounds it
+  if (t == mx::float16) return static_cast<float>(static_cast<mx::float16_t>(f)) == f;
+  if (t == mx::bfloat16) return static_cast<float>(static_cast<mx::bfloat16_t>(f)) == f;
+  return true;
 }
 
 std::optional<Ints> read(const mx::array& a) {
@@ -55,6 +80,16 @@ std::optional<Ints> read(const mx::array& a) {
   Ints h;
   h.dtype = a.dtype();
   h.shape.assign(a.shape().begin(), a.shape().end());
+  if (is_float(a.dtype())) {
+    // Integers only; a negative zero is refused too (held as 0 it would lose its sign).
+    for (double x : evaluated_floats(a)) {
+      if (!std::isfinite(x) || x != std::trunc(x) || std::abs(x) > 9007199254740992.0 ||
+          (x == 0 && std::signbit(x)))
+        return std::nullopt;
+      h.v.push_back(static_cast<int64_t>(x));
+    }
+    return h;
+  }
   h.v = evaluated_ints(a);
   return h;
 }
@@ -74,11 +109,18 @@ int64_t wrap(int64_t x, mx::Dtype t) {
 }
 
 mx::array to_array(Ints h) {
-  for (auto& x : h.v) x = wrap(x, h.dtype);
   mx::Shape shape;
   for (int64_t d : h.shape) shape.push_back(static_cast<int>(d));
+  if (is_float(h.dtype)) {  // exact_in held for every value (see elementwise)
+    std::vector<float> f(h.v.begin(), h.v.end());
+    return mx::array(f.begin(), std::move(shape), h.dtype);
+  }
+  for (auto& x : h.v) x = wrap(x, h.dtype);
   return mx::array(h.v.begin(), std::move(shape), h.dtype);
 }
+
+// A parameter input (axes, shape, indices, repeats) must be integer-typed.
+bool int_param(const std::optional<Ints>& h) { return !h || !is_float(h->dtype); }
 
 std::optional<int64_t> axis_in(int64_t a, int64_t rank) {
   if (a < 0) a += rank;
@@ -144,7 +186,7 @@ Folded elementwise(const std::vector<const Ints*>& xs, mx::Dtype out_dtype,
   for (size_t k = 0; k < r.v.size(); ++k) {
     for (size_t j = 0; j < xs.size(); ++j) args[j] = vals[j][k];
     auto y = f(args);
-    if (!y) return std::nullopt;
+    if (!y || (is_float(out_dtype) && !exact_in(*y, out_dtype))) return std::nullopt;
     r.v[k] = wrap(*y, out_dtype);
   }
   return r;
@@ -165,6 +207,19 @@ Folded arithmetic(const graph::Node& n, const In& in) {
   const mx::Dtype t = a.dtype;
   // Narrow dtypes compute in int64 and wrap; for Div the operands are already in range, so
   // truncation in int64 equals truncation in the narrow type (except MIN / -1, refused).
+  if (is_float(t))  // exact integer results only (see the top of the file)
+    return elementwise({&a, &b}, t, [&](const std::vector<int64_t>& x) -> std::optional<int64_t> {
+      int64_t y = 0;
+      if (op == "Add" ? __builtin_add_overflow(x[0], x[1], &y)
+          : op == "Sub" ? __builtin_sub_overflow(x[0], x[1], &y)
+          : op == "Mul" ? __builtin_mul_overflow(x[0], x[1], &y)
+                        : (x[1] == 0 || x[0] % x[1] != 0 || (y = x[0] / x[1], false)))
+        return std::nullopt;
+      // x + (-x) and x - x are +0 in IEEE arithmetic; a zero product or quotient with a
+      // negative operand is -0, which an integer cannot hold.
+      if (y == 0 && (op == "Mul" || op == "Div") && (x[0] < 0 || x[1] < 0)) return std::nullopt;
+      return y;
+    });
   return elementwise({&a, &b}, t, [&](const std::vector<int64_t>& x) -> std::optional<int64_t> {
     if (op == "Add") return add_w(x[0], x[1]);
     if (op == "Sub") return sub_w(x[0], x[1]);
@@ -220,6 +275,11 @@ Folded unary(const graph::Node& n, const In& in) {
   const Ints& a = *in[0];
   if (is_bool(a)) return std::nullopt;
   if (n.op_type == "Neg") {
+    if (is_float(a.dtype))  // -0 is refused (see Mul)
+      return elementwise({&a}, a.dtype, [](const std::vector<int64_t>& x) -> std::optional<int64_t> {
+        if (x[0] == 0) return std::nullopt;
+        return -x[0];
+      });
     if (!is_signed(a)) return std::nullopt;
     return elementwise({&a}, a.dtype, [](const std::vector<int64_t>& x) -> std::optional<int64_t> { return sub_w(0, x[0]); });
   }
@@ -240,8 +300,17 @@ Folded cast(const graph::Node& n, const In& in) {
   auto to = to_mlx_dtype(static_cast<graph::DType>(n.attr_int("to", 0)));
   if (!to || !covered(*to)) return std::nullopt;
   Ints r = *in[0];
+  const bool from_float = is_float(r.dtype);
   r.dtype = *to;
-  for (auto& x : r.v) x = wrap(x, *to);
+  for (auto& x : r.v) {
+    if (is_float(*to)) {
+      if (!exact_in(x, *to)) return std::nullopt;  // the cast would round
+    } else if (from_float && *to != mx::bool_ && wrap(x, *to) != x) {
+      return std::nullopt;  // out of the integer type's range: no defined result
+    } else {
+      x = wrap(x, *to);
+    }
+  }
   return r;
 }
 
@@ -258,6 +327,7 @@ Folded reshaped(const Ints& a, Dims shape) {
 
 Folded unsqueeze(const graph::Node& n, const In& in) {
   if (n.since_version >= 13 && (in.size() < 2 || !in[1])) return std::nullopt;  // axes required
+  if (n.since_version >= 13 && !int_param(in[1])) return std::nullopt;
   Dims axes = n.since_version < 13 ? n.attr_ints("axes") : in[1]->v;
   const Ints& a = *in[0];
   const int64_t r = static_cast<int64_t>(a.shape.size() + axes.size());
@@ -280,6 +350,7 @@ Folded squeeze(const graph::Node& n, const In& in) {
   if (n.since_version < 13) {
     if (n.has_attr("axes")) axes = n.attr_ints("axes");
   } else if (in.size() > 1 && in[1]) {
+    if (!int_param(in[1])) return std::nullopt;
     axes = in[1]->v;
   }
   std::vector<bool> drop(static_cast<size_t>(r), false);
@@ -299,7 +370,7 @@ Folded squeeze(const graph::Node& n, const In& in) {
 }
 
 Folded reshape(const graph::Node& n, const In& in) {
-  if (n.since_version < 5 || in.size() < 2 || !in[1]) return std::nullopt;
+  if (n.since_version < 5 || in.size() < 2 || !in[1] || !int_param(in[1])) return std::nullopt;
   const Ints& a = *in[0];
   const bool allowzero = n.attr_int("allowzero", 0) != 0;
   Dims out = in[1]->v;
@@ -328,7 +399,7 @@ Folded reshape(const graph::Node& n, const In& in) {
 
 Folded gather(const graph::Node& n, const In& in) {
   const Ints &data = *in[0], &idx = *in[1];
-  if (is_bool(idx)) return std::nullopt;
+  if (is_bool(idx) || !int_param(in[1])) return std::nullopt;
   const int64_t r = static_cast<int64_t>(data.shape.size());
   auto axis = axis_in(n.attr_int("axis", 0), r);
   if (!axis) return std::nullopt;
@@ -390,6 +461,8 @@ Folded slice(const graph::Node& n, const In& in) {
     axes = n.attr_ints("axes");
   } else {
     if (in.size() < 3 || !in[1] || !in[2]) return std::nullopt;
+    for (size_t i = 1; i < in.size(); ++i)
+      if (!int_param(in[i])) return std::nullopt;
     starts = in[1]->v;
     ends = in[2]->v;
     if (in.size() > 3 && in[3]) axes = in[3]->v;
@@ -447,7 +520,8 @@ Folded slice(const graph::Node& n, const In& in) {
 // seqlens_k in the genai decoders).
 Folded reduce_sum(const graph::Node& n, const In& in) {
   const Ints& a = *in[0];
-  if (is_bool(a)) return std::nullopt;
+  // Floats: the kernel's order of additions could round a partial sum; not folded.
+  if (is_bool(a) || is_float(a.dtype) || !int_param(in.size() > 1 ? in[1] : std::nullopt)) return std::nullopt;
   const int64_t r = static_cast<int64_t>(a.shape.size());
   Dims raw;
   bool noop = false;
@@ -502,11 +576,15 @@ Folded range(const graph::Node&, const In& in) {
   if (delta < 0 && diff < 0) n = (-diff + -delta - 1) / -delta;
   if (static_cast<size_t>(n) > kHostFoldMaxElements) return std::nullopt;
   Ints res{{}, {n}, a.dtype};
-  for (int64_t i = 0; i < n; ++i) res.v.push_back(start + i * delta);
+  for (int64_t i = 0; i < n; ++i) {
+    res.v.push_back(start + i * delta);  // |values| <= max(|start|, |limit|) + |delta|
+    if (is_float(a.dtype) && !exact_in(res.v.back(), a.dtype)) return std::nullopt;
+  }
   return res;
 }
 
 Folded expand(const graph::Node&, const In& in) {
+  if (!int_param(in[1])) return std::nullopt;
   const Ints& a = *in[0];
   auto out = broadcast({&a.shape, &in[1]->v});
   if (!out || static_cast<size_t>(numel(*out)) > kHostFoldMaxElements) return std::nullopt;
@@ -514,6 +592,7 @@ Folded expand(const graph::Node&, const In& in) {
 }
 
 Folded constant_of_shape(const graph::Node& n, const In& in) {
+  if (!int_param(in[0])) return std::nullopt;
   const Dims& shape = in[0]->v;
   for (int64_t d : shape)
     if (d < 0) return std::nullopt;
@@ -522,6 +601,13 @@ Folded constant_of_shape(const graph::Node& n, const In& in) {
   if (!value || !value->t || value->t->numel() != 1) return std::nullopt;  // float32 0 by default
   auto t = to_mlx_dtype(value->t->dtype);
   if (!t || !covered(*t)) return std::nullopt;
+  if (is_float(*t)) {
+    const double x = value->t->float_at(0);
+    if (x != std::trunc(x) || std::abs(x) > 9007199254740992.0 || (x == 0 && std::signbit(x)) ||
+        !exact_in(static_cast<int64_t>(x), *t))
+      return std::nullopt;
+    return Ints{std::vector<int64_t>(static_cast<size_t>(numel(shape)), static_cast<int64_t>(x)), shape, *t};
+  }
   return Ints{std::vector<int64_t>(static_cast<size_t>(numel(shape)), wrap(value->t->int_at(0), *t)), shape, *t};
 }
 

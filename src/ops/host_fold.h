@@ -3,8 +3,10 @@
 // Reshape); translated as MLX ops, each such chain costs one MLX evaluation when a translator
 // reads its result (~50 us on the CPU stream, ~200 us with the GPU's launches and sync), and a
 // decode step of an exported model reads dozens. The engine folds a node here instead when all
-// of its inputs are small, already-evaluated integer arrays that depend on shapes and constants
-// only (Program::run_steps checks that); what this file does not cover goes to the translator.
+// of its inputs are small, already-evaluated arrays (integers, or floats holding integers the
+// dtype represents exactly: see host_fold.cc) that depend on shapes and constants only, or in
+// eager runs on a fused input's data (Program::fold_on_host checks that); what this file does not
+// cover goes to the translator.
 #pragma once
 
 #include <optional>

@@ -141,6 +141,7 @@ std::vector<Out> read_host(const mx::array& a) {
 }  // namespace
 
 std::vector<int64_t> evaluated_ints(const mx::array& a) { return read_host<int64_t>(a); }
+std::vector<double> evaluated_floats(const mx::array& a) { return read_host<double>(a); }
 
 std::vector<int64_t> OpContext::host_ints(size_t i) const { return read_host<int64_t>(host_array(i)); }
 std::vector<double> OpContext::host_floats(size_t i) const { return read_host<double>(host_array(i)); }
@@ -160,6 +161,12 @@ std::vector<mx::array> OpContext::run_subgraph(const graph::Graph& body,
                                                const std::vector<mx::array>& inputs) const {
   if (!hooks_ || !hooks_->run_subgraph) fail("subgraphs need the engine (no run_subgraph hook)");
   return hooks_->run_subgraph(body, inputs);
+}
+
+std::vector<mx::array> OpContext::shared_result(const std::string& key, const std::vector<mx::array>& of,
+                                                const std::function<std::vector<mx::array>()>& make) const {
+  if (hooks_ && hooks_->translation_memo) return hooks_->translation_memo(key, of, make);
+  return make();
 }
 
 mx::array OpContext::prepared(const std::string& key, const std::vector<size_t>& inputs,

@@ -105,6 +105,14 @@ struct EngineHooks {
   std::function<mx::array(const std::string& key, const std::vector<size_t>& inputs,
                           const std::function<mx::array()>& make)>
       constant_memo;
+  // Within one translation (a probe, an eager run, one compile or segment trace): the result of
+  // `make` for `key` over exactly these arrays (by identity), built by the first node that asks
+  // and shared by the nodes after it. For values many nodes derive alike from the same inputs,
+  // which MLX would otherwise compute once per node: the rotary rows every layer gathers for the
+  // same position ids. Never across translations (a trace's arrays are its own placeholders).
+  std::function<std::vector<mx::array>(const std::string& key, const std::vector<mx::array>& of,
+                                       const std::function<std::vector<mx::array>()>& make)>
+      translation_memo;
   // Whether input `index` of the node is a constant initializer (so constant_memo caches).
   std::function<bool(size_t index)> is_constant;
   // MatMulNBits with accuracy_level 4: quantize A to int8 per block as ORT's CPU EP does (the
@@ -145,6 +153,9 @@ class OpContext {
   // See EngineHooks::constant_memo (without an engine: make()).
   mx::array prepared(const std::string& key, const std::vector<size_t>& inputs,
                      const std::function<mx::array()>& make) const;
+  // See EngineHooks::translation_memo (without an engine: make()).
+  std::vector<mx::array> shared_result(const std::string& key, const std::vector<mx::array>& of,
+                                       const std::function<std::vector<mx::array>()>& make) const;
   bool is_constant(size_t i) const { return hooks_ && hooks_->is_constant && hooks_->is_constant(i); }
   bool emulate_int8_activations() const { return !hooks_ || hooks_->emulate_int8_activations; }
 
@@ -179,6 +190,8 @@ using Translate = Outputs (*)(OpContext&);
 std::optional<mx::Dtype> to_mlx_dtype(DType t);
 // An evaluated, row-contiguous array's elements as int64 (any numeric dtype; floats truncate).
 std::vector<int64_t> evaluated_ints(const mx::array& a);
+// The same as double (any numeric dtype).
+std::vector<double> evaluated_floats(const mx::array& a);
 DType from_mlx_dtype(mx::Dtype t);
 mx::Dtype mlx_dtype(DType t);  // throws for unsupported dtypes
 

@@ -132,3 +132,46 @@ TEST(Registry, EveryEntryHasATranslatorAndIsFindable) {
     EXPECT_EQ(ops::find_op(e.domain, e.op_type, e.min_opset) != nullptr, true) << e.op_type;
   }
 }
+
+// EngineHooks::translation_memo: two RotaryEmbedding nodes on the same position ids and caches
+// gather the cos/sin rows once per translation (log_level 3 lists the primitives evaluated).
+TEST(Engine, RotaryRowsAreGatheredOncePerTranslation) {
+  graph::Graph g;
+  auto rotary = [&](const std::string& in, const std::string& out) {
+    graph::Node n;
+    n.name = out;
+    n.op_type = "RotaryEmbedding";
+    n.domain = "com.microsoft";
+    n.since_version = 1;
+    n.inputs = {in, "pos", "cos", "sin"};
+    n.outputs = {out};
+    g.nodes.push_back(n);
+    graph::ValueInfo v;
+    v.name = out;
+    v.dtype = graph::DType::Float32;
+    g.values[out] = v;
+  };
+  rotary("x", "q");
+  rotary("q", "k");
+  std::vector<float> table(16 * 4);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.1f * static_cast<float>(i));
+  for (const char* name : {"cos", "sin"}) {
+    graph::ConstTensor ct;
+    ct.dtype = graph::DType::Float32;
+    ct.shape = {16, 4};
+    ct.data = table.data();
+    ct.nbytes = table.size() * sizeof(float);
+    g.constants[name] = ct;
+  }
+  engine::Options opt;
+  opt.compile = false;
+  opt.log_level = 3;
+  engine::Program p("p", g, {"x", "pos"}, {"k"}, opt);
+  std::vector<float> x(2 * 16, 0.5f);
+  std::vector<int64_t> pos = {3, 4};
+  testing::internal::CaptureStderr();
+  auto y = p.run({host(x, {1, 2, 16}), {graph::DType::Int64, {1, 2}, pos.data()}});
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_NE(log.find("Gather=2 "), std::string::npos) << log;  // cos and sin rows, not 4
+  EXPECT_EQ(y[0].shape(), (mx::Shape{1, 2, 16}));
+}

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph_builders.h"
+#include "ops/common.h"
 #include "ops/host_fold.h"
 #include "ops/op_context.h"
 #include "ops/registry.h"
@@ -117,9 +118,9 @@ TEST(HostFold, ArithmeticComparisonsAndWhere) {
   }
   // int32 overflow wraps as ORT's kernels do
   expect_same(op("Mul", 2), {ints({1 << 20}, {1}, mx::int32), ints({1 << 15}, {1}, mx::int32)});
-  // refused: a zero divisor (the translator's business), a float input
+  // refused: a zero divisor (the translator's business), a float input that is not an integer
   EXPECT_FALSE(fold_on_host(op("Div", 2), {evaluated(ints({4}, {1})), evaluated(ints({0}, {1}))}));
-  EXPECT_FALSE(fold_on_host(op("Add", 2), {evaluated(mx::array({1.f})), evaluated(mx::array({1.f}))}));
+  EXPECT_FALSE(fold_on_host(op("Add", 2), {evaluated(mx::array({1.5f})), evaluated(mx::array({1.f}))}));
   auto b1 = mx::array({true, false, true}), b2 = mx::array({true, true, false});
   for (const char* name : {"And", "Or", "Xor"}) expect_same(op(name, 2), {b1, b2});
   expect_same(op("Not", 1), {b1});
@@ -182,4 +183,78 @@ TEST(HostFold, RefusesWhatItDoesNotCover) {
   auto other = op("Add", 2);
   other.domain = "com.microsoft";
   EXPECT_FALSE(fold_on_host(other, {evaluated(ints({1}, {1})), evaluated(ints({1}, {1}))}));
+}
+
+// Floats are folded while every value is an integer the dtype holds exactly: an exporter's
+// additive mask, (1 - Cast(mask)) -> Where(bool, -65504, 0) in fp16, as onnxruntime-genai
+// writes it. Each step must equal the translator's result.
+TEST(HostFold, IntegralFloatsOfAMaskBias) {
+  auto mask = ints({0, 1, 1, 1, 1, 1}, {1, 1, 1, 6});
+  auto to_f16 = op("Cast", 1);
+  ortmlx::test::int_attr(to_f16, "to", static_cast<int64_t>(ortmlx::graph::DType::Float16));
+  expect_same(to_f16, {mask});
+  auto mask_h = evaluated(mx::astype(mask, mx::float16));
+  auto one_minus = mx::subtract(mx::array(1.f, mx::float16), mask_h);
+  expect_same(op("Sub", 2), {mx::array(1.f, mx::float16), mask_h});
+  auto to_bool = op("Cast", 1);
+  ortmlx::test::int_attr(to_bool, "to", static_cast<int64_t>(ortmlx::graph::DType::Bool));
+  expect_same(to_bool, {one_minus});
+  auto padded = evaluated(mx::astype(one_minus, mx::bool_));
+  auto zero_h = mx::array(0.f, mx::float16), lowest_h = mx::array(-65504.f, mx::float16);
+  expect_same(op("Where", 3), {padded, lowest_h, zero_h});
+  auto bias = evaluated(mx::where(padded, lowest_h, zero_h));
+  expect_same(op("Add", 2), {bias, evaluated(mx::zeros({1, 1, 1, 6}, mx::float16))});
+  for (auto t : {mx::float32, mx::bfloat16, mx::float16}) {
+    auto a = mx::astype(mx::array({3.f, -4.f, 0.f, 12.f}), t), b = mx::astype(mx::array({3.f, 2.f, 5.f, -6.f}), t);
+    for (const char* name : {"Add", "Sub", "Max", "Min", "Equal", "Less", "Abs"})
+      expect_same(op(name, name == std::string("Abs") ? 1 : 2), {a, b});
+    expect_same(op("Div", 2), {mx::astype(mx::array({12.f, -6.f}), t), mx::astype(mx::array({3.f, 2.f}), t)});
+    expect_same(op("Neg", 1), {mx::astype(mx::array({3.f, -4.f}), t)});
+  }
+  expect_same(op("Range", 3), {mx::array(2.f), mx::array(11.f), mx::array(3.f)});
+  auto to_i32 = op("Cast", 1);
+  ortmlx::test::int_attr(to_i32, "to", static_cast<int64_t>(ortmlx::graph::DType::Int32));
+  expect_same(to_i32, {mx::array({-7.f, 0.f, 100000.f})});
+}
+
+TEST(HostFold, RefusesFloatResultsAKernelWouldRound) {
+  auto f = [](std::vector<float> v, mx::Dtype t = mx::float32) {
+    return evaluated(mx::astype(mx::array(v.begin(), {static_cast<int>(v.size())}), t));
+  };
+  EXPECT_FALSE(fold_on_host(op("Div", 2), {f({1.f}), f({2.f})}));                    // a fraction
+  EXPECT_FALSE(fold_on_host(op("Mul", 2), {f({0.f}), f({-1.f})}));                   // -0
+  EXPECT_FALSE(fold_on_host(op("Neg", 1), {f({0.f})}));                              // -0
+  EXPECT_FALSE(fold_on_host(op("Identity", 1), {f({-0.f})}));                        // -0 given
+  EXPECT_FALSE(fold_on_host(op("Add", 2), {f({-65504.f}, mx::float16), f({-65504.f}, mx::float16)}));  // -inf
+  EXPECT_FALSE(fold_on_host(op("Mul", 2), {f({4097.f}), f({4097.f})}));              // float32 rounds it
+  EXPECT_FALSE(fold_on_host(op("Identity", 1), {evaluated(mx::array({INFINITY}))}));
+  auto to_f16 = op("Cast", 1);
+  ortmlx::test::int_attr(to_f16, "to", static_cast<int64_t>(ortmlx::graph::DType::Float16));
+  EXPECT_FALSE(fold_on_host(to_f16, {evaluated(ints({2049}, {1}))}));               // fp16 rounds it
+  auto to_i8 = op("Cast", 1);
+  ortmlx::test::int_attr(to_i8, "to", static_cast<int64_t>(ortmlx::graph::DType::Int8));
+  EXPECT_FALSE(fold_on_host(to_i8, {f({300.f})}));                                  // out of range
+  EXPECT_FALSE(fold_on_host(op("ReduceSum", 1), {f({1.f, 2.f})}));                  // summation order
+  EXPECT_FALSE(fold_on_host(op("Gather", 2), {evaluated(ints({1, 2}, {2})), f({0.f})}));  // float indices
+  EXPECT_FALSE(fold_on_host(op("Reshape", 2), {f({1.f, 2.f}), f({2.f})}));          // float shape
+}
+
+// known_all_zero (ops/common.h): an all-zero value the host folded stays known through the
+// views, casts and broadcasts a Tile or an Unsqueeze builds; arithmetic, or data that is not
+// zero, or a value nothing evaluated, is not known.
+TEST(KnownAllZero, FollowsViewsOfEvaluatedZeros) {
+  using ortmlx::ops::known_all_zero;
+  auto zeros = evaluated(mx::zeros({1, 1, 1, 6}, mx::float16));
+  EXPECT_TRUE(known_all_zero(zeros));
+  EXPECT_TRUE(known_all_zero(mx::tile(zeros, {1, 4, 1, 1})));
+  EXPECT_TRUE(known_all_zero(mx::astype(mx::expand_dims(mx::reshape(zeros, {6}), 0), mx::float32)));
+  EXPECT_TRUE(known_all_zero(mx::concatenate({zeros, mx::broadcast_to(zeros, {1, 1, 2, 6})}, 2)));
+  EXPECT_TRUE(known_all_zero(mx::pad(zeros, {3}, {0}, {2}, mx::array(0.f, mx::float16))));
+  auto padded = evaluated(mx::astype(mx::array({-65504.f, 0.f, 0.f}), mx::float16));
+  EXPECT_FALSE(known_all_zero(padded));
+  EXPECT_FALSE(known_all_zero(mx::tile(padded, {4})));
+  EXPECT_FALSE(known_all_zero(mx::pad(zeros, {3}, {0}, {2}, mx::array(-1.f, mx::float16))));
+  EXPECT_FALSE(known_all_zero(mx::multiply(zeros, mx::array(2.f, mx::float16))));  // arithmetic
+  EXPECT_FALSE(known_all_zero(mx::zeros({4}, mx::float32)));                       // not evaluated
+  EXPECT_FALSE(known_all_zero(evaluated(mx::zeros({70000}, mx::float32))));        // too large to scan
 }

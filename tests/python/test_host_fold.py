@@ -172,3 +172,50 @@ def test_fp16_multihead_decoder_folds(tmp_path):
     _, off, st = _greedy(model, "0", ids, 10, tmp_path / "off.jsonl")
     assert st["host_reads"] > 11 * 10, st  # 132 here
     np.testing.assert_array_equal(on, off)
+
+
+def _padded_decode(model, mask_first, steps, report, **options):
+    """The fp16 Llama on the EP: a 6-token prompt and `steps` decode steps whose attention mask
+    has `mask_first` in its first column (0: a left-padded sequence). The steps' logits."""
+    from onnxruntime_mlx.generate import Decoder
+    dec = Decoder(model, "mlx", "cpu", report_path=str(report), **options)
+    assert set(om.placement(dec.session)) == {om.EP_NAME}
+    past, names, seen = dec.empty_past(), [o.name for o in dec.session.get_outputs()], []
+    ids = np.array([[5, 9, 2, 7, 11, 3]], np.int64)
+    total = ids.shape[1]
+    for _ in range(steps + 1):
+        mask = np.ones((1, total), np.int64)
+        mask[0, 0] = mask_first
+        pos = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **past}
+        outs = dict(zip(names, dec.session.run(None, feeds)))
+        past = {f"past_key_values.{i}.{kv}": outs[f"present.{i}.{kv}"]
+                for i in range(dec.num_layers) for kv in ("key", "value")}
+        ids = np.array([[int(np.argmax(outs["logits"][0, -1]))]], np.int64)
+        seen.append(outs["logits"][0, -1].astype(np.float32))
+        total += 1
+    del dec, past
+    gc.collect()
+    return np.stack(seen[1:]), _stats(report)
+
+
+def test_zero_attention_bias_is_left_out(tmp_path, monkeypatch):
+    """The fp16 Llama's MultiHeadAttention takes an additive attention_bias built from the mask's
+    data in fp16 (Cast, Sub, Where with -65504, Add, Tile). Folded on the host in decode steps,
+    it is all zeros without padding, and the attention leaves it out (on MLX's CUDA backend that
+    is what lets sdpa_vector run: it takes no mask array). Unpadded: the logits equal those of
+    ORT_MLX_ZERO_BIAS=0 and every decode step evaluates fewer MLX arrays. Left-padded: the bias
+    is not zero, is kept (the logits equal host_fold=0's, where nothing is folded) and changes
+    the logits."""
+    model = LLM / "llama-fp16"
+    steps, layers = 6, 2
+    monkeypatch.setenv("ORT_MLX_ZERO_BIAS", "0")
+    kept, st_kept = _padded_decode(model, 1, steps, tmp_path / "kept.jsonl")
+    monkeypatch.setenv("ORT_MLX_ZERO_BIAS", "1")
+    left_out, st_out = _padded_decode(model, 1, steps, tmp_path / "out.jsonl")
+    np.testing.assert_array_equal(left_out, kept)
+    assert st_out["eval_arrays"] + steps * layers <= st_kept["eval_arrays"], (st_out, st_kept)
+    padded, _ = _padded_decode(model, 0, steps, tmp_path / "padded.jsonl")
+    padded_ref, _ = _padded_decode(model, 0, steps, tmp_path / "padded_ref.jsonl", host_fold="0")
+    np.testing.assert_allclose(padded, padded_ref, rtol=1e-2, atol=1e-2)
+    assert np.abs(padded - left_out).max() > 1e-2
