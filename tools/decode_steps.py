@@ -9,8 +9,11 @@ from the first setting's. Settings alternate for --rounds rounds.
 
 A setting is `;`-separated from the next and holds `,`-separated key=value pairs: provider
 options (host_fold, shape_family, ...) or environment variables (names in capitals, e.g.
-ORT_MLX_FUSED_ROTARY=0, read by the EP per translation). --prefill-logits instead times the
-prompt alone with its logits copied to the host and kept in the EP's memory, alternating."""
+ORT_MLX_FUSED_ROTARY=0, read by the EP per translation); `device=cpu` runs that setting on
+the other MLX device (an fp32-computing reference for a GPU setting's logits). --teacher-forced
+feeds every setting the same token sequence instead of its own greedy choice, so the logits are
+compared on the same inputs. --prefill-logits instead times the prompt alone with its logits
+copied to the host and kept in the EP's memory, alternating."""
 import argparse
 import gc
 import json
@@ -32,9 +35,11 @@ def parse_setting(text: str) -> tuple[dict, dict]:
     return opts, env
 
 
-def run_setting(model, device, opts, env, context, steps, report):
+def run_setting(model, device, opts, env, context, steps, report, teacher_forced=False):
     for k, v in env.items():
         os.environ[k] = v
+    device = opts.pop("device", device)
+    forced = np.random.default_rng(1).integers(3, 1000, steps)
     report.unlink(missing_ok=True)
     dec = Decoder(model, "mlx", device, device_memory="1", report_path=str(report), **opts)
     ids = np.random.default_rng(0).integers(3, 1000, (1, context))
@@ -43,7 +48,8 @@ def run_setting(model, device, opts, env, context, steps, report):
     prompt_s = time.perf_counter() - t
     total, times = context, []
     for _ in range(steps):
-        nxt = np.array([[int(np.argmax(logits[0, -1]))]], np.int64)
+        token = int(forced[len(times)]) if teacher_forced else int(np.argmax(logits[0, -1]))
+        nxt = np.array([[token]], np.int64)
         total += 1
         t = time.perf_counter()
         logits, past = dec.step(nxt, past, total)
@@ -64,6 +70,7 @@ def main() -> int:
     p.add_argument("--settings", default="host_fold=1;host_fold=0")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--prefill-logits", action="store_true")
+    p.add_argument("--teacher-forced", action="store_true")
     a = p.parse_args()
     report = pathlib.Path(tempfile.mkdtemp()) / "report.jsonl"
     if a.prefill_logits:
@@ -86,7 +93,8 @@ def main() -> int:
     for r in range(a.rounds):
         for text in settings:
             opts, env = parse_setting(text)
-            med, prompt_s, st, last = run_setting(a.model, a.device, opts, env, a.context, a.steps, report)
+            med, prompt_s, st, last = run_setting(a.model, a.device, opts, env, a.context, a.steps, report,
+                                                  a.teacher_forced)
             first = last if first is None else first
             runs = max(st["runs"], 1)
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
