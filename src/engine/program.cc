@@ -279,7 +279,7 @@ std::optional<std::vector<mx::array>> Program::fold_on_host(
 }
 
 void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run,
-                        size_t begin, size_t end) const {
+                        size_t begin, size_t end, const std::vector<size_t>* order) const {
   const bool top = &p == top_.get();
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
@@ -292,7 +292,8 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     t.erase(std::unique(t.begin(), t.end()), t.end());
     return t;
   };
-  for (size_t k = begin; k < end; ++k) {
+  for (size_t pos = begin; pos < end; ++pos) {
+    const size_t k = order ? (*order)[pos] : pos;
     const auto& node = p.graph->nodes[k];
     const auto& io = p.steps[k];
     const size_t reads_before = run.read_calls, constant_reads_before = run.constant_reads;

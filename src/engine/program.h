@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -179,8 +180,9 @@ class Program {
   using Slots = std::vector<std::optional<ops::Value>>;
   // Translates steps [begin, end) of `p` over `slots` (run_plan's loop; piecewise runs call it
   // for the stretches between compiled segments).
+  // Steps [begin, end) of the plan, or with `order` the steps at those positions of it.
   void run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run, size_t begin,
-                 size_t end) const;
+                 size_t end, const std::vector<size_t>* order = nullptr) const;
   std::optional<std::vector<mx::array>> fold_on_host(const Plan& p, const graph::Node& node,
                                                      const StepIO& io,
                                                      const std::vector<std::optional<ops::Value>>& inputs,
@@ -197,7 +199,7 @@ class Program {
   // only (fixed steps), and one whose shapes differ from the family's runs eagerly.
   using SegmentFn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
   struct Segment {
-    size_t begin = 0, end = 0;           // steps
+    size_t begin = 0, end = 0;           // positions in Piecewise::order
     std::vector<int> in_slots, out_slots;
     std::vector<mx::Shape> in_shapes;    // the family's: other shapes run eagerly
     // One compiled function per MLX stream (each thread has its own default stream).
@@ -205,6 +207,10 @@ class Program {
     bool broken = false;                 // a trace failed: eager from then on
   };
   struct Piecewise {
+    // The order the family's runs take the steps in (a topological order of the plan): steps
+    // that stay fixed are taken as early as their inputs allow, so that the steps in between
+    // (host folds, shape-changing attention) do not cut them into more segments than needed.
+    std::vector<size_t> order;
     Layout layout;
     mx::Device device = mx::Device::cpu;
     std::vector<Segment> segments;
@@ -212,7 +218,8 @@ class Program {
   };
   std::unique_ptr<Piecewise> find_family(const StepInfos& a, const StepInfos& b) const;
   // The segment's steps as one mx::compile'd function of its inputs, traced on stream `s`.
-  SegmentFn segment_function(const Segment& seg, mx::Stream s);
+  SegmentFn segment_function(const Segment& seg, const std::vector<size_t>& order, mx::Stream s);
+  static std::vector<size_t> step_order(const Plan& p, const std::function<bool(size_t)>& fixed);
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                        const Layout& layout, mx::Stream s);
   std::string signature_of(const std::vector<HostTensor>& raw) const;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <set>
 #include <unordered_set>
 
 #include "engine/program.h"
 #include "engine/program_run.h"
+#include "ops/common.h"
 
 namespace ortmlx::engine {
 
@@ -24,6 +26,57 @@ void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool h
       if (!v.is_tensor()) { info.fixed = false; info.shapes.push_back({-2}); continue; }
       info.shapes.push_back(v.tensor->shape());
     }
+}
+
+// A topological order of the plan's steps in which each fixed step is taken as soon as its
+// inputs are there and the others as late as possible (Kahn's algorithm, fixed steps first, each
+// kind in plan order). An exported decoder layer interleaves its products and rotary nodes with
+// the shape arithmetic of the attention (folded on the host, so not fixed); in plan order those
+// cut a layer's products into three segments. ORT_MLX_STEP_ORDER=0 keeps the plan's order.
+std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(size_t)>& fixed) {
+  const size_t n = p.steps.size();
+  std::vector<size_t> order;
+  order.reserve(n);
+  if (!ops::env_switch_on("ORT_MLX_STEP_ORDER")) {
+    for (size_t k = 0; k < n; ++k) order.push_back(k);
+    return order;
+  }
+  std::vector<int> producer(p.num_slots, -1);
+  for (size_t k = 0; k < n; ++k)
+    for (int sl : p.steps[k].out)
+      if (sl >= 0) producer[static_cast<size_t>(sl)] = static_cast<int>(k);
+  std::vector<std::vector<size_t>> users(n);
+  std::vector<size_t> waiting(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<int> deps;
+    auto need = [&](int sl) {
+      if (sl >= 0 && producer[static_cast<size_t>(sl)] >= 0) deps.push_back(producer[static_cast<size_t>(sl)]);
+    };
+    for (int sl : p.steps[k].in) need(sl);
+    for (const auto& body : p.steps[k].bodies)
+      for (int sl : body.second) need(sl);
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    waiting[k] = deps.size();
+    for (int d : deps) users[static_cast<size_t>(d)].push_back(k);
+  }
+  std::set<size_t> ready_fixed, ready_other;
+  auto ready = [&](size_t k) { (fixed(k) ? ready_fixed : ready_other).insert(k); };
+  for (size_t k = 0; k < n; ++k)
+    if (waiting[k] == 0) ready(k);
+  while (!ready_fixed.empty() || !ready_other.empty()) {
+    auto& from = ready_fixed.empty() ? ready_other : ready_fixed;
+    const size_t k = *from.begin();
+    from.erase(from.begin());
+    order.push_back(k);
+    for (size_t u : users[k])
+      if (--waiting[u] == 0) ready(u);
+  }
+  if (order.size() != n) {  // a cycle cannot happen in a plan; keep its order if it did
+    order.clear();
+    for (size_t k = 0; k < n; ++k) order.push_back(k);
+  }
+  return order;
 }
 
 std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
@@ -48,44 +101,47 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
                                                    "a sequence"
                                                  : "its shapes change")
                   << ")\n";
-  // The last step that reads each slot (its bodies' outer values included), and the group's
+  auto pw = std::make_unique<Piecewise>();
+  pw->order = step_order(p, stays);
+  const auto& order = pw->order;
+  const size_t n = order.size();
+  // The last position that reads each slot (its bodies' outer values included), and the group's
   // outputs: a segment returns what is read after it.
   std::vector<size_t> last_read(p.num_slots, 0);
   std::vector<uint8_t> group_output(p.num_slots, 0);
-  for (size_t j = 0; j < p.steps.size(); ++j) {
-    for (int sl : p.steps[j].in)
+  for (size_t j = 0; j < n; ++j) {
+    for (int sl : p.steps[order[j]].in)
       if (sl >= 0) last_read[static_cast<size_t>(sl)] = j;
-    for (const auto& body : p.steps[j].bodies)
+    for (const auto& body : p.steps[order[j]].bodies)
       for (int sl : body.second) last_read[static_cast<size_t>(sl)] = j;
   }
   for (int sl : p.output_slots) group_output[static_cast<size_t>(sl)] = 1;
-  auto pw = std::make_unique<Piecewise>();
   size_t fixed_steps = 0;
-  for (size_t k = 0; k < p.steps.size();) {
-    if (!stays(k)) { ++k; continue; }
+  for (size_t k = 0; k < n;) {
+    if (!stays(order[k])) { ++k; continue; }
     size_t e = k;
-    while (e < p.steps.size() && stays(e)) ++e;
+    while (e < n && stays(order[e])) ++e;
     if (e - k >= kMinSegmentSteps) {
       Segment seg;
       seg.begin = k;
       seg.end = e;
       std::unordered_set<int> produced, taken;
       for (size_t j = k; j < e; ++j) {
-        const auto& io = p.steps[j];
+        const auto& io = p.steps[order[j]];
         for (size_t i = 0; i < io.in.size(); ++i) {
           int sl = io.in[i];
           // Constants are not arguments: the trace reads them as they are (see Run).
           if (sl < 0 || produced.count(sl) || is_constant_slot(p, sl) || !taken.insert(sl).second)
             continue;
           seg.in_slots.push_back(sl);
-          seg.in_shapes.push_back(a[j].shapes[i]);
+          seg.in_shapes.push_back(a[order[j]].shapes[i]);
         }
         for (int sl : io.out)
           if (sl >= 0) produced.insert(sl);
       }
       // Outputs: what later steps (or their bodies) read, and the group's outputs.
       for (size_t j = k; j < e; ++j)
-        for (int sl : p.steps[j].out)
+        for (int sl : p.steps[order[j]].out)
           if (sl >= 0 && (group_output[static_cast<size_t>(sl)] || last_read[static_cast<size_t>(sl)] >= e))
             seg.out_slots.push_back(sl);
       fixed_steps += e - k;
@@ -107,11 +163,14 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
   return pw;
 }
 
-Program::SegmentFn Program::segment_function(const Segment& seg, mx::Stream s) {
+Program::SegmentFn Program::segment_function(const Segment& seg, const std::vector<size_t>& order,
+                                             mx::Stream s) {
   // The segment's steps over placeholders for its inputs: fixed steps read no host value but
   // constants, which the trace's slots hold as themselves.
   return mx::compile(
       [this, b = seg.begin, e = seg.end, ins = seg.in_slots, outs = seg.out_slots,
+       steps = std::vector<size_t>(order.begin() + static_cast<std::ptrdiff_t>(seg.begin),
+                                   order.begin() + static_cast<std::ptrdiff_t>(seg.end)),
        s](const std::vector<mx::array>& xs) {
         const Plan& p = *top_;
         Slots slots(p.num_slots);
@@ -123,7 +182,7 @@ Program::SegmentFn Program::segment_function(const Segment& seg, mx::Stream s) {
         HostRecord empty;
         Run trace(Mode::Replay, &empty, nullptr, s, nullptr);
         trace.direct_constants = true;
-        run_steps(p, slots, none, trace, b, e);
+        run_steps(p, slots, none, trace, 0, e - b, &steps);
         std::vector<mx::array> r;
         for (int o : outs) {
           if (!slots[o] || !slots[o]->is_tensor())
@@ -151,7 +210,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
   bool matched = false;
   size_t next = 0;
   for (auto& seg : pw.segments) {
-    run_steps(p, slots, taint, run, next, seg.begin);
+    run_steps(p, slots, taint, run, next, seg.begin, &pw.order);
     next = seg.end;
     std::vector<mx::array> in;
     bool match = !seg.broken;
@@ -162,7 +221,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     }
     auto fn = seg.fns.find(s.index);
     if (match && fn == seg.fns.end()) {
-      fn = seg.fns.emplace(s.index, segment_function(seg, s)).first;
+      fn = seg.fns.emplace(s.index, segment_function(seg, pw.order, s)).first;
       ++stats_.segment_traces;
     }
     if (match) {
@@ -182,9 +241,9 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
                     << " runs eagerly: " << ex.what() << "\n";
       }
     }
-    run_steps(p, slots, taint, run, seg.begin, seg.end);
+    run_steps(p, slots, taint, run, seg.begin, seg.end, &pw.order);
   }
-  run_steps(p, slots, taint, run, next, p.steps.size());
+  run_steps(p, slots, taint, run, next, p.steps.size(), &pw.order);
   pw.misses = matched ? 0 : pw.misses + 1;
   std::vector<ops::Value> outs;
   outs.reserve(p.output_slots.size());

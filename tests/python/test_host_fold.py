@@ -219,3 +219,20 @@ def test_zero_attention_bias_is_left_out(tmp_path, monkeypatch):
     padded_ref, _ = _padded_decode(model, 0, steps, tmp_path / "padded_ref.jsonl", host_fold="0")
     np.testing.assert_allclose(padded, padded_ref, rtol=1e-2, atol=1e-2)
     assert np.abs(padded - left_out).max() > 1e-2
+
+
+def test_family_orders_fixed_steps_together(tmp_path, monkeypatch):
+    """A shape family takes the steps in a topological order that puts fixed steps as early as
+    their inputs allow: in the fp16 Llama each layer's products and rotary nodes are otherwise cut
+    into three segments by the folded shape arithmetic of the attention between them (plan order,
+    ORT_MLX_STEP_ORDER=0). Fewer segment calls a step, fewer arrays (the q and k rotary rows are
+    one gather inside one compiled segment), the same logits."""
+    model = LLM / "llama-fp16"
+    monkeypatch.setenv("ORT_MLX_STEP_ORDER", "0")
+    plan, st_plan = _padded_decode(model, 1, 8, tmp_path / "plan.jsonl")
+    monkeypatch.setenv("ORT_MLX_STEP_ORDER", "1")
+    grouped, st_grouped = _padded_decode(model, 1, 8, tmp_path / "grouped.jsonl")
+    np.testing.assert_array_equal(grouped, plan)
+    assert st_grouped["piecewise_runs"] >= 6 and st_plan["piecewise_runs"] == st_grouped["piecewise_runs"]
+    assert st_grouped["segment_calls"] * 2 <= st_plan["segment_calls"], (st_grouped, st_plan)  # 3 vs 7 a step
+    assert st_grouped["eval_arrays"] < st_plan["eval_arrays"], (st_grouped, st_plan)
