@@ -35,6 +35,10 @@
 #        --context 1024 --rounds 1 --steps 16 --teacher-forced
 # (open after 2026-12-02: whether MLX's one-row attention, taken since the zero bias is left
 # out, is closer to that reference than the fallback it replaced; they differ by up to 0.27).
+# Also open after 2026-12-02, never measured on the GPU: the shape family's step order
+#      ... --settings "ORT_MLX_STEP_ORDER=1;ORT_MLX_STEP_ORDER=0" --context 1024 --rounds 2 --steps 40
+# (on the CPU: 8.3 vs 23.2 segment calls a run, 739 vs 828 arrays), then the oracle shards and
+# GPU conformance on the current code (the last oracle ran on 8de3230, conformance on 1d4d491).
 # A machine start costs ~90 s of device time: keep ~150 s for the last call. A/Bs of one change
 # in one process, e.g.
 #      PYTHONPATH=python:$PYTHONPATH python3 tools/decode_steps.py /tmp/gpu-models/llama-fp16 --device gpu
