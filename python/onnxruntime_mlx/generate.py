@@ -59,14 +59,17 @@ class Decoder:
             past[f"past_key_values.{i}.value"] = np.zeros(shape, self.kv_dtype)
         return past
 
-    def step(self, ids: np.ndarray, past: dict, total_len: int, logits_to_host: bool = True):
+    def step(self, ids: np.ndarray, past: dict, total_len: int, logits_to_host: bool = True,
+             attention_mask: np.ndarray | None = None):
         """One forward pass: (logits as numpy, the next step's past). `past` holds numpy arrays,
-        or (resident decoders) the previous step's OrtValues in the EP's memory.
+        or (resident decoders) the previous step's OrtValues in the EP's memory. The attention
+        mask is all ones (no padding) unless given ([batch, total_len] int64).
         logits_to_host=False (resident decoders): the logits stay in the EP's memory too and
         come back as an OrtValue (a prompt's [1, S, vocab] logits are 131 MB at S = 1024 for a
         32k vocabulary; a sampler needs one row of them)."""
         feeds = {"input_ids": ids.astype(np.int64),
-                 "attention_mask": np.ones((ids.shape[0], total_len), np.int64), **past}
+                 "attention_mask": np.ones((ids.shape[0], total_len), np.int64)
+                 if attention_mask is None else attention_mask, **past}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)

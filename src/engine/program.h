@@ -178,9 +178,9 @@ class Program {
   std::vector<ops::Value> run_plan(const Plan& p, std::vector<ops::Value> inputs,
                                    std::vector<Taint> input_taints, Run& run) const;
   using Slots = std::vector<std::optional<ops::Value>>;
-  // Translates steps [begin, end) of `p` over `slots` (run_plan's loop; piecewise runs call it
-  // for the stretches between compiled segments).
-  // Steps [begin, end) of the plan, or with `order` the steps at those positions of it.
+  // Translates steps [begin, end) of `p` over `slots`, or with `order` the steps at those
+  // positions of it (run_plan's loop; piecewise runs call it for the stretches between
+  // compiled segments, in the family's order).
   void run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run, size_t begin,
                  size_t end, const std::vector<size_t>* order = nullptr) const;
   std::optional<std::vector<mx::array>> fold_on_host(const Plan& p, const graph::Node& node,

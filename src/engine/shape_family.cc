@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <numeric>
 #include <set>
 #include <unordered_set>
 
@@ -35,12 +36,14 @@ void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool h
 // cut a layer's products into three segments. ORT_MLX_STEP_ORDER=0 keeps the plan's order.
 std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(size_t)>& fixed) {
   const size_t n = p.steps.size();
+  auto plan_order = [n] {
+    std::vector<size_t> o(n);
+    std::iota(o.begin(), o.end(), size_t{0});
+    return o;
+  };
+  if (!ops::env_switch_on("ORT_MLX_STEP_ORDER")) return plan_order();
   std::vector<size_t> order;
   order.reserve(n);
-  if (!ops::env_switch_on("ORT_MLX_STEP_ORDER")) {
-    for (size_t k = 0; k < n; ++k) order.push_back(k);
-    return order;
-  }
   std::vector<int> producer(p.num_slots, -1);
   for (size_t k = 0; k < n; ++k)
     for (int sl : p.steps[k].out)
@@ -72,11 +75,7 @@ std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(
     for (size_t u : users[k])
       if (--waiting[u] == 0) ready(u);
   }
-  if (order.size() != n) {  // a cycle cannot happen in a plan; keep its order if it did
-    order.clear();
-    for (size_t k = 0; k < n; ++k) order.push_back(k);
-  }
-  return order;
+  return order.size() == n ? order : plan_order();  // (a plan has no cycle; were there one)
 }
 
 std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,

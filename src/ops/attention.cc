@@ -384,6 +384,16 @@ std::optional<mx::array> add_opt(const std::optional<mx::array>& a, const mx::ar
   return a ? mx::add(*a, b, s) : b;
 }
 
+// `bias` plus the node's attention_bias input `i`, if given. An all-zero one (an exporter's
+// mask-derived bias in a decode step without padding, known on the host by folding) adds
+// nothing and is left out (see known_all_zero); ORT_MLX_ZERO_BIAS=0 keeps it (read per
+// translation, for A/Bs).
+std::optional<mx::array> add_attention_bias(const std::optional<mx::array>& bias, OpContext& c, size_t i,
+                                            mx::Dtype t) {
+  if (!c.has(i) || (env_switch_on("ORT_MLX_ZERO_BIAS") && known_all_zero(c.in(i)))) return bias;
+  return add_opt(bias, mx::astype(c.in(i), t, c.s), c.s);
+}
+
 float default_scale(const graph::Node& n, int H) {
   const float sc = n.attr_float("scale", 0.f);
   return sc != 0.f ? sc : 1.f / std::sqrt(static_cast<float>(H));
@@ -515,10 +525,7 @@ Outputs translate_mha(OpContext& c) {
   std::optional<mx::array> bias;
   if (c.has(4)) bias = ort_mask(c, c.in(4), B, S, T, mfv, ct);
   if (n.attr_int("unidirectional", 0) != 0) bias = add_opt(bias, ort_causal(S, T, mfv, ct, c.s), c.s);
-  // An all-zero attention_bias (an exporter's mask-derived bias in a decode step without
-  // padding, known on the host by folding) adds nothing: left out (see known_all_zero).
-  // ORT_MLX_ZERO_BIAS=0 keeps it (read per translation, for A/Bs).
-  if (c.has(5) && !(env_switch_on("ORT_MLX_ZERO_BIAS") && known_all_zero(c.in(5)))) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
+  bias = add_attention_bias(bias, c, 5, ct);
   auto out = attend(mx::astype(Q, ct, c.s), mx::astype(K, ct, c.s), mx::astype(V, ct, c.s),
                     default_scale(n, H), {}, bias, 0.f, {}, c.s).out;
   return {mx::astype(from_bnsh(out, c.s), out_t, c.s), K, V};
@@ -570,10 +577,7 @@ Outputs translate_attention_ms(OpContext& c) {
   std::optional<mx::array> bias;
   if (c.has(3)) bias = ort_mask(c, c.in(3), B, S, T, mfv, ct);
   if (n.attr_int("unidirectional", 0) != 0) bias = add_opt(bias, ort_causal(S, T, mfv, ct, c.s), c.s);
-  // An all-zero attention_bias (an exporter's mask-derived bias in a decode step without
-  // padding, known on the host by folding) adds nothing: left out (see known_all_zero).
-  // ORT_MLX_ZERO_BIAS=0 keeps it (read per translation, for A/Bs).
-  if (c.has(5) && !(env_switch_on("ORT_MLX_ZERO_BIAS") && known_all_zero(c.in(5)))) bias = add_opt(bias, mx::astype(c.in(5), ct, c.s), c.s);
+  bias = add_attention_bias(bias, c, 5, ct);
   auto out = attend(Q, K, V, default_scale(n, H), {}, bias, 0.f, {}, c.s).out;
   Outputs outs = {mx::astype(from_bnsh(out, c.s), out_t, c.s)};
   if (n.has_output(1)) {  // [2, B, N, T, H]: needs K and V of one head size

@@ -73,6 +73,14 @@ bool exact_in(int64_t x, mx::Dtype t) {
   return true;
 }
 
+// A float value as the integer it holds; nullopt for a fraction, an infinity or NaN, a magnitude
+// beyond double's exact integers, or a negative zero (held as 0 it would lose its sign).
+std::optional<int64_t> float_as_integer(double x) {
+  if (!std::isfinite(x) || x != std::trunc(x) || std::abs(x) > 9007199254740992.0 || (x == 0 && std::signbit(x)))
+    return std::nullopt;
+  return static_cast<int64_t>(x);
+}
+
 std::optional<Ints> read(const mx::array& a) {
   if (!a.is_available() || !a.flags().row_contiguous || a.size() > kHostFoldMaxElements ||
       !covered(a.dtype()))
@@ -81,12 +89,10 @@ std::optional<Ints> read(const mx::array& a) {
   h.dtype = a.dtype();
   h.shape.assign(a.shape().begin(), a.shape().end());
   if (is_float(a.dtype())) {
-    // Integers only; a negative zero is refused too (held as 0 it would lose its sign).
     for (double x : evaluated_floats(a)) {
-      if (!std::isfinite(x) || x != std::trunc(x) || std::abs(x) > 9007199254740992.0 ||
-          (x == 0 && std::signbit(x)))
-        return std::nullopt;
-      h.v.push_back(static_cast<int64_t>(x));
+      auto i = float_as_integer(x);
+      if (!i) return std::nullopt;
+      h.v.push_back(*i);
     }
     return h;
   }
@@ -210,11 +216,13 @@ Folded arithmetic(const graph::Node& n, const In& in) {
   if (is_float(t))  // exact integer results only (see the top of the file)
     return elementwise({&a, &b}, t, [&](const std::vector<int64_t>& x) -> std::optional<int64_t> {
       int64_t y = 0;
-      if (op == "Add" ? __builtin_add_overflow(x[0], x[1], &y)
-          : op == "Sub" ? __builtin_sub_overflow(x[0], x[1], &y)
-          : op == "Mul" ? __builtin_mul_overflow(x[0], x[1], &y)
-                        : (x[1] == 0 || x[0] % x[1] != 0 || (y = x[0] / x[1], false)))
-        return std::nullopt;
+      bool inexact = false;  // an int64 overflow, or a quotient with a fraction
+      if (op == "Add") inexact = __builtin_add_overflow(x[0], x[1], &y);
+      else if (op == "Sub") inexact = __builtin_sub_overflow(x[0], x[1], &y);
+      else if (op == "Mul") inexact = __builtin_mul_overflow(x[0], x[1], &y);
+      else if (x[1] == 0 || x[0] % x[1] != 0) inexact = true;  // Div
+      else y = x[0] / x[1];
+      if (inexact) return std::nullopt;
       // x + (-x) and x - x are +0 in IEEE arithmetic; a zero product or quotient with a
       // negative operand is -0, which an integer cannot hold.
       if (y == 0 && (op == "Mul" || op == "Div") && (x[0] < 0 || x[1] < 0)) return std::nullopt;
@@ -602,11 +610,9 @@ Folded constant_of_shape(const graph::Node& n, const In& in) {
   auto t = to_mlx_dtype(value->t->dtype);
   if (!t || !covered(*t)) return std::nullopt;
   if (is_float(*t)) {
-    const double x = value->t->float_at(0);
-    if (x != std::trunc(x) || std::abs(x) > 9007199254740992.0 || (x == 0 && std::signbit(x)) ||
-        !exact_in(static_cast<int64_t>(x), *t))
-      return std::nullopt;
-    return Ints{std::vector<int64_t>(static_cast<size_t>(numel(shape)), static_cast<int64_t>(x)), shape, *t};
+    auto x = float_as_integer(value->t->float_at(0));
+    if (!x || !exact_in(*x, *t)) return std::nullopt;
+    return Ints{std::vector<int64_t>(static_cast<size_t>(numel(shape)), *x), shape, *t};
   }
   return Ints{std::vector<int64_t>(static_cast<size_t>(numel(shape)), wrap(value->t->int_at(0), *t)), shape, *t};
 }

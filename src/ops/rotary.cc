@@ -174,8 +174,8 @@ int seq_len_of(const mx::array& x) { return x.ndim() == 4 ? x.shape(2) : x.shape
 
 // cos/sin rows for position ids [B, S] (or a scalar start position broadcast to [1, S]). Every
 // rotary node of a decoder (two a layer) gathers the same rows from the same tables: gathered
-// once per translation and shared (a GPU decode step of a 24-layer fp16 Llama evaluated 96
-// Gathers, each a kernel launch, where 2 do).
+// once per translation and shared (an eager run of a 24-layer fp16 Llama gathered them 96 times,
+// each a kernel launch on the GPU; inside a shape family's segment MLX's compile merges them).
 std::pair<mx::array, mx::array> gather_rows(OpContext& c, const mx::array& pos, const mx::array& cos,
                                             const mx::array& sin, int S) {
   auto rows = c.shared_result("rotary_rows/" + std::to_string(S), {pos, cos, sin}, [&] {

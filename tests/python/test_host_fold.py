@@ -180,19 +180,15 @@ def _padded_decode(model, mask_first, steps, report, **options):
     from onnxruntime_mlx.generate import Decoder
     dec = Decoder(model, "mlx", "cpu", report_path=str(report), **options)
     assert set(om.placement(dec.session)) == {om.EP_NAME}
-    past, names, seen = dec.empty_past(), [o.name for o in dec.session.get_outputs()], []
+    past, seen = dec.empty_past(), []
     ids = np.array([[5, 9, 2, 7, 11, 3]], np.int64)
     total = ids.shape[1]
     for _ in range(steps + 1):
         mask = np.ones((1, total), np.int64)
         mask[0, 0] = mask_first
-        pos = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
-        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **past}
-        outs = dict(zip(names, dec.session.run(None, feeds)))
-        past = {f"past_key_values.{i}.{kv}": outs[f"present.{i}.{kv}"]
-                for i in range(dec.num_layers) for kv in ("key", "value")}
-        ids = np.array([[int(np.argmax(outs["logits"][0, -1]))]], np.int64)
-        seen.append(outs["logits"][0, -1].astype(np.float32))
+        logits, past = dec.step(ids, past, total, attention_mask=mask)
+        ids = np.array([[int(np.argmax(logits[0, -1]))]], np.int64)
+        seen.append(logits[0, -1].astype(np.float32))
         total += 1
     del dec, past
     gc.collect()
