@@ -114,6 +114,9 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         read_tensor(v, inputs[i]);
       }
       auto outputs = program->run(inputs);
+      // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written
+      // there by MLX on the device, all in one evaluation, after the loop.
+      std::vector<std::pair<void*, mx::array>> device_writes;
       for (size_t i = 0; i < n_out; ++i) {
         const auto& a = outputs[i];
         std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
@@ -141,7 +144,16 @@ struct FusedNodeCompute : OrtNodeComputeInfo {
         }
         if (device_memory && engine::device_buffers::owns(dst)) counters.outputs_copied++;
         if (a.size() && dst == a.data<void>()) continue;  // already there
+        if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && engine::device_buffers::owns(dst)) {
+          device_writes.emplace_back(dst, a);
+          continue;
+        }
         engine::Program::copy_out(a, dst, to_dtype(out_et));
+      }
+      if (!device_writes.empty()) {
+        auto written = engine::device_buffers::write_on_device(device_writes, mx::default_stream(program->device()));
+        for (size_t k = 0; k < device_writes.size(); ++k)
+          if (!written[k]) engine::Program::copy_out(device_writes[k].second, device_writes[k].first);
       }
       const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - t_start).count());
@@ -310,6 +322,7 @@ void MlxEp::report_device_memory() {
       << ",\"live_buffers\":" << db::count() << ",\"live_bytes\":" << db::bytes()
       << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
       << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
+      << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
       << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
       << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
       << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
