@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--baselines", default="cpu,mlx-lm,torch",
                    help="comparisons to run: cpu (ORT's CPU EP), ort-cuda (ORT's CUDA EP, onnxruntime-gpu), "
                    "mlx-lm, torch (the CPU EP's fp16 decode of a 0.5B model takes minutes)")
-    p.add_argument("--kv", default="auto", choices=["auto", "shared", "grow"],
+    p.add_argument("--kv", default="grow", choices=["auto", "shared", "grow"],
                    help="LLM decode KV cache: shared = one past/present buffer per layer (onnxruntime-genai's "
                    "past_present_share_buffer, its default for GroupQueryAttention models), grow = a new, "
                    "one row longer present each step; auto = shared where the model has GroupQueryAttention")
