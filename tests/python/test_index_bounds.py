@@ -179,3 +179,30 @@ def test_decode_token_out_of_vocabulary_fails_in_a_shape_family(tmp_path):
     gc.collect()
     st = runner.read_fused_node_stats(report)[0]
     assert st["piecewise_runs"] >= 4 and st["segment_calls"] > 0, st
+
+
+def test_embed_layer_normalization_ids_out_of_range():
+    """com.microsoft EmbedLayerNormalization: input_ids past the word table fail (ORT: "input
+    index out of range"), compiled and eager, and the session goes on."""
+    from onnx import numpy_helper
+    inits = {"w": rng.standard_normal((10, 4)).astype(np.float32),
+             "p": rng.standard_normal((8, 4)).astype(np.float32),
+             "g": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}
+    node = helper.make_node("EmbedLayerNormalization", ["ids", "", "w", "p", "", "g", "b"], ["y", "mi"],
+                            domain="com.microsoft", name="bad_EmbedLayerNormalization")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("ids", 6, [1, 2])],
+                          [helper.make_tensor_value_info("y", 1, None), helper.make_tensor_value_info("mi", 6, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    good = {"ids": np.array([[9, 0]], np.int32)}
+    ref = oracle.run_cpu(m, good)[0]
+    s = session(m)
+    for _ in range(3):
+        oracle.assert_close(s.run(None, good)[0], ref)
+    for bad in (10, -1):
+        with pytest.raises(InvalidArgument) as e:
+            s.run(None, {"ids": np.array([[0, bad]], np.int32)})
+        msg = str(e.value)
+        assert "bad_EmbedLayerNormalization" in msg and f"= {bad} must be within the inclusive range [0,9]" in msg, msg
+        oracle.assert_close(s.run(None, good)[0], ref)
