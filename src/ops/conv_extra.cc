@@ -372,8 +372,9 @@ Support check_max_unpool(const NodeQuery& q) {
 // Scatters X into a zero tensor at the flat indices I (MaxPool's Indices output: positions in
 // the whole output tensor). The output shape is output_shape when given (host read), else the
 // inverse of the pooling arithmetic: (in - 1) * stride - pad_begin - pad_end + kernel. MLX's
-// scatter does no bounds checking and I is run-time data, so out-of-range indices are sent to
-// one extra slot that is cut off (ORT reports an error for them). Duplicate indices (never
+// scatter does no bounds checking: out-of-range indices fail the run (as on ORT's CPU EP), and
+// those the check leaves through (index_check=0) are sent to one extra slot that is cut off.
+// Duplicate indices (never
 // produced by MaxPool) may resolve to any of the values.
 Outputs translate_max_unpool(OpContext& c) {
   const auto s = c.s;
@@ -402,7 +403,7 @@ Outputs translate_max_unpool(OpContext& c) {
   if (total >= INT32_MAX) c.fail("the output is too large");
   if (total == 0 || x.size() == 0) return {mx::zeros(to_shape(shape), x.dtype(), s)};
   auto t = mx::array(total);
-  auto fi = mx::flatten(ind, s);
+  auto fi = mx::flatten(c.checked_indices(ind, {total}, false, "I", 1), s);
   auto in_range = mx::logical_and(mx::greater_equal(fi, mx::array(int64_t{0}), s),
                                   mx::less(fi, mx::astype(t, fi.dtype(), s), s), s);
   auto idx = mx::astype(mx::where(in_range, fi, mx::astype(t, fi.dtype(), s), s), mx::int32, s);
