@@ -372,8 +372,8 @@ Support check_max_unpool(const NodeQuery& q) {
 // Scatters X into a zero tensor at the flat indices I (MaxPool's Indices output: positions in
 // the whole output tensor). The output shape is output_shape when given (host read), else the
 // inverse of the pooling arithmetic: (in - 1) * stride - pad_begin - pad_end + kernel. MLX's
-// scatter does no bounds checking: out-of-range indices fail the run (as on ORT's CPU EP), and
-// those the check leaves through (index_check=0) are sent to one extra slot that is cut off.
+// scatter does no bounds checking: out-of-range indices fail the run (as on ORT's CPU EP;
+// clipped into range with index_check=0); the extra slot that is cut off is a second guard.
 // Duplicate indices (never
 // produced by MaxPool) may resolve to any of the values.
 Outputs translate_max_unpool(OpContext& c) {
@@ -420,7 +420,7 @@ const OpEntry kOps[] = {
     {"", "DeformConv", 19, kAnyOpset, check_deform_conv, translate_deform_conv, "2-D only"},
     {"", "Col2Im", 18, kAnyOpset, check_col2im, translate_col2im},
     {"", "MaxUnpool", 9, kAnyOpset, check_max_unpool, translate_max_unpool,
-     "out-of-range indices are dropped (ORT errors)"},
+     "out-of-range indices fail the run"},
 };
 
 }  // namespace
