@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
+#include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
 #include "ops/host_fold.h"
@@ -332,6 +333,16 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     hooks.emulate_int8_activations =
         opt_.int8_emulation == 1 || (opt_.int8_emulation < 0 && run.s.device == mx::Device::cpu);
     hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
+    hooks.index_checks = opt_.index_check;
+    hooks.index_diagnose = index_check::diagnosing();
+    hooks.index_flag = [&](const mx::array& bad) { run.index_flags.push_back(bad); };
+    hooks.constant_value = [&](size_t i) -> std::optional<mx::array> {
+      if (i >= io.in.size() || !is_constant_slot(p, io.in[i]) || !slots[io.in[i]]->is_tensor())
+        return std::nullopt;
+      const mx::array& a = *slots[io.in[i]]->tensor;
+      if (a.is_available() || &p != top_.get()) return a;
+      return constants_[static_cast<size_t>(io.in[i]) - input_names_.size()];
+    };
     hooks.constant_memo = [&](const std::string& key, const std::vector<size_t>& idx,
                               const std::function<mx::array()>& make) -> mx::array {
       for (size_t i : idx)
@@ -407,7 +418,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       outs = folded ? std::move(*folded) : p.entries[k]->translate(ctx);
     } catch (const std::exception& e) {
       std::ostringstream os;
-      if (top) os << "[MLX EP] fused node '" << name_ << "': ";
+      // (The fused node is named once, by the error wall.)
       os << node.describe() << " failed: " << e.what() << " (inputs:";
       for (size_t i = 0; i < io.in.size(); ++i) {
         if (io.in[i] < 0) { os << " -"; continue; }
@@ -573,6 +584,7 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
   std::vector<Taint> taints;
   input_values(args, layout, values, taints);
   auto result = finish_outputs(run_plan(*top_, std::move(values), std::move(taints), run), s);
+  index_check::append_flag(result, run.index_flags, s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
 }
@@ -629,13 +641,23 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   tl_last_run_compiled = false;
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
-  auto eval_all = [this](std::vector<mx::array> outs) {
+  auto eval_all = [&, this](std::vector<mx::array> outs) {
     stats_.eval_arrays += check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(outs, where_);
     auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
     tl_last_eval_ns = elapsed_ns(t0);
     stats_.eval_ns += tl_last_eval_ns;
+    if (index_check::take_flag(outs, num_outputs())) {
+      // An index was out of range: the same run again, eagerly, checking on the host, names it.
+      index_check::Diagnose diagnose;
+      try {
+        (void)translate(args, layout, Mode::Eager, nullptr, nullptr, s);
+      } catch (const std::exception& e) {
+        throw index_check::IndexError(e.what());
+      }
+      throw index_check::IndexError("an index is out of range (its node could not be named)");
+    }
     return outs;
   };
 
@@ -788,6 +810,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       return outs;
     } catch (const MemoryLimitError&) {
       throw;  // the run's size, not the graph's traceability: keep the compiled path
+    } catch (const index_check::IndexError&) {
+      throw;  // the data, not the graph
     } catch (const std::exception& ex) {
       // Some graphs cannot be traced (an op that reads data while tracing, an MLX primitive
       // without compile support): fall back to eager for this program, and say so once.
