@@ -39,7 +39,7 @@ MIXED = ["test_add_bcast", "test_matmul_4d", "test_softmax_axis_1", "test_conv_w
 
 
 def shape_chain_case():
-    """An exporter's shape arithmetic (host-folded: ops/host_fold.cc): x [2, 6, 8] reshaped to
+    """An exporter's shape arithmetic (host-folded: engine/host_fold/host_fold.cc): x [2, 6, 8] reshaped to
     [B, S, H / 2, 2] through Shape -> Gather -> Div -> Unsqueeze -> Concat, plus Range(0, S)."""
     from onnx import TensorProto
 

@@ -15,7 +15,7 @@
 #include "engine/device_buffers.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
-#include "ops/host_fold.h"
+#include "engine/host_fold/host_fold.h"
 #include "ops/lowp.h"
 
 namespace ortmlx::engine {
@@ -244,7 +244,7 @@ bool Program::is_constant_slot(const Plan& p, int slot) const {
   return false;
 }
 
-// A node of shape arithmetic (ops/host_fold.h) whose inputs are all known on the host: outputs
+// A node of shape arithmetic (engine/host_fold/host_fold.h) whose inputs are all known on the host: outputs
 // of Shape/Size, of nodes folded before, or constants; in eager runs (piecewise decode steps
 // included) also fused inputs already on the host. Not taint: piecewise runs track none, and a
 // fused input's data must not be folded into what a compile trace or a shape-keyed segment

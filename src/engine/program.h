@@ -31,7 +31,7 @@ struct Options {
   size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
   int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
   bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
-  bool host_fold = true;        // shape arithmetic computed on the host (ops/host_fold.h)
+  bool host_fold = true;        // shape arithmetic computed on the host (engine/host_fold/host_fold.h)
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
@@ -49,7 +49,7 @@ struct Stats {
   // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
   // included) and the host reads themselves (count and time: each is a device sync).
   std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
-  std::atomic<uint64_t> host_folds{0};  // nodes computed on the host (ops/host_fold.h)
+  std::atomic<uint64_t> host_folds{0};  // nodes computed on the host (engine/host_fold/host_fold.h)
   std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.

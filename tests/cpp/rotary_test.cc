@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "ops/contrib_internal.h"
+#include "ops/contrib/contrib_internal.h"
 
 namespace mx = mlx::core;
 using ortmlx::ops::contrib::apply_rotary_halves;

@@ -101,7 +101,7 @@ def test_matmul_nbits(bits, block, zp_kind, M):
     nbits_check(M, 2 * block, 24, bits, block, zp_kind)
 
 
-# One row on the CPU runs the EP's 4-bit row kernel (ops/cpu_int4_gemv.cc): a partial last block
+# One row on the CPU runs the EP's 4-bit row kernel (kernels/cpu/int4_gemv.cc): a partial last block
 # (K not a multiple of block_size), enough rows to split over threads, 3-D A, accuracy level 4,
 # weights as a graph input, and a bias.
 @pytest.mark.parametrize("block", [16, 32, 128])

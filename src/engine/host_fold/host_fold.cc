@@ -11,7 +11,7 @@
 // refuses the fold, and MLX computes the node as before. This is what lets an exporter's
 // additive attention bias, built from the mask's data in fp16, be known on the host in a decode
 // step, where the attention ops drop it when it is all zeros (ops/attention.cc).
-#include "ops/host_fold.h"
+#include "engine/host_fold/host_fold.h"
 
 #include <algorithm>
 #include <cmath>
