@@ -28,6 +28,16 @@ thread_local uint64_t tl_last_eval_ns = 0;
 }  // namespace
 
 bool Program::last_run_compiled() { return tl_last_run_compiled; }
+bool last_run_compiled() { return tl_last_run_compiled; }
+
+std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph& g,
+                                           std::vector<std::string> input_names,
+                                           std::vector<std::string> output_names, Options opt) {
+  return std::make_unique<Program>(std::move(name), g, std::move(input_names),
+                                   std::move(output_names), std::move(opt));
+}
+
+void copy_out(const mx::array& a, void* dst, graph::DType t) { Program::copy_out(a, dst, t); }
 
 using graph::DType;
 
