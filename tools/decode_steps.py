@@ -8,7 +8,9 @@ from the first setting's. Settings alternate for --rounds rounds.
         [--settings "host_fold=1;host_fold=0"] [--rounds 2] [--prefill-logits]
 
 A setting is `;`-separated from the next and holds `,`-separated key=value pairs: provider
-options (host_fold, shape_family, ...) or environment variables (names in capitals, e.g.
+options (host_fold, shape_family, ...), the decoder's own (share_buffer=1: genai's shared
+past/present buffer, of max_length rows, by default the context and steps rounded up to 256;
+provider=cuda: ORT's CUDA EP instead of this EP, the baseline) or environment variables (names in capitals, e.g.
 ORT_MLX_FUSED_ROTARY=0, read by the EP per translation); `device=cpu` runs that setting on
 the other MLX device (an fp32-computing reference for a GPU setting's logits). --teacher-forced
 feeds every setting the same token sequence instead of its own greedy choice, so the logits are
@@ -39,9 +41,14 @@ def run_setting(model, device, opts, env, context, steps, report, teacher_forced
     for k, v in env.items():
         os.environ[k] = v
     device = opts.pop("device", device)
+    provider = opts.pop("provider", "mlx")
+    share = opts.pop("share_buffer", "0") == "1"
+    max_length = int(opts.pop("max_length", 0)) or -(-(context + steps + 1) // 256) * 256
     forced = np.random.default_rng(1).integers(3, 1000, steps)
     report.unlink(missing_ok=True)
-    dec = Decoder(model, "mlx", device, device_memory="1", report_path=str(report), **opts)
+    if provider == "mlx":
+        opts.update(device_memory="1", report_path=str(report))
+    dec = Decoder(model, provider, device, share_buffer=share, max_length=max_length, **opts)
     ids = np.random.default_rng(0).integers(3, 1000, (1, context))
     t = time.perf_counter()
     logits, past = dec.step(ids, dec.empty_past(), context)
@@ -57,6 +64,8 @@ def run_setting(model, device, opts, env, context, steps, report, teacher_forced
     last = logits[0, -1].astype(np.float32)
     del dec, past, logits
     gc.collect()  # releasing the session writes its statistics to the report
+    if provider != "mlx":
+        return float(np.median(times[8:] or times)) * 1e3, prompt_s, None, last
     st = json.loads([x for x in report.read_text().splitlines() if '"fused_node"' in x][-1])
     return float(np.median(times[8:] or times)) * 1e3, prompt_s, st, last
 
@@ -96,6 +105,11 @@ def main() -> int:
             med, prompt_s, st, last = run_setting(a.model, a.device, opts, env, a.context, a.steps, report,
                                                   a.teacher_forced)
             first = last if first is None else first
+            if st is None:
+                print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt "
+                      f"{prompt_s * 1e3:.0f} ms; max |logit - first setting's| {float(np.abs(last - first).max()):.2e}",
+                      flush=True)
+                continue
             runs = max(st["runs"], 1)
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
                   f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f},"

@@ -66,7 +66,7 @@ def save_tokenizer(d: pathlib.Path):
                             eos_token="t2", pad_token="t0").save_pretrained(d)
 
 
-def build(family: str, precision: str, out: pathlib.Path) -> bool:
+def build(family: str, precision: str, out: pathlib.Path, ep: str = "cpu") -> bool:
     import transformers
     cfg, cls_name = configs()[family]
     torch.manual_seed(1234)
@@ -75,13 +75,15 @@ def build(family: str, precision: str, out: pathlib.Path) -> bool:
         model = getattr(transformers, cls_name)(cfg).eval()
         model.save_pretrained(hf)
         save_tokenizer(hf)
-        dest = out / f"{family}-{precision}"
+        # The builder's graph depends on the EP it targets (-e cuda: fp16 GroupQueryAttention and
+        # its CUDA kernels' layouts); its name says which: llama-fp16 (cpu), llama_cuda-fp16.
+        dest = out / (f"{family}-{precision}" if ep == "cpu" else f"{family}_{ep}-{precision}")
         shutil.rmtree(dest, ignore_errors=True)
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
-               str(dest), "-p", precision, "-e", "cpu", "-c", str(pathlib.Path(tmp) / "cache")]
+               str(dest), "-p", precision, "-e", ep, "-c", str(pathlib.Path(tmp) / "cache")]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            print(f"[gen] {family}-{precision}: builder failed:\n{r.stderr[-2000:]}")
+            print(f"[gen] {dest.name}: builder failed:\n{r.stderr[-2000:]}")
             shutil.rmtree(dest, ignore_errors=True)
             return False
         # Keep the HF checkpoint too (config + safetensors, no tokenizer): the benchmarks run
@@ -91,7 +93,7 @@ def build(family: str, precision: str, out: pathlib.Path) -> bool:
                                                        "config": cfg.to_dict()}, default=str))
         for junk in dest.glob("tokenizer*"):
             junk.unlink()
-        print(f"[gen] {family}-{precision}: ok")
+        print(f"[gen] {dest.name}: ok")
         return True
 
 
@@ -101,11 +103,13 @@ def main():
     ap.add_argument("--families", default="llama,qwen2,gemma,phi3")
     ap.add_argument("--precisions", default="fp32,int4")
     ap.add_argument("--size", default="test", choices=sorted(SIZES))
+    ap.add_argument("--eps", default="cpu", help="comma-separated builder targets (-e): cpu, cuda")
     a = ap.parse_args()
     set_size(a.size)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {f"{f}-{p}": build(f, p, out) for f in a.families.split(",") for p in a.precisions.split(",")}
+    results = {f"{f}-{p}-{e}": build(f, p, out, e) for e in a.eps.split(",")
+               for f in a.families.split(",") for p in a.precisions.split(",")}
     print(json.dumps(results))
 
 

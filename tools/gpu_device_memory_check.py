@@ -399,6 +399,43 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
     return info
 
 
+def case_llm_shared(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"):
+    """onnxruntime-genai's shared KV buffer with the KV in EP memory: each layer's past and
+    present are one OrtValue, bound as input and output. The EP writes each present into that
+    buffer on the device (MLX donation, no host memcpy through the buffer): every present of
+    every decode step is counted as written on the device; no KV byte crosses to the host. The tokens equal ORT's CPU EP decoding in the same mode."""
+    from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
+    if not (pathlib.Path(model_dir) / "model.onnx").is_file():
+        return {"skipped": f"no model at {model_dir}"}
+    max_length = len(DEFAULT_PROMPT) + steps + 8
+    ref_tokens, _, _ = Decoder(model_dir, "cpu", share_buffer=True, max_length=max_length).generate(
+        DEFAULT_PROMPT, steps)
+    dec = Decoder(model_dir, "mlx", DEVICE, device_memory=1, share_buffer=True, max_length=max_length)
+    logits, past = dec.step(np.array([DEFAULT_PROMPT], np.int64), dec.empty_past(), len(DEFAULT_PROMPT))
+    total, tokens = len(DEFAULT_PROMPT), []
+    before = counters()
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits[0, -1])))
+        if len(tokens) == steps:
+            break
+        total += 1
+        buffers = {k: v.data_ptr() for k, v in past.items()}
+        logits, past = dec.step(np.array([[tokens[-1]]], np.int64), past, total)
+        assert {k: v.data_ptr() for k, v in past.items()} == buffers, "present left its buffer"
+    during = delta(before, counters())
+    assert tokens == ref_tokens, f"tokens {tokens} != CPU EP {ref_tokens}"
+    # Every present, and nothing copied into EP memory by the host (with GPU-type memory the
+    # logits, bound to the host, pass through an EP buffer too: adopted or written the same way).
+    presents = 2 * dec.num_layers * (steps - 1)
+    assert during["outputs_written_on_device"] >= presents, during
+    assert during["outputs_copied"] == during["outputs_written_on_device"], during
+    assert during["copies_d2d"] == 0, during
+    info = {"model": str(model_dir), "steps": steps, "tokens": tokens, "during_decode": during}
+    del dec, past, logits
+    gc.collect()
+    return info
+
+
 def case_fallback():
     """device_memory=1 with a node ORT's CPU EP runs (DFT: no MLX translator): MLX -> CPU EP ->
     MLX. Reports what ORT does at the partition boundaries; outputs must equal the CPU EP."""
@@ -446,6 +483,7 @@ CASES = {
     "host_feeds": case_host_feeds,
     "decode": case_decode,
     "llm": case_llm,
+    "llm_shared": case_llm_shared,
     "fallback": case_fallback,
     "option_mismatch": case_option_mismatch,
 }
@@ -469,7 +507,7 @@ def main(argv=None) -> int:
     for name in args.case or list(CASES):
         fn = CASES[name]
         try:
-            info = fn(args.steps) if name in ("decode", "llm") else fn()
+            info = fn(args.steps) if name in ("decode", "llm", "llm_shared") else fn()
             results[name] = {"ok": True, **(info or {})}
         except Exception as e:  # noqa: BLE001
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",

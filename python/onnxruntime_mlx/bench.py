@@ -41,7 +41,12 @@ def add_arguments(p) -> None:
     p.add_argument("--prefill", default="", help="LLM prompt lengths, e.g. 128,512 (default: by mode)")
     p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
     p.add_argument("--baselines", default="cpu,mlx-lm,torch",
-                   help="LLM comparisons to run (the CPU EP's fp16 decode of a 0.5B model takes minutes)")
+                   help="comparisons to run: cpu (ORT's CPU EP), ort-cuda (ORT's CUDA EP, onnxruntime-gpu), "
+                   "mlx-lm, torch (the CPU EP's fp16 decode of a 0.5B model takes minutes)")
+    p.add_argument("--kv", default="grow", choices=["auto", "shared", "grow"],
+                   help="LLM decode KV cache: shared = one past/present buffer per layer (onnxruntime-genai's "
+                   "past_present_share_buffer, its default for GroupQueryAttention models), grow = a new, "
+                   "one row longer present each step; auto = shared where the model has GroupQueryAttention")
     p.add_argument("--case-timeout", type=float, default=1800,
                    help="seconds one case may run; the figures it finished are kept")
     p.add_argument("--worker", default="", help=argparse_suppress())
@@ -98,6 +103,11 @@ def _session(path: str, provider: str, device: str, **opts):
     import onnxruntime as ort
     if provider == "cpu":
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    if provider == "ort-cuda":
+        s = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        if "CUDAExecutionProvider" not in s.get_providers():
+            raise RuntimeError("ORT's CUDA EP is not available (onnxruntime-gpu)")
+        return s
     import onnxruntime_mlx as om
     return ort.InferenceSession(str(path), sess_options=om.session_options(device, **opts))
 
@@ -133,20 +143,32 @@ def _llm_ort(spec: dict) -> dict:
     if ep and spec.get("resident_kv"):
         opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
-    dec = Decoder(spec["model"], spec["provider"], spec["device"], **opts)
+    provider = "cuda" if spec["provider"] == "ort-cuda" else spec["provider"]
+    share = {"shared": True, "grow": False}.get(spec.get("kv", "auto"), "auto")
+    dec = Decoder(spec["model"], provider, spec["device"], share_buffer=share, max_length=1, **opts)
+    shared = dec.share_buffer
+    res0_kv = "shared" if shared else "grow"
     res = Figures(rss_session_mb=_current_rss_mb() - rss0)
+    res["kv"] = res0_kv
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
     # Prefill keeps its logits where they were computed, as mlx-lm and PyTorch do (EP memory
     # with a resident decoder; ORT's CPU EP computes them on the host anyway).
     on_host = not getattr(dec, "resident", False)
+    # Prompts are timed from an empty past of zero rows in either mode: the prompt's own work,
+    # without uploading a zeroed shared buffer.
+    dec.share_buffer = False
     for p in spec["prefill"]:
         ids = rng.integers(3, vocab, (1, p))
         t = _median_time(lambda: dec.step(ids, dec.empty_past(), p, logits_to_host=on_host), spec["repeat"], 2)
         res[f"prefill_tok_s@{p}"] = p / t
+    dec.share_buffer = shared
     for c in spec["decode"]:
         n = spec["steps"]
         ids = rng.integers(3, vocab, (1, c))
+        # A shared buffer holds the context and the steps, rounded up to 256 rows (the same for
+        # every ORT-based case).
+        dec.max_length = -(-(c + n + 1) // 256) * 256
 
         def decode_pass(ctx_ids):
             logits, past = dec.step(ctx_ids, dec.empty_past(), ctx_ids.shape[1])
@@ -534,11 +556,19 @@ def _llm_models(args) -> list[pathlib.Path]:
     return found
 
 
+def _latency_providers(args) -> list[str]:
+    """The EP and the ORT EPs it is compared with on the same ONNX file (the CPU EP always: it
+    is the reference the other figures are read against)."""
+    baselines = set(getattr(args, "baselines", "cpu").split(","))
+    return ["mlx", "cpu"] + (["ort-cuda"] if "ort-cuda" in baselines else [])
+
+
 def plan(args) -> list[tuple[str, str, dict]]:
     """(group, label, worker spec) for every case of this run."""
     quick = args.quick
     repeat = args.repeat or (3 if quick else 5)
     groups = set(args.only.split(","))
+    baselines = set(getattr(args, "baselines", "cpu,mlx-lm,torch").split(","))
     cases = []
     out = pathlib.Path(args.out)
     if "llm" in groups:
@@ -560,13 +590,14 @@ def plan(args) -> list[tuple[str, str, dict]]:
             if args.decode:
                 base["decode"] = [int(x) for x in args.decode.split(",")]
             baselines = set(getattr(args, "baselines", "cpu,mlx-lm,torch").split(","))
-            for prov in ["mlx"] + (["cpu"] if "cpu" in baselines else []):
+            ort_baselines = [b for b in ("cpu", "ort-cuda") if b in baselines]
+            for prov in ["mlx"] + ort_baselines:
                 # The EP's decode loop keeps the KV cache in its own memory (device memory +
                 # IOBinding, README "Device memory and IOBinding"), on either device: its present
                 # outputs are then handed to ORT without a copy (on the CPU, 60M int4 at context
                 # 1024: ~54 -> ~21 ms a step). ORT's CPU EP writes its outputs in place anyway.
                 cases.append(("llm", f"{m.name} {prov}", {**base, "kind": "llm_ort", "provider": prov,
-                                                          "resident_kv": True}))
+                                                          "resident_kv": True, "kv": args.kv}))
             if precision in ("fp16", "bf16"):
                 base["dtype"] = precision
             if hf.exists() and "mlx-lm" in baselines and _mlx_lm_available():
@@ -582,20 +613,21 @@ def plan(args) -> list[tuple[str, str, dict]]:
         if found:
             grid = [(1, 16)] if quick else [(1, 16), (1, 128), (8, 16), (8, 128), (8, 256)]
             g = {f"b{b}xs{s}": [b, s] for b, s in grid}
-            for prov in ("mlx", "cpu"):
+            for prov in _latency_providers(args):
                 cases.append(("encoder", f"MiniLM {prov}", {"kind": "latency", "model": found[0],
                               "provider": prov, "device": args.device, "grid": g, "repeat": repeat}))
-            if _onnx2torch_available():
+            own_checkpoint = (pathlib.Path(found[0]).parent / "hf").exists() and _torch_available()
+            if "torch" in baselines and (own_checkpoint or _onnx2torch_available()):
                 cases.append(("encoder", "MiniLM torch", {"kind": "latency_torch", "model": found[0],
                               "device": args.device, "grid": g, "repeat": repeat}))
     if "cnn" in groups and TESTDATA.exists():
         names = ["light_squeezenet"] if quick else sorted(p.stem for p in TESTDATA.glob("light_*.onnx"))
         for n in names:
-            for prov in ("mlx", "cpu"):
+            for prov in _latency_providers(args):
                 cases.append(("cnn", f"{n} {prov}", {"kind": "latency", "model": str(TESTDATA / f"{n}.onnx"),
                               "provider": prov, "device": args.device, "grid": {"latency_s": "auto"},
                               "repeat": repeat}))
-            if _onnx2torch_available():
+            if "torch" in baselines and _onnx2torch_available():
                 cases.append(("cnn", f"{n} torch", {"kind": "latency_torch", "model": str(TESTDATA / f"{n}.onnx"),
                               "device": args.device, "grid": {"latency_s": "auto"}, "repeat": repeat}))
     if "demo" in groups:
@@ -626,6 +658,10 @@ def _has_figures(result: dict) -> bool:
     return bool(result.get("ok") or result.get("partial"))
 
 
+BASELINES = ("cpu", "ort-cuda", "mlx-lm", "torch")
+BASELINE_NAMES = {"cpu": "CPU EP", "ort-cuda": "CUDA EP", "mlx-lm": "mlx-lm", "torch": "torch"}
+
+
 def summarize(results: list[dict]) -> dict:
     """Ratios: EP / CPU EP and EP / native MLX, per figure (higher = EP faster)."""
     by = {}
@@ -642,7 +678,7 @@ def summarize(results: list[dict]) -> dict:
                     continue
                 higher_better = "tok_s" in key
                 row = {"group": group, "subject": subject, "figure": key, "ep": val}
-                for base in ("cpu", "mlx-lm", "torch"):
+                for base in BASELINES:
                     b = provs.get(base) or {}
                     if _has_figures(b) and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
                         row[base] = b[key]
@@ -652,8 +688,10 @@ def summarize(results: list[dict]) -> dict:
 
 
 def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
-    lines = ["| group | model | figure | EP | CPU EP | EP/CPU EP | mlx-lm | EP/mlx-lm | torch | EP/torch |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    shown = [b for b in BASELINES if any(b in r for r in summary["ratios"])] or ["cpu"]
+    lines = ["| group | model | figure | EP | " + " | ".join(
+        f"{BASELINE_NAMES[b]} | EP/{BASELINE_NAMES[b]}" for b in shown) + " |",
+             "|---|---|---|---:|" + "---:|---:|" * len(shown)]
 
     def f(v, ratio=False):
         if v is None:
@@ -661,9 +699,8 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
         return f"{v:.2f}x" if ratio else (f"{v:.1f}" if v >= 10 else f"{v:.4g}")
     for r in summary["ratios"]:
         unit = "" if "tok_s" in r["figure"] or "_ms" in r["figure"] else " (s)"
-        lines.append(f"| {r['group']} | {r['subject']} | {r['figure']}{unit} | {f(r['ep'])} | "
-                     f"{f(r.get('cpu'))} | {f(r.get('ep/cpu'), True)} | {f(r.get('mlx-lm'))} | "
-                     f"{f(r.get('ep/mlx-lm'), True)} | {f(r.get('torch'))} | {f(r.get('ep/torch'), True)} |")
+        lines.append(f"| {r['group']} | {r['subject']} | {r['figure']}{unit} | {f(r['ep'])} | " + " | ".join(
+            f"{f(r.get(b))} | {f(r.get('ep/' + b), True)}" for b in shown) + " |")
     lines.append("")
     lines.append("Ratios: > 1 means the MLX EP is faster (tokens/s ratio, or inverse latency ratio).")
     if overhead and overhead.get("ok"):
@@ -723,16 +760,18 @@ def plot(summary: dict, path: pathlib.Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in summary["ratios"] if any(k in r for k in ("ep/cpu", "ep/mlx-lm", "ep/torch"))]
+    rows = [r for r in summary["ratios"] if any("ep/" + b in r for b in BASELINES)]
     if not rows:
         return False
     labels = [f"{r['subject']}\n{r['figure']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.55), 5))
-    width = 0.27
-    for k, (base, color) in enumerate((("ep/cpu", "#4C72B0"), ("ep/mlx-lm", "#DD8452"), ("ep/torch", "#55A868"))):
-        xs = [i + (k - 1) * width for i in range(len(rows))]
-        ys = [r.get(base, 0) for r in rows]
-        ax.bar(xs, ys, width, label=f"MLX EP / {base[3:]}", color=color)
+    colors = {"cpu": "#4C72B0", "ort-cuda": "#C44E52", "mlx-lm": "#DD8452", "torch": "#55A868"}
+    bases = [b for b in BASELINES if any("ep/" + b in r for r in rows)]
+    width = 0.8 / len(bases)
+    for k, base in enumerate(bases):
+        xs = [i + (k - (len(bases) - 1) / 2) * width for i in range(len(rows))]
+        ys = [r.get("ep/" + base, 0) for r in rows]
+        ax.bar(xs, ys, width, label=f"MLX EP / {BASELINE_NAMES[base]}", color=colors[base])
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_ylabel("speed ratio (>1: MLX EP faster)")

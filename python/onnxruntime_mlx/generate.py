@@ -6,6 +6,15 @@ With the EP's device memory (Decoder(..., device_memory=1), which registers the 
 ORT_MLX_DEVICE_MEMORY=1) the present.* outputs are bound to the EP's memory with IOBinding and
 fed back as they are: the cache never crosses to the host; only the logits do.
 
+With share_buffer=True (onnxruntime-genai's past_present_share_buffer, its default for
+GroupQueryAttention models) past and present are one [batch, kv_heads, max_length, head] buffer
+per layer, bound as both input and output, and the attention mask is [batch, max_length] (ones
+for the tokens so far): every decode step has the same shapes, which lets the EP run the step
+as one compiled function.
+
+provider: "mlx" (this EP), "cpu" (ORT's CPU EP) or "cuda" (ORT's CUDA EP, KV kept on the GPU
+with IOBinding), the last two as baselines.
+
     python -m onnxruntime_mlx generate tests/models/llm/llama-fp32 --tokens 64 [--device cpu]
 """
 from __future__ import annotations
@@ -20,11 +29,17 @@ import onnxruntime as ort
 DEFAULT_PROMPT = [1, 17, 42, 99, 3, 250, 7, 64]
 
 
+def uses_group_query_attention(model_path: pathlib.Path) -> bool:
+    import onnx
+    m = onnx.load(str(model_path), load_external_data=False)
+    return any(n.op_type == "GroupQueryAttention" for n in m.graph.node)
+
+
 class Decoder:
     """One session over a genai-format model, with its KV layout read from genai_config.json."""
 
     def __init__(self, model_dir: str | pathlib.Path, provider: str = "mlx", device: str = "cpu",
-                 **provider_options):
+                 share_buffer: bool | str = False, max_length: int | None = None, **provider_options):
         d = pathlib.Path(model_dir)
         self.model_path = d / "model.onnx" if d.is_dir() else d
         cfg = json.loads((self.model_path.parent / "genai_config.json").read_text())["model"]
@@ -33,8 +48,26 @@ class Decoder:
         self.kv_heads = dec["num_key_value_heads"]
         self.head_size = dec["head_size"]
         self.eos = cfg.get("eos_token_id")
-        self.resident = False  # KV kept in the EP's memory between steps (IOBinding)
-        if provider == "mlx":
+        self.resident = False  # KV kept in the EP's (or CUDA's) memory between steps (IOBinding)
+        if share_buffer == "auto":  # genai's choice: its CUDA EP shares the buffer for GQA models
+            share_buffer = uses_group_query_attention(self.model_path)
+        if share_buffer and not uses_group_query_attention(self.model_path):
+            raise ValueError("share_buffer needs a GroupQueryAttention model (the KV length is data "
+                             "there; other attention ops size the cache from its shape)")
+        self.share_buffer = bool(share_buffer)
+        self.max_length = int(max_length or cfg.get("context_length") or 0)
+        if share_buffer and self.max_length <= 0:
+            raise ValueError("share_buffer needs max_length (genai_config.json has no context_length)")
+        if provider == "cuda":
+            so = ort.SessionOptions()
+            self.session = ort.InferenceSession(str(self.model_path), sess_options=so,
+                                                providers=[("CUDAExecutionProvider", provider_options),
+                                                           "CPUExecutionProvider"])
+            if "CUDAExecutionProvider" not in self.session.get_providers():
+                raise RuntimeError("ORT's CUDA EP is not available in this onnxruntime")
+            self.resident = True
+            self._ep_memory = "cuda"
+        elif provider == "mlx":
             import onnxruntime_mlx as om
             if str(provider_options.get("device_memory", "0")) == "1":
                 om.register(device_memory=True)
@@ -52,7 +85,8 @@ class Decoder:
         self.kv_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(kv_type, np.float32)
 
     def empty_past(self, batch: int = 1) -> dict:
-        shape = (batch, self.kv_heads, 0, self.head_size)
+        """The past of a first prompt: zero rows, or with share_buffer the zeroed buffers."""
+        shape = (batch, self.kv_heads, self.max_length if self.share_buffer else 0, self.head_size)
         past = {}
         for i in range(self.num_layers):
             past[f"past_key_values.{i}.key"] = np.zeros(shape, self.kv_dtype)
@@ -67,14 +101,20 @@ class Decoder:
         logits_to_host=False (resident decoders): the logits stay in the EP's memory too and
         come back as an OrtValue (a prompt's [1, S, vocab] logits are 131 MB at S = 1024 for a
         32k vocabulary; a sampler needs one row of them)."""
-        feeds = {"input_ids": ids.astype(np.int64),
-                 "attention_mask": np.ones((ids.shape[0], total_len), np.int64)
-                 if attention_mask is None else attention_mask, **past}
+        if attention_mask is None:
+            width = self.max_length if self.share_buffer else total_len
+            if total_len > width:
+                raise ValueError(f"{total_len} tokens do not fit the shared buffer of {width}")
+            attention_mask = np.zeros((ids.shape[0], width), np.int64)
+            attention_mask[:, :total_len] = 1
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": attention_mask, **past}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)
         if self.resident:
             return self._step_resident(feeds, logits_to_host)
+        if self.share_buffer:
+            return self._step_shared_host(feeds)
         names = [o.name for o in self.session.get_outputs()]
         outs = dict(zip(names, self.session.run(None, feeds)))
         new_past = {}
@@ -82,6 +122,38 @@ class Decoder:
             new_past[f"past_key_values.{i}.key"] = outs[f"present.{i}.key"]
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
         return outs["logits"], new_past
+
+    @staticmethod
+    def _past_name(present: str) -> str:
+        return present.replace("present.", "past_key_values.", 1)
+
+    def _bind_output(self, io, name: str) -> None:
+        if isinstance(self._ep_memory, str):
+            io.bind_output(name, self._ep_memory)
+        else:
+            io._iobinding.bind_output(name, self._ep_memory)
+
+    def _step_shared_host(self, feeds: dict):
+        """share_buffer with host memory: each layer's buffer is one OrtValue, input and output."""
+        io = self.session.io_binding()
+        for k, v in feeds.items():
+            if k.startswith("past_key_values.") and isinstance(v, np.ndarray):
+                v = ort.OrtValue.ortvalue_from_numpy(v)
+                feeds[k] = v
+            if isinstance(v, np.ndarray):
+                io.bind_cpu_input(k, v)
+            else:
+                io.bind_ortvalue_input(k, v)
+        names = [o.name for o in self.session.get_outputs()]
+        for n in names:
+            if n.startswith("present."):
+                io.bind_ortvalue_output(n, feeds[self._past_name(n)])
+            else:
+                io.bind_output(n)
+        self.session.run_with_iobinding(io)
+        outs = dict(zip(names, io.get_outputs()))
+        new_past = {self._past_name(n): feeds[self._past_name(n)] for n in names if n.startswith("present.")}
+        return outs["logits"].numpy(), new_past
 
     def _step_resident(self, feeds: dict, logits_to_host: bool = True):
         io = self.session.io_binding()
@@ -94,8 +166,10 @@ class Decoder:
         for n in names:
             if n == "logits" and logits_to_host:
                 io.bind_output(n)             # to the host: ORT copies it out of EP memory
+            elif self.share_buffer and n.startswith("present.") and not isinstance(feeds[self._past_name(n)], np.ndarray):
+                io.bind_ortvalue_output(n, feeds[self._past_name(n)])  # the same buffer
             else:
-                io._iobinding.bind_output(n, self._ep_memory)
+                self._bind_output(io, n)
         self.session.run_with_iobinding(io)
         outs = dict(zip(names, io.get_outputs()))
         new_past = {}

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <mlx/mlx.h>
 
@@ -54,12 +56,21 @@ struct Armed {
   Armed& operator=(const Armed&) = delete;
 };
 
+// Results written into registered buffers on the device, by MLX, in one evaluation: each
+// (dst, result) pair whose dst is a registered buffer of the result's shape and dtype gets the
+// result through an elementwise copy that takes dst's buffer as its output (MLX donation),
+// instead of a host memcpy, which on MLX's CUDA backend (unified memory) pages the buffer to
+// the host and back. Returns, per pair, whether it was written; the others are left to the
+// caller. Used for outputs ORT binds to existing buffers (a shared past/present KV buffer).
+std::vector<bool> write_on_device(const std::vector<std::pair<void*, mx::array>>& writes, mx::Stream s);
+
 // Process-wide counters (the report's "device_memory" line and the tests read them).
 struct Counters {
   std::atomic<uint64_t> allocations{0}, frees{0};
   std::atomic<uint64_t> inputs_borrowed{0};   // fused inputs in EP memory, used in place
   std::atomic<uint64_t> outputs_adopted{0};   // fused outputs handed to ORT without a copy
   std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer
+  std::atomic<uint64_t> outputs_written_on_device{0};  // ... of those, by MLX on the device
   std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
 };

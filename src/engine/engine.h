@@ -73,6 +73,7 @@ class FusedProgram {
   virtual size_t num_outputs() const = 0;
   virtual Stats& stats() = 0;
   virtual bool device_memory() const = 0;
+  virtual mx::Device device() const = 0;
 };
 
 // `g` holds the group's nodes (topological order) and its constant initializers; their data
@@ -86,5 +87,7 @@ bool last_run_compiled();
 // Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
 // storage is written in ORT's layout (4-bit values packed two per byte).
 void copy_out(const mx::array& a, void* dst, graph::DType t);
+// The same, byte for byte (nbytes = size * itemsize).
+void copy_out(const mx::array& a, void* dst);
 
 }  // namespace ortmlx::engine

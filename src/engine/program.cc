@@ -38,6 +38,7 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
 }
 
 void copy_out(const mx::array& a, void* dst, graph::DType t) { Program::copy_out(a, dst, t); }
+void copy_out(const mx::array& a, void* dst) { Program::copy_out(a, dst); }
 
 using graph::DType;
 
@@ -134,7 +135,6 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
     auto* vi = graph_.info(o);
     output_dtypes_.push_back(vi ? vi->dtype : DType::Undefined);
   }
-  keyed_inputs_.assign(input_names_.size(), false);
 }
 
 std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
@@ -588,7 +588,16 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
   return result;
 }
 
-std::string Program::signature_of(const std::vector<HostTensor>& raw) const {
+std::string Program::signature_of(const std::vector<HostTensor>& raw, std::string* shapes) const {
+  std::string key = signature_with(raw, nullptr);
+  auto it = keyed_inputs_.find(key);
+  std::string sig = it == keyed_inputs_.end() ? key : signature_with(raw, &it->second);
+  if (shapes) *shapes = std::move(key);
+  return sig;
+}
+
+std::string Program::signature_with(const std::vector<HostTensor>& raw,
+                                    const std::vector<bool>* keyed_inputs) const {
   std::string sig;
   auto tensor = [&](const HostTensor& t, bool keyed) {
     sig += std::to_string(static_cast<int>(t.dtype)) + ":";
@@ -606,9 +615,10 @@ std::string Program::signature_of(const std::vector<HostTensor>& raw) const {
     // Sequences: their length and every item; an empty optional: a mark of its own.
     if (raw[i].kind == HostTensor::Kind::None) sig += "none";
     if (raw[i].kind == HostTensor::Kind::Sequence) sig += "seq" + std::to_string(raw[i].items.size()) + "[";
-    if (raw[i].kind == HostTensor::Kind::Tensor) tensor(raw[i], keyed_inputs_[i]);
+    const bool keyed = keyed_inputs && (*keyed_inputs)[i];
+    if (raw[i].kind == HostTensor::Kind::Tensor) tensor(raw[i], keyed);
     for (const auto& item : raw[i].items) {
-      tensor(item, keyed_inputs_[i]);
+      tensor(item, keyed);
       sig += "|";
     }
     sig += ";";
@@ -643,14 +653,20 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   // A probe: translate with the real data, learning which host reads the graph makes and
   // whether they depend only on shapes (compilable) or on tensor data (eager only). Returns the
   // outputs; `restart` when an input newly joined the signature (its key changed).
+  std::string shapes;  // the run's signature without input data (signature_of)
   auto probe = [&](Entry& entry, bool& restart, StepInfos* steps) {
     HostRecord record;
     std::vector<int> deps;
     auto outs = translate(args, layout, Mode::Probe, &record, &deps, s, steps);
     bool data_dependent = false;
     restart = false;
+    std::vector<bool>* keyed = nullptr;
     for (int d : deps) {
-      if (keyed_inputs_[d]) continue;
+      if (!keyed) {
+        keyed = &keyed_inputs_[shapes];
+        if (keyed->empty()) keyed->assign(input_names_.size(), false);
+      }
+      if ((*keyed)[d]) continue;
       int64_t numel = 1;
       for (auto x : raw[d].shape) numel *= x;
       if (raw[d].kind != HostTensor::Kind::Tensor) numel = 0;  // a sequence: all its items
@@ -660,7 +676,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         numel += n;
       }
       if (numel <= kMaxKeyedElements) {
-        keyed_inputs_[d] = true;  // e.g. a shape tensor computed on the CPU EP
+        (*keyed)[d] = true;  // e.g. a shape tensor computed on the CPU EP
         restart = true;
       } else {
         data_dependent = true;
@@ -672,7 +688,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     return outs;
   };
 
-  std::string sig = signature_of(raw) + "#" + std::to_string(s.index);
+  std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
   auto it = cache_.find(sig);
   if (it == cache_.end()) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.

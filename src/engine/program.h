@@ -47,7 +47,7 @@ class Program final : public FusedProgram {
   Stats& stats() override { return stats_; }
   // Whether the calling thread's last run() went through a compiled function.
   static bool last_run_compiled();
-  mx::Device device() const { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
+  mx::Device device() const override { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
   bool device_memory() const override { return opt_.device_memory; }
 
   // Builds an MLX array that owns a copy of `t`.
@@ -179,7 +179,10 @@ class Program final : public FusedProgram {
   static std::vector<size_t> step_order(const Plan& p, const std::function<bool(size_t)>& fixed);
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                        const Layout& layout, mx::Stream s);
-  std::string signature_of(const std::vector<HostTensor>& raw) const;
+  // The cache key of a run: its inputs' dtypes and shapes (`shapes`, the key alone), and the
+  // data of the inputs keyed for those shapes.
+  std::string signature_of(const std::vector<HostTensor>& raw, std::string* shapes = nullptr) const;
+  std::string signature_with(const std::vector<HostTensor>& raw, const std::vector<bool>* keyed) const;
 
   std::string name_;
   std::string where_;  // "fused node '<name>'", for messages built on every run
@@ -191,8 +194,9 @@ class Program final : public FusedProgram {
   std::vector<graph::DType> output_dtypes_;
   std::vector<mx::array> constants_;  // the group's constants: slots [num_inputs, +constants)
   // Fused inputs whose *values* feed host reads (shape tensors computed outside the group):
-  // they become part of the signature. Guarded by mu_.
-  std::vector<bool> keyed_inputs_;
+  // they become part of the signature, per shape signature (a prompt that reads its attention
+  // mask on the host leaves the mask out of a decode step's key). Guarded by mu_.
+  std::unordered_map<std::string, std::vector<bool>> keyed_inputs_;
   // Prepare-once results (EngineHooks::constant_memo), by node and key. Guarded by mu_ (runs,
   // traces included, translate under it).
   mutable std::unordered_map<std::string, mx::array> prepared_;

@@ -44,7 +44,8 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     auto inputs = read_inputs(ctx, n_in, items);
     auto outputs = program->run(inputs);
     // Outputs are allocated by the EP's allocator: try zero-copy outputs.
-    write_outputs(ctx, outputs, program->device_memory());
+    write_outputs(ctx, outputs, program->device_memory(),
+                  mlx::core::default_stream(program->device()));
     const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                               std::chrono::steady_clock::now() - t_start).count());
     program->stats().compute_ns += ns;

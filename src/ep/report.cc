@@ -53,6 +53,7 @@ std::string device_memory_line() {
     << ",\"live_buffers\":" << db::count() << ",\"live_bytes\":" << db::bytes()
     << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
     << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
+    << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
     << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
     << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";

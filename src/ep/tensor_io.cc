@@ -3,6 +3,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/device_buffers.h"
 #include "ep/graph_reader.h"
@@ -68,8 +69,11 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 }
 
 void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& outputs,
-                   bool device_memory) {
+                   bool device_memory, mlx::core::Stream s) {
   namespace db = engine::device_buffers;
+  // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written
+  // there by MLX on the device, all in one evaluation, after the loop.
+  std::vector<std::pair<void*, mlx::core::array>> device_writes;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
     std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
@@ -97,7 +101,16 @@ void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& o
     }
     if (device_memory && db::owns(dst)) counters.outputs_copied++;
     if (a.size() && dst == a.data<void>()) continue;  // already there
+    if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && db::owns(dst)) {
+      device_writes.emplace_back(dst, a);
+      continue;
+    }
     engine::copy_out(a, dst, to_dtype(out_et));
+  }
+  if (!device_writes.empty()) {
+    auto written = db::write_on_device(device_writes, s);
+    for (size_t k = 0; k < device_writes.size(); ++k)
+      if (!written[k]) engine::copy_out(device_writes[k].second, device_writes[k].first);
   }
 }
 

@@ -20,7 +20,8 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 
 // Writes `outputs` (evaluated, row-contiguous) to ORT's outputs. With `device_memory`, an output
 // whose MLX buffer nothing else holds is adopted by ORT's allocation instead of copied.
+// Outputs bound to existing buffers in EP memory are written there by MLX on stream `s`.
 void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& outputs,
-                   bool device_memory);
+                   bool device_memory, mlx::core::Stream s);
 
 }  // namespace ortmlx::ep

@@ -174,3 +174,16 @@ def test_llm_greedy_decode_with_kv_in_ep_memory(results):
         assert d["outputs_copied"] == 0
     if not results["_gpu_type"]:
         assert d["copies_h2d"] == 0
+
+
+def test_llm_shared_kv_buffer_written_in_place(results):
+    # genai's shared past/present buffer in EP memory: every present written into its own buffer
+    # on the device (the tool checks the tokens against ORT's CPU EP in the same mode and that
+    # each layer's OrtValue keeps its buffer).
+    r = _ok(results, "llm_shared")
+    if "skipped" in r:
+        pytest.skip(r["skipped"])
+    d = r["during_decode"]
+    assert d["outputs_written_on_device"] > 0 and d["copies_d2d"] == 0
+    if not results["_gpu_type"]:
+        assert d["copies_h2d"] == 0 and d["copies_d2h"] == 0

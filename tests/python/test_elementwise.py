@@ -129,3 +129,28 @@ def test_variadic_sum_mean():
 def test_scalar_and_empty():
     check_node("Add", {"a": np.array(1.5, np.float32), "b": np.array(2.0, np.float32)})
     check_node("Mul", {"a": np.zeros((0, 3), np.float32), "b": rand((3,), np.float32)})
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int8])
+def test_bitwise_binary(op, dtype):
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(2, 3, 4), endpoint=True).astype(dtype)
+    b = rng.integers(info.min, info.max, size=(3, 1), endpoint=True).astype(dtype)
+    check_node(op, {"a": a, "b": b}, opset=18)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int8])
+def test_bitwise_not(dtype):
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(3, 5), endpoint=True).astype(dtype)
+    check_node("BitwiseNot", {"a": a}, opset=18)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_bitshift(direction, dtype):
+    bits = np.iinfo(dtype).bits
+    a = rng.integers(0, np.iinfo(dtype).max, size=(2, 6), endpoint=True).astype(dtype)
+    b = rng.integers(0, bits - 1, size=(6,), endpoint=True).astype(dtype)
+    check_node("BitShift", {"a": a, "b": b}, {"direction": direction}, opset=11)

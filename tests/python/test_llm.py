@@ -99,3 +99,41 @@ def test_first_prompt_touches_no_empty_array(model, tmp_path):
     gc.collect()  # the statistics line is written when the session goes
     stats = runner.read_fused_node_stats(report)
     assert stats and all(s["empty_operand_runs"] == 0 for s in stats), stats
+
+
+@pytest.mark.parametrize("family,precision", [("llama", "fp32"), ("qwen2", "int4")])
+def test_shared_buffer_decode_is_one_compiled_step(family, precision, tmp_path):
+    """onnxruntime-genai's shared KV buffer (past and present one [B, kv, max_length, H] buffer,
+    the mask [B, max_length]): every decode step has the same input signature, so after the
+    prompt, a first eager step and the probe, the steps run one compiled function, traced once.
+    Tokens and logits are ORT's CPU EP's in the same mode. Broken by a GroupQueryAttention that
+    reads the step's position on the host (the mask then joins the key: a new signature each
+    step) or by keying inputs across shape signatures (the prompt's mask read keys the steps')."""
+    import gc
+    model = MODELS / f"{family}-{precision}"
+    steps = 20
+    report = tmp_path / "report.jsonl"
+    mlx = Decoder(model, "mlx", "cpu", share_buffer=True, max_length=48, report_path=str(report))
+    assert mlx.share_buffer
+    got, got_logits, _ = mlx.generate(DEFAULT_PROMPT, steps)
+    placed = om.placement(mlx.session)
+    assert set(placed) == {om.EP_NAME}, f"nodes off MLX: {placed}"
+    del mlx
+    gc.collect()  # the statistics line is written when the session goes
+    ref, ref_logits, _ = Decoder(model, "cpu", share_buffer=True, max_length=48).generate(DEFAULT_PROMPT, steps)
+    grow, _, _ = Decoder(model, "cpu").generate(DEFAULT_PROMPT, steps)
+    assert ref == grow  # the mode itself changes nothing on the CPU EP
+    tol = 1e-4 if precision == "fp32" else 1e-2
+    equal = sum(a == b for a, b in zip(got, ref))
+    assert equal >= (steps if precision == "fp32" else 0.95 * steps), f"{equal}/{steps} tokens equal"
+    np.testing.assert_allclose(np.stack(got_logits)[:equal], np.stack(ref_logits)[:equal], rtol=tol, atol=tol)
+    (st,) = runner.read_fused_node_stats(report)
+    # runs: the prompt and steps - 1 decode steps; all but the prompt and the first step compiled
+    assert st["runs"] == steps and st["compiled_runs"] == steps - 2, st
+    assert st["traces"] == 1 and st["piecewise_runs"] == 0, st
+
+
+def test_shared_buffer_needs_group_query_attention():
+    with pytest.raises(ValueError, match="GroupQueryAttention"):
+        Decoder(MODELS / "llama-fp16", "cpu", share_buffer=True, max_length=32)
+    assert not Decoder(MODELS / "llama-fp16", "cpu", share_buffer="auto").share_buffer

@@ -237,14 +237,24 @@ Outputs translate_gqa(OpContext& c) {
   // prompt, which MLX's GPU attention kernels take without a mask array (with one, MLX falls
   // back to unfused math); the rotary rows are a slice, and the present cache a concatenation.
   // Batches keep everything on the device.
+  //
+  // Except a decode step into a shared past/present buffer (onnxruntime-genai's
+  // past_present_share_buffer: the past holds max_length rows, total_sequence_length is no
+  // more than that): there the position stays data on the device, so every step has the same
+  // graph and runs as one compiled function instead of a new eager translation each step.
+  const bool buffer_step = past_k && P >= total && S == 1;
   std::optional<int> known_past;  // past_len of the one sequence, when B == 1 and consistent
   bool unpadded = false;          // ... and its keys fill all T rows of present
-  if (B == 1) {
+  bool prompt_in_buffer = false;  // ... a prompt written at row 0 of a longer buffer
+  if (B == 1 && !buffer_step) {
     const int64_t total_1 = c.host_int(5) + 1;
     const int64_t past_1 = first_prompt ? 0 : total_1 - S;
     if (total_1 >= S && total_1 <= T && past_1 >= 0 && past_1 <= P) {
       known_past = static_cast<int>(past_1);
       unpadded = total_1 == T;
+      // Its queries see its own rows only: attention over those (causal), not the buffer.
+      prompt_in_buffer = past_1 == 0 && total_1 == S && T > S && (window <= 0 || window >= S) &&
+                         !c.has(10);
     }
   }
   auto seqlens = mx::reshape(mx::astype(c.in(5), mx::int32, c.s), {B}, c.s);
@@ -311,7 +321,7 @@ Outputs translate_gqa(OpContext& c) {
 
   // Visible keys of row s in batch b: [lo, hi) with hi = min(past_len + s + 1, total_b).
   // Unpadded batch 1 without a window shorter than the keys: hi = T - S + s + 1, MLX's causal.
-  const bool causal_only = unpadded && (window <= 0 || window >= T) && !c.has(10);
+  const bool causal_only = prompt_in_buffer || (unpadded && (window <= 0 || window >= T) && !c.has(10));
   std::optional<mx::array> mask;
   if (!causal_only) {
     auto col = mx::reshape(mx::arange(T, mx::int32, c.s), {1, 1, 1, T}, c.s);
@@ -337,7 +347,9 @@ Outputs translate_gqa(OpContext& c) {
   else if (n.attr_int("smooth_softmax", -1) == 1)
     sinks = mx::zeros({N}, ct, c.s);
 
-  auto out = attend(mx::astype(Q, ct, c.s), mx::astype(present_k, ct, c.s), mx::astype(present_v, ct, c.s),
+  const auto& keys = prompt_in_buffer ? K : present_k;
+  const auto& values = prompt_in_buffer ? V : present_v;
+  auto out = attend(mx::astype(Q, ct, c.s), mx::astype(keys, ct, c.s), mx::astype(values, ct, c.s),
                     scale, mask, bias, softcap, sinks, c.s, -1, causal_only && S > 1).out;
   return {mx::astype(from_bnsh(out, c.s), query.dtype(), c.s), present_k, present_v};
 }
