@@ -148,7 +148,7 @@ def test_bitwise_not(dtype):
 
 
 @pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32])  # ORT CPU: uint8, uint32, uint64
 def test_bitshift(direction, dtype):
     bits = np.iinfo(dtype).bits
     a = rng.integers(0, np.iinfo(dtype).max, size=(2, 6), endpoint=True).astype(dtype)
