@@ -44,12 +44,14 @@ def run_setting(model, device, opts, env, context, steps, report, teacher_forced
     provider = opts.pop("provider", "mlx")
     share = opts.pop("share_buffer", "0") == "1"
     max_length = int(opts.pop("max_length", 0)) or -(-(context + steps + 1) // 256) * 256
-    forced = np.random.default_rng(1).integers(3, 1000, steps)
     report.unlink(missing_ok=True)
     if provider == "mlx":
         opts.update(device_memory="1", report_path=str(report))
     dec = Decoder(model, provider, device, share_buffer=share, max_length=max_length, **opts)
-    ids = np.random.default_rng(0).integers(3, 1000, (1, context))
+    # Token ids inside the model's vocabulary (ids past it are an error, as on ORT's CPU EP).
+    vocab = min(1000, json.loads((dec.model_path.parent / "genai_config.json").read_text())["model"]["vocab_size"])
+    forced = np.random.default_rng(1).integers(3, vocab, steps)
+    ids = np.random.default_rng(0).integers(3, vocab, (1, context))
     t = time.perf_counter()
     logits, past = dec.step(ids, dec.empty_past(), context)
     prompt_s = time.perf_counter() - t

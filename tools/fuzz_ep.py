@@ -4,7 +4,9 @@ Each input picks a seed model from ONNX's node tests (ops the EP claims), applie
 by the fuzz bytes (attribute values, input dims incl. 0, dtypes, initializer contents, dropped
 optional inputs), then runs it on ORT's CPU EP and on the MLX EP. Findings:
   - a crash (signal/abort) of the process: atheris saves the input as crash-<hash>;
-  - a claimed node whose result differs from the CPU EP (AssertionError, input saved).
+  - a claimed node whose result differs from the CPU EP (AssertionError, input saved);
+  - a run the CPU EP fails (an out-of-range index) where the EP returns a value, unless
+    onnx.reference computes the EP's value (the CPU EP's error is then ORT's).
 An error status from the EP is not a finding (bad models must give errors, not crashes).
 
     python tools/fuzz_ep.py [-runs=N] [-max_total_time=S] [corpus_dir]   # libFuzzer flags
@@ -40,7 +42,9 @@ SEED_PREFIXES = ("test_add", "test_mul", "test_sub", "test_div", "test_matmul", 
                  "test_layer_norm", "test_batchnorm", "test_unsqueeze", "test_squeeze", "test_expand",
                  "test_where", "test_clip", "test_cast", "test_split", "test_pad", "test_tile",
                  "test_relu", "test_sigmoid", "test_argmax", "test_topk", "test_cumsum", "test_range",
-                 "test_resize", "test_flatten", "test_einsum", "test_lrn", "test_pow")
+                 "test_resize", "test_flatten", "test_einsum", "test_lrn", "test_pow",
+                 # index ops: the feeds' small integers run past short axes (out-of-range indices)
+                 "test_scatter", "test_onehot", "test_reversesequence", "test_tensorscatter")
 DTYPES = [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
           TensorProto.BOOL, TensorProto.DOUBLE, TensorProto.UINT8]
 
@@ -175,13 +179,13 @@ def known_mismatch(m, feeds=None) -> str | None:
     for n in m.graph.node:
         attrs = {a.name: a for a in n.attribute}
         # Ours: 0/1 flags read as `!= 0`, where ORT's kernels mostly test `== 1`; values other
-        # than 0/1 should be declined at claim time (seen: keepdims in src/ops/reduce.cc,
-        # ceil_mode in src/ops/pool.cc, training_mode of BatchNormalization).
+        # than 0/1 should be declined at claim time (seen: keepdims in src/ops/onnx/reduce.cc,
+        # ceil_mode in src/ops/nn/pool.cc, training_mode of BatchNormalization).
         for flag in FLAGS & attrs.keys():
             if attrs[flag].type == onnx.AttributeProto.INT and attrs[flag].i not in (0, 1):
                 return f"{flag} not 0/1"
         # Ours: Pow of an integer base with a float exponent rounds where ORT truncates toward
-        # zero (3 ** -0.13 = 0.87: ORT and onnx.reference give 0, the MLX EP 1): src/ops/elementwise.cc.
+        # zero (3 ** -0.13 = 0.87: ORT and onnx.reference give 0, the MLX EP 1): src/ops/onnx/elementwise.cc.
         if n.op_type == "Pow" and feeds and is_int_pow_float(m, n, feeds):
             return "Pow int ** float rounding"
         # Conv with auto_pad SAME_* and a stride larger than the kernel (negative total padding):
@@ -196,7 +200,7 @@ def known_mismatch(m, feeds=None) -> str | None:
             return "ConvTranspose SAME with kernel < stride (ORT CPU)"
         # Ours: a pooling window larger than the padded input. The ONNX shape formula gives 0
         # outputs (the MLX EP), ORT's CPU kernel truncates toward zero and gives 1. Such nodes
-        # should be declined when the shapes are known (src/ops/pool.cc).
+        # should be declined when the shapes are known (src/ops/nn/pool.cc).
         if n.op_type in ("MaxPool", "AveragePool", "LpPool") and window_exceeds_input(m, n, attrs, feeds):
             return "pool window larger than input"
         # ORT's: a reduction of an empty tensor over negative axes keeps the input's shape on
@@ -289,9 +293,13 @@ def TestOneInput(data: bytes):
             pass
         return
     try:
-        ref = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, feeds)
+        cpu = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
     except Exception:
-        return  # not a valid model/input for ORT itself
+        return  # not a valid model for ORT itself
+    try:
+        ref, cpu_error = cpu.run(None, feeds), None
+    except Exception as e:  # e.g. an out-of-range index: the EP must fail as well
+        ref, cpu_error = None, str(e).splitlines()[0][:300]
     STATS["valid"] += 1
     try:
         sess = ort.InferenceSession(blob, sess_options=om.session_options("cpu"))
@@ -302,6 +310,11 @@ def TestOneInput(data: bytes):
         return
     STATS["mlx_ran"] += 1
     try:
+        if cpu_error is not None:
+            if reference_agrees(m, feeds, outs):
+                STATS["known_mismatches"] += 1  # the CPU EP's error is ORT's own
+                return
+            raise AssertionError(f"the CPU EP fails ({cpu_error}), the MLX EP returns a value")
         compare(outs, ref)
     except AssertionError as e:
         if known_mismatch(m, feeds):
@@ -319,6 +332,16 @@ def TestOneInput(data: bytes):
             (d / "model.onnx").write_bytes(blob)
             np.savez(d / "feeds.npz", **feeds)
             (d / "finding.txt").write_text(f"{e}\n{onnx.printer.to_text(m.graph)}\n")
+
+
+def reference_agrees(m, feeds, outs) -> bool:
+    """Whether onnx.reference runs the model and gives the EP's outputs."""
+    try:
+        from onnx.reference import ReferenceEvaluator
+        compare(outs, ReferenceEvaluator(m).run(None, feeds))
+        return True
+    except Exception:  # noqa: BLE001 - it fails too, or differs
+        return False
 
 
 def compare(outs, ref):

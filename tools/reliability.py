@@ -70,7 +70,7 @@ def shape_chain_case():
 def fp16_decoder_case():
     """A prompt of onnxruntime-genai's fp16 Llama (tests/models/llm/llama-fp16, the
     MultiHeadAttention form): half-precision weights prepared once, RotaryEmbedding's shared
-    tables, the grouped KV cache under the exporter's repeat_kv chain (ops/attention.cc).
+    tables, the grouped KV cache under the exporter's repeat_kv chain (ops/contrib/attention.cc).
     (A prompt, not a decode step: ORT's CPU EP, the gates' reference, cannot run this model's
     decode steps: its buffer reuse fails.)"""
     model = onnx.load(ROOT / "tests/models/llm/llama-fp16/model.onnx")  # external data inlined

@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
+#include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
 #include "engine/host_fold/host_fold.h"
@@ -276,13 +277,23 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   tl_last_run_compiled = false;
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
-  auto eval_all = [this](std::vector<mx::array> outs) {
+  auto eval_all = [&, this](std::vector<mx::array> outs) {
     stats_.eval_arrays += check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(outs, where_);
     auto t0 = std::chrono::steady_clock::now();
     mx::eval(outs);
     tl_last_eval_ns = elapsed_ns(t0);
     stats_.eval_ns += tl_last_eval_ns;
+    if (index_check::take_flag(outs, num_outputs())) {
+      // An index was out of range: the same run again, eagerly, checking on the host, names it.
+      index_check::Diagnose diagnose;
+      try {
+        (void)translate(args, layout, Mode::Eager, nullptr, nullptr, s);
+      } catch (const std::exception& e) {
+        throw index_check::IndexError(e.what());
+      }
+      throw index_check::IndexError("an index is out of range (its node could not be named)");
+    }
     return outs;
   };
 
@@ -435,6 +446,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       return outs;
     } catch (const MemoryLimitError&) {
       throw;  // the run's size, not the graph's traceability: keep the compiled path
+    } catch (const index_check::IndexError&) {
+      throw;  // the data, not the graph
     } catch (const std::exception& ex) {
       // Some graphs cannot be traced (an op that reads data while tracing, an MLX primitive
       // without compile support): fall back to eager for this program, and say so once.

@@ -66,6 +66,9 @@ struct Program::Run {
   };
   std::map<std::pair<std::string, std::vector<std::uintptr_t>>, MemoEntry> memo;
 
+  // Run-time index checks of this translation (engine/index_check.h), one scalar each.
+  std::vector<mx::array> index_flags;
+
   StepInfos* steps = nullptr;  // the group's steps, as this translation saw them (optional)
   size_t read_calls = 0;       // host reads asked for (deduplicated ones too) ...
   size_t constant_reads = 0;   // ... of which reads of the group's constant initializers

@@ -7,6 +7,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "engine/index_check.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
 #include "ops/common.h"
@@ -188,6 +189,7 @@ Program::SegmentFn Program::segment_function(const Segment& seg, const std::vect
             throw std::runtime_error("[engine] a segment's output is not a tensor");
           r.push_back(*slots[o]->tensor);
         }
+        index_check::append_flag(r, trace.index_flags, s);  // one more output, past `outs`
         return r;
       },
       /*shapeless=*/false);
@@ -227,6 +229,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
       try {
         auto outs = fn->second(in);
         for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
+        if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
         ++stats_.segment_calls;
         matched = true;
         continue;
@@ -251,6 +254,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     outs.push_back(*slots[sl]);
   }
   auto result = finish_outputs(std::move(outs), s);
+  index_check::append_flag(result, run.index_flags, s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
 }

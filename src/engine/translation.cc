@@ -15,6 +15,7 @@
 
 #include "engine/device_buffers.h"
 #include "engine/host_fold/host_fold.h"
+#include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
@@ -147,6 +148,16 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     hooks.emulate_int8_activations =
         opt_.int8_emulation == 1 || (opt_.int8_emulation < 0 && run.s.device == mx::Device::cpu);
     hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
+    hooks.index_checks = opt_.index_check;
+    hooks.index_diagnose = index_check::diagnosing();
+    hooks.index_flag = [&](const mx::array& bad) { run.index_flags.push_back(bad); };
+    hooks.constant_value = [&](size_t i) -> std::optional<mx::array> {
+      if (i >= io.in.size() || !is_constant_slot(p, io.in[i]) || !slots[io.in[i]]->is_tensor())
+        return std::nullopt;
+      const mx::array& a = *slots[io.in[i]]->tensor;
+      if (a.is_available() || &p != top_.get()) return a;
+      return constants_[static_cast<size_t>(io.in[i]) - input_names_.size()];
+    };
     hooks.constant_memo = [&](const std::string& key, const std::vector<size_t>& idx,
                               const std::function<mx::array()>& make) -> mx::array {
       for (size_t i : idx)
@@ -222,7 +233,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       outs = folded ? std::move(*folded) : p.entries[k]->translate(ctx);
     } catch (const std::exception& e) {
       std::ostringstream os;
-      if (top) os << "[MLX EP] fused node '" << name_ << "': ";
+      // (The fused node is named once, by the error wall.)
       os << node.describe() << " failed: " << e.what() << " (inputs:";
       for (size_t i = 0; i < io.in.size(); ++i) {
         if (io.in[i] < 0) { os << " -"; continue; }
@@ -388,6 +399,7 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
   std::vector<Taint> taints;
   input_values(args, layout, values, taints);
   auto result = finish_outputs(run_plan(*top_, std::move(values), std::move(taints), run), s);
+  index_check::append_flag(result, run.index_flags, s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;
 }

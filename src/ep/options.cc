@@ -34,7 +34,8 @@ long long to_int(const std::string& key, const std::string& v, long long lo, lon
 EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
                                 "report_path", "memory_limit_mb", "cache_limit_mb",
-                                "device_memory", "tf32", "int8_emulation", "shape_family", "host_fold"};
+                                "device_memory", "tf32", "int8_emulation", "shape_family", "host_fold",
+                                "index_check"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -55,6 +56,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.shape_family = to_int("shape_family", v, 0, 1);
   if (auto v = lookup(entries, "host_fold"); !v.empty())
     o.engine.host_fold = to_int("host_fold", v, 0, 1);
+  if (auto v = lookup(entries, "index_check"); !v.empty())
+    o.engine.index_check = to_int("index_check", v, 0, 1);
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));
   o.report_path = lookup(entries, "report_path");

@@ -189,7 +189,8 @@ int64_t OpContext::host_scalar(const mx::array& value) const {
 }
 
 void OpContext::fail(const std::string& why) const {
-  throw TranslateError("[" + node.op_type + "] node '" + node.name + "': " + why);
+  // The engine names the node (op and name) around this, once.
+  throw TranslateError(why);
 }
 
 std::optional<mx::Dtype> to_mlx_dtype(DType t) {

@@ -118,6 +118,15 @@ struct EngineHooks {
   // MatMulNBits with accuracy_level 4: quantize A to int8 per block as ORT's CPU EP does (the
   // reference on the CPU), or keep A in float (what ORT's GPU EPs do; faster on MLX's GPU).
   bool emulate_int8_activations = true;
+  // Index tensors (OpContext::checked_indices). Off: indices are only clipped (no error).
+  bool index_checks = true;
+  // Set while the engine re-translates a run whose flag came back set: check on the host now.
+  bool index_diagnose = false;
+  // Takes a scalar bool, true when some run-time index is out of range; the engine evaluates
+  // it together with the outputs (no extra sync) and fails the run when it is set.
+  std::function<void(const mx::array& bad)> index_flag;
+  // The constant initializer behind input `index` (a compile trace holds placeholders).
+  std::function<std::optional<mx::array>(size_t index)> constant_value;
 };
 
 class OpContext {
@@ -173,6 +182,14 @@ class OpContext {
                                          const std::vector<Value>& inputs) const;
 
   [[noreturn]] void fail(const std::string& why) const;
+
+  // ONNX makes out-of-range indices an error (ORT's INVALID_ARGUMENT). Element e of `idx` must
+  // lie in [-d, d - 1] (or [0, d - 1] without `negative`), d = dims[e % dims.size()] (one bound,
+  // or one per last-axis column). Indices known on the host (constants, folds, inputs already
+  // there) are checked now; others through EngineHooks::index_flag. `input`: the node input
+  // `idx` is, unchanged (-1: derived). Returns `idx`, clipped unless checked on the host.
+  mx::array checked_indices(const mx::array& idx, const std::vector<int64_t>& dims, bool negative,
+                            const std::string& what, int input = -1) const;
 
  private:
   mx::array host_array(size_t i) const;

@@ -283,7 +283,7 @@ Outputs translate_gqa(OpContext& c) {
     } else {
       mx::array pos = mx::arange(S, mx::int32, c.s);
       if (c.has(9))
-        pos = mx::astype(c.in(9), mx::int32, c.s);
+        pos = mx::astype(c.checked_indices(c.in(9), {rows}, false, "position_ids", 9), mx::int32, c.s);
       else if (first_prompt)
         pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
       else

@@ -116,11 +116,17 @@ Outputs translate_embed_layer_norm(OpContext& c) {
   const auto t = c.in(2).dtype();
   const mx::Dtype ct = compute_dtype(c.in(2), c.s);
   const float eps = c.node.attr_float("epsilon", 1e-12f);
-  auto emb = mx::take(in_as(c, 2, ct), mx::astype(ids, mx::int32, c.s), 0, c.s);
-  mx::array pos = c.has(8) ? mx::astype(c.in(8), mx::int32, c.s)
+  auto rows = [&](size_t i) { return std::vector<int64_t>{c.in(i).shape(0)}; };
+  auto emb = mx::take(in_as(c, 2, ct), mx::astype(c.checked_indices(ids, rows(2), false, "input_ids", 0), mx::int32, c.s),
+                      0, c.s);
+  if (!c.has(8) && S > c.in(3).shape(0)) c.fail("the sequence is longer than position_embedding");
+  mx::array pos = c.has(8) ? mx::astype(c.checked_indices(c.in(8), rows(3), false, "position_ids", 8), mx::int32, c.s)
                            : mx::expand_dims(mx::arange(S, mx::int32, c.s), 0, c.s);
   emb = mx::add(emb, mx::take(in_as(c, 3, ct), pos, 0, c.s), c.s);
-  if (c.has(1)) emb = mx::add(emb, mx::take(in_as(c, 4, ct), mx::astype(c.in(1), mx::int32, c.s), 0, c.s), c.s);
+  if (c.has(1))
+    emb = mx::add(emb, mx::take(in_as(c, 4, ct),
+                                mx::astype(c.checked_indices(c.in(1), rows(4), false, "segment_ids", 1), mx::int32, c.s),
+                                0, c.s), c.s);
   const int D = emb.shape(-1);
   auto y = mx::fast::layer_norm(emb, mx::reshape(in_as(c, 5, ct), {D}, c.s),
                                 mx::reshape(in_as(c, 6, ct), {D}, c.s), eps, c.s);

@@ -183,6 +183,7 @@ std::pair<mx::array, mx::array> gather_rows(OpContext& c, const mx::array& pos, 
     if (p.ndim() <= 1 && p.size() == 1)  // a start offset: positions start .. start + S - 1
       p = mx::expand_dims(mx::add(mx::arange(S, mx::int32, c.s), mx::reshape(p, {}, c.s), c.s), 0, c.s);
     if (p.ndim() != 2) c.fail("position_ids must be [batch, sequence] or a single start position");
+    p = c.checked_indices(p, {cos.shape(0)}, false, "position_ids");
     return std::vector<mx::array>{mx::take(cos, p, 0, c.s), mx::take(sin, p, 0, c.s)};
   });
   return {rows[0], rows[1]};

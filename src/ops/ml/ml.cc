@@ -273,8 +273,8 @@ Support check_array_feature_extractor(const NodeQuery& q) {
 Outputs translate_array_feature_extractor(OpContext& c) {
   require_rank(c, 1, 8);
   const auto& x = c.in(0);
-  auto idx = mx::flatten(c.in(1), c.s);
-  if (idx.size() == 0) c.fail("Y (the indices) is empty");
+  if (c.in(1).size() == 0) c.fail("Y (the indices) is empty");
+  auto idx = mx::flatten(c.checked_indices(c.in(1), {x.shape(-1)}, false, "Y", 1), c.s);
   auto z = mx::take(x, idx, -1, c.s);
   if (x.ndim() == 1) z = mx::reshape(z, {1, static_cast<int>(idx.size())}, c.s);
   return {z};

@@ -372,8 +372,9 @@ Support check_max_unpool(const NodeQuery& q) {
 // Scatters X into a zero tensor at the flat indices I (MaxPool's Indices output: positions in
 // the whole output tensor). The output shape is output_shape when given (host read), else the
 // inverse of the pooling arithmetic: (in - 1) * stride - pad_begin - pad_end + kernel. MLX's
-// scatter does no bounds checking and I is run-time data, so out-of-range indices are sent to
-// one extra slot that is cut off (ORT reports an error for them). Duplicate indices (never
+// scatter does no bounds checking: out-of-range indices fail the run (as on ORT's CPU EP;
+// clipped into range with index_check=0); the extra slot that is cut off is a second guard.
+// Duplicate indices (never
 // produced by MaxPool) may resolve to any of the values.
 Outputs translate_max_unpool(OpContext& c) {
   const auto s = c.s;
@@ -402,7 +403,7 @@ Outputs translate_max_unpool(OpContext& c) {
   if (total >= INT32_MAX) c.fail("the output is too large");
   if (total == 0 || x.size() == 0) return {mx::zeros(to_shape(shape), x.dtype(), s)};
   auto t = mx::array(total);
-  auto fi = mx::flatten(ind, s);
+  auto fi = mx::flatten(c.checked_indices(ind, {total}, false, "I", 1), s);
   auto in_range = mx::logical_and(mx::greater_equal(fi, mx::array(int64_t{0}), s),
                                   mx::less(fi, mx::astype(t, fi.dtype(), s), s), s);
   auto idx = mx::astype(mx::where(in_range, fi, mx::astype(t, fi.dtype(), s), s), mx::int32, s);
@@ -419,7 +420,7 @@ const OpEntry kOps[] = {
     {"", "DeformConv", 19, kAnyOpset, check_deform_conv, translate_deform_conv, "2-D only"},
     {"", "Col2Im", 18, kAnyOpset, check_col2im, translate_col2im},
     {"", "MaxUnpool", 9, kAnyOpset, check_max_unpool, translate_max_unpool,
-     "out-of-range indices are dropped (ORT errors)"},
+     "out-of-range indices fail the run"},
 };
 
 }  // namespace

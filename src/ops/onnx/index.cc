@@ -2,10 +2,9 @@
 // OneHot, Compress, NonZero, ReverseSequence, Unique.
 //
 // Index safety: ONNX allows negative indices in [-n, n-1]; MLX's gather/scatter kernels wrap a
-// negative index once too, but do not bounds-check. ORT rejects out-of-range indices; checking
-// that here would need a host read of every index tensor, so indices are clipped to
-// [-n, n-1] instead: valid inputs are unchanged and invalid ones cannot read or write outside
-// the buffer (their result is unspecified, not an error).
+// negative index once too, but do not bounds-check. Out-of-range indices fail the run, as on
+// ORT's CPU EP (OpContext::checked_indices); indices checked on the device are also clipped, so
+// the kernels never read or write outside the buffer before the check's flag is read.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -20,10 +19,6 @@ namespace ortmlx::ops {
 namespace {
 
 int rank_of(const mx::array& a) { return static_cast<int>(a.ndim()); }
-
-mx::array clip_index(const mx::array& idx, int n, mx::Stream s) {
-  return mx::clip(idx, mx::array(-n, idx.dtype()), mx::array(n - 1, idx.dtype()), s);
-}
 
 mx::array int32_vector(const std::vector<int32_t>& v) {
   return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int32);
@@ -54,7 +49,7 @@ Outputs translate_gather(OpContext& c) {
     out.insert(out.end(), x.shape().begin() + axis + 1, x.shape().end());
     return {mx::zeros(out, x.dtype(), c.s)};
   }
-  return {mx::take(x, clip_index(idx, n, c.s), axis, c.s)};
+  return {mx::take(x, c.checked_indices(idx, {n}, true, "indices", 1), axis, c.s)};
 }
 
 Support check_gather(const NodeQuery& q) { return index_dtype(q, 1); }
@@ -78,7 +73,7 @@ Outputs translate_gather_elements(OpContext& c) {
   if (smaller) x = mx::slice(x, mx::Shape(r, 0), stop, c.s);
   if (idx.size() == 0) return {mx::zeros(idx.shape(), x.dtype(), c.s)};
   if (x.shape(axis) == 0) c.fail("indices into an empty axis");
-  return {mx::take_along_axis(x, clip_index(idx, x.shape(axis), c.s), axis, c.s)};
+  return {mx::take_along_axis(x, c.checked_indices(idx, {x.shape(axis)}, true, "indices", 1), axis, c.s)};
 }
 
 // indices [..., k] address the first k dims after `batch_dims` leading batch dims shared by data
@@ -109,12 +104,13 @@ Outputs translate_gather_nd(OpContext& c) {
   mx::Shape xs{static_cast<int>(batch)};
   xs.insert(xs.end(), x.shape().begin() + b, x.shape().end());
   auto data = mx::reshape(x, xs, c.s);
-  auto ind = mx::reshape(idx, {static_cast<int>(batch), -1, k}, c.s);
+  std::vector<int64_t> dims(x.shape().begin() + b, x.shape().begin() + b + k);
+  auto ind = mx::reshape(c.checked_indices(idx, dims, true, "indices", 1), {static_cast<int>(batch), -1, k}, c.s);
   std::vector<mx::array> indices{ramp_on_axis(static_cast<int>(batch), 0, 2, c.s)};
   std::vector<int> axes{0};
   mx::Shape slice(rank_of(data), 1);
   for (int j = 0; j < k; ++j) {
-    indices.push_back(clip_index(mx::take(ind, j, 2, c.s), x.shape(b + j), c.s));
+    indices.push_back(mx::take(ind, j, 2, c.s));
     axes.push_back(j + 1);
   }
   for (int d = k + 1; d < rank_of(data); ++d) slice[d] = data.shape(d);
@@ -166,8 +162,9 @@ Outputs translate_scatter_elements(OpContext& c) {
   std::vector<mx::array> indices;
   std::vector<int> axes(r);
   std::iota(axes.begin(), axes.end(), 0);
+  const auto checked = c.checked_indices(idx, {x.shape(axis)}, true, "indices", 1);
   for (int k = 0; k < r; ++k)
-    indices.push_back(k == axis ? clip_index(idx, x.shape(axis), c.s)
+    indices.push_back(k == axis ? checked
                                 : ramp_on_axis(idx.shape(k), k, r, c.s));
   mx::Shape us = upd.shape();
   us.insert(us.end(), r, 1);
@@ -190,9 +187,11 @@ Outputs translate_scatter_nd(OpContext& c) {
   if (idx.size() == 0) return {x};
   std::vector<mx::array> indices;
   std::vector<int> axes;
+  const auto checked = c.checked_indices(idx, std::vector<int64_t>(x.shape().begin(), x.shape().begin() + k),
+                                         true, "indices", 1);
   for (int j = 0; j < k; ++j) {
     if (x.shape(j) == 0) c.fail("indices into an empty axis");
-    indices.push_back(clip_index(mx::take(idx, j, -1, c.s), x.shape(j), c.s));
+    indices.push_back(mx::take(checked, j, -1, c.s));
     axes.push_back(j);
   }
   // MLX wants updates = index shape + one slice of the data's full rank (size 1 on the k axes).
@@ -370,8 +369,9 @@ Outputs translate_reverse_sequence(OpContext& c) {
   auto t = ramp_on_axis(T, ta, r, c.s);
   mx::Shape ls(r, 1);
   ls[ba] = B;
-  auto len = mx::reshape(mx::clip(mx::astype(c.in(1), mx::int32, c.s), mx::array(0),
-                                  mx::array(T), c.s), ls, c.s);
+  // A length past the time axis is an error (ORT: "Invalid sequence length").
+  auto len = mx::reshape(mx::astype(c.checked_indices(c.in(1), {T + 1}, false, "sequence_lens", 1),
+                                    mx::int32, c.s), ls, c.s);
   auto src = mx::where(mx::less(t, len, c.s),
                        mx::subtract(mx::subtract(len, mx::array(1), c.s), t, c.s), t, c.s);
   return {mx::take_along_axis(x, src, ta, c.s)};
@@ -468,17 +468,17 @@ Outputs translate_unique(OpContext& c) {
 
 const OpEntry kOps[] = {
     {"", "Gather", 1, kAnyOpset, check_gather, translate_gather,
-     "out-of-range indices are clipped, not reported"},
+     "out-of-range indices fail the run"},
     {"", "GatherElements", 11, kAnyOpset, check_gather, translate_gather_elements,
-     "out-of-range indices are clipped, not reported"},
+     "out-of-range indices fail the run"},
     {"", "GatherND", 11, kAnyOpset, check_gather, translate_gather_nd,
-     "out-of-range indices are clipped, not reported"},
+     "out-of-range indices fail the run"},
     {"", "Scatter", 9, 10, check_scatter, translate_scatter_elements},
     {"", "ScatterElements", 11, kAnyOpset, check_scatter, translate_scatter_elements,
-     "out-of-range indices are clipped, not reported; duplicate indices with reduction=none "
+     "out-of-range indices fail the run; duplicate indices with reduction=none "
      "pick an unspecified update (as in ONNX)"},
     {"", "ScatterND", 11, kAnyOpset, check_scatter, translate_scatter_nd,
-     "out-of-range indices are clipped, not reported"},
+     "out-of-range indices fail the run"},
     {"", "Slice", 1, kAnyOpset, check_slice, translate_slice},
     {"", "OneHot", 9, kAnyOpset, check_one_hot, translate_one_hot},
     {"", "Compress", 9, kAnyOpset, check_compress, translate_compress,

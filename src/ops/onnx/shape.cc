@@ -193,6 +193,8 @@ Outputs translate_flatten(OpContext& c) {
 Outputs translate_expand(OpContext& c) {
   const auto& x = c.in(0);
   auto shape = c.host_ints(1);
+  for (auto d : shape)
+    if (d < 0) c.fail("shape has a negative dimension (" + std::to_string(d) + ")");
   int r = std::max<int>(rank_of(x), static_cast<int>(shape.size()));
   std::vector<int64_t> out(r);
   for (int k = 0; k < r; ++k) {

@@ -6,8 +6,8 @@
 // each step a new compiled signature). Instead of a scatter (MLX's scatter does no bounds
 // checking, and these indices are run-time data), every cache position p *gathers* its source:
 // i = p - write_indices[b] (mod the cache length for circular); positions with 0 <= i < S take
-// update[..., i, ...], the rest keep the past value. Writes past the end in linear mode (which
-// ORT rejects as an error) are dropped rather than written out of bounds.
+// update[..., i, ...], the rest keep the past value. A negative write index, and in linear mode
+// a write past the cache end, fail the run (as on ORT's CPU EP).
 #include <string>
 
 #include "ops/common.h"
@@ -50,12 +50,15 @@ Outputs translate_tensor_scatter(OpContext& c) {
   pos_shape[axis] = len;
   wi_shape[0] = batch;
   auto pos = mx::reshape(mx::arange(len, mx::int64, c.s), pos_shape, c.s);
-  auto wi = c.has(2) ? mx::reshape(mx::astype(c.in(2), mx::int64, c.s), wi_shape, c.s)
-                     : mx::zeros(wi_shape, mx::int64, c.s);
   if (c.has(2) && c.in(2).size() != static_cast<size_t>(batch))
     c.fail("write_indices must have one entry per batch row");
+  const bool circular = c.node.attr_string("mode", "linear") == "circular";
+  auto wi = c.has(2) ? mx::reshape(mx::astype(c.checked_indices(c.in(2), {circular ? len : len - n + 1},
+                                                                false, "write_indices", 2),
+                                              mx::int64, c.s), wi_shape, c.s)
+                     : mx::zeros(wi_shape, mx::int64, c.s);
   auto i = mx::subtract(pos, wi, c.s);
-  if (c.node.attr_string("mode", "linear") == "circular") {
+  if (circular) {
     // Positive remainder whatever the sign convention of the integer remainder.
     auto m = mx::array(static_cast<int64_t>(len));
     i = mx::remainder(mx::add(mx::remainder(i, m, c.s), m, c.s), m, c.s);
@@ -73,7 +76,7 @@ Outputs translate_tensor_scatter(OpContext& c) {
 
 const OpEntry kOps[] = {
     {"", "TensorScatter", 24, kAnyOpset, check_tensor_scatter, translate_tensor_scatter,
-     "linear writes past the cache end (an error in ORT) are dropped"},
+     "out-of-range write_indices fail the run"},
 };
 
 }  // namespace
