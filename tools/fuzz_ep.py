@@ -179,13 +179,13 @@ def known_mismatch(m, feeds=None) -> str | None:
     for n in m.graph.node:
         attrs = {a.name: a for a in n.attribute}
         # Ours: 0/1 flags read as `!= 0`, where ORT's kernels mostly test `== 1`; values other
-        # than 0/1 should be declined at claim time (seen: keepdims in src/ops/reduce.cc,
-        # ceil_mode in src/ops/pool.cc, training_mode of BatchNormalization).
+        # than 0/1 should be declined at claim time (seen: keepdims in src/ops/onnx/reduce.cc,
+        # ceil_mode in src/ops/nn/pool.cc, training_mode of BatchNormalization).
         for flag in FLAGS & attrs.keys():
             if attrs[flag].type == onnx.AttributeProto.INT and attrs[flag].i not in (0, 1):
                 return f"{flag} not 0/1"
         # Ours: Pow of an integer base with a float exponent rounds where ORT truncates toward
-        # zero (3 ** -0.13 = 0.87: ORT and onnx.reference give 0, the MLX EP 1): src/ops/elementwise.cc.
+        # zero (3 ** -0.13 = 0.87: ORT and onnx.reference give 0, the MLX EP 1): src/ops/onnx/elementwise.cc.
         if n.op_type == "Pow" and feeds and is_int_pow_float(m, n, feeds):
             return "Pow int ** float rounding"
         # Conv with auto_pad SAME_* and a stride larger than the kernel (negative total padding):
@@ -200,7 +200,7 @@ def known_mismatch(m, feeds=None) -> str | None:
             return "ConvTranspose SAME with kernel < stride (ORT CPU)"
         # Ours: a pooling window larger than the padded input. The ONNX shape formula gives 0
         # outputs (the MLX EP), ORT's CPU kernel truncates toward zero and gives 1. Such nodes
-        # should be declined when the shapes are known (src/ops/pool.cc).
+        # should be declined when the shapes are known (src/ops/nn/pool.cc).
         if n.op_type in ("MaxPool", "AveragePool", "LpPool") and window_exceeds_input(m, n, attrs, feeds):
             return "pool window larger than input"
         # ORT's: a reduction of an empty tensor over negative axes keeps the input's shape on

@@ -39,7 +39,7 @@ MIXED = ["test_add_bcast", "test_matmul_4d", "test_softmax_axis_1", "test_conv_w
 
 
 def shape_chain_case():
-    """An exporter's shape arithmetic (host-folded: ops/host_fold.cc): x [2, 6, 8] reshaped to
+    """An exporter's shape arithmetic (host-folded: engine/host_fold/host_fold.cc): x [2, 6, 8] reshaped to
     [B, S, H / 2, 2] through Shape -> Gather -> Div -> Unsqueeze -> Concat, plus Range(0, S)."""
     from onnx import TensorProto
 
@@ -70,7 +70,7 @@ def shape_chain_case():
 def fp16_decoder_case():
     """A prompt of onnxruntime-genai's fp16 Llama (tests/models/llm/llama-fp16, the
     MultiHeadAttention form): half-precision weights prepared once, RotaryEmbedding's shared
-    tables, the grouped KV cache under the exporter's repeat_kv chain (ops/attention.cc).
+    tables, the grouped KV cache under the exporter's repeat_kv chain (ops/contrib/attention.cc).
     (A prompt, not a decode step: ORT's CPU EP, the gates' reference, cannot run this model's
     decode steps: its buffer reuse fails.)"""
     model = onnx.load(ROOT / "tests/models/llm/llama-fp16/model.onnx")  # external data inlined

@@ -19,6 +19,7 @@
 
 #include <mlx/mlx.h>
 
+#include "engine/engine.h"
 #include "graph/view.h"
 #include "ops/registry.h"
 
@@ -26,53 +27,8 @@ namespace ortmlx::engine {
 
 namespace mx = mlx::core;
 
-struct Options {
-  bool compile = true;          // use mx::compile when the graph allows it
-  size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
-  int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
-  bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
-  bool host_fold = true;        // shape arithmetic computed on the host (ops/host_fold.h)
-  bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
-  bool gpu = false;             // run on MLX's GPU device
-  bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
-  int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
-  // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
-  int int8_emulation = -1;
-};
-
-struct Stats {
-  std::atomic<uint64_t> runs{0}, compiled_runs{0}, eager_runs{0}, traces{0}, compile_fallbacks{0};
-  // Time accounting for the overhead figure (bench): the whole ORT Compute call (filled by the
-  // ABI layer), and the part of it spent inside mx::eval, where MLX does the arithmetic.
-  std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
-  // The same for compiled runs only (the steady state, without probes and traces).
-  std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
-  // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
-  // included) and the host reads themselves (count and time: each is a device sync).
-  std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
-  std::atomic<uint64_t> host_folds{0};  // nodes computed on the host (ops/host_fold.h)
-  std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
-  // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
-  // through a compiled function, and segment traces.
-  std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
-  // Eager runs whose graph touched a zero-size array. On the GPU these ran on the CPU stream
-  // (MLX's CUDA kernels fault on such arrays); on the CPU device only a new signature's first
-  // run is checked, so a test there can see what the GPU would do.
-  std::atomic<uint64_t> empty_operand_runs{0};
-};
-
-// Raw bytes of one fused-node input or output (owned by ORT).
-struct HostTensor {
-  graph::DType dtype = graph::DType::Undefined;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  // An input may also be a sequence of tensors (`items`) or an empty optional (None).
-  enum class Kind { Tensor, Sequence, None };
-  Kind kind = Kind::Tensor;
-  std::vector<HostTensor> items{};
-};
-
-class Program {
+// Engine-private: src/ep sees a Program only as an engine::FusedProgram (engine.h).
+class Program final : public FusedProgram {
  public:
   // `g` holds the group's nodes (topological order) and its constant initializers; their data
   // is copied into MLX arrays here, because ORT may free initializers after Compile.
@@ -82,17 +38,17 @@ class Program {
   Program& operator=(const Program&) = delete;
 
   // One evaluation. Returns evaluated, row-contiguous arrays in the declared output dtypes.
-  std::vector<mx::array> run(const std::vector<HostTensor>& inputs);
+  std::vector<mx::array> run(const std::vector<HostTensor>& inputs) override;
 
-  const std::string& name() const { return name_; }
-  size_t num_inputs() const { return input_names_.size(); }
-  size_t num_outputs() const { return output_names_.size(); }
+  const std::string& name() const override { return name_; }
+  size_t num_inputs() const override { return input_names_.size(); }
+  size_t num_outputs() const override { return output_names_.size(); }
   const Stats& stats() const { return stats_; }
-  Stats& stats() { return stats_; }
+  Stats& stats() override { return stats_; }
   // Whether the calling thread's last run() went through a compiled function.
   static bool last_run_compiled();
-  mx::Device device() const { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
-  bool device_memory() const { return opt_.device_memory; }
+  mx::Device device() const override { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
+  bool device_memory() const override { return opt_.device_memory; }
 
   // Builds an MLX array that owns a copy of `t`.
   static mx::array to_array(const HostTensor& t);

@@ -41,7 +41,7 @@ struct Program::Run {
   std::unordered_map<std::uintptr_t, std::pair<mx::array, Taint>> lineage;
 
   Stats* stats = nullptr;
-  // Values known on the host (Shape/Size outputs, nodes folded by ops/host_fold.h), by array id;
+  // Values known on the host (Shape/Size outputs, nodes folded by engine/host_fold/host_fold.h), by array id;
   // holding the array keeps its id from being reused within the run.
   std::unordered_map<std::uintptr_t, mx::array> host_known;
 

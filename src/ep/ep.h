@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/program.h"
+#include "engine/engine.h"
 #include "ep/options.h"
 #include "ep/ort_api.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "engine/program.h"
+#include "engine/engine.h"
 
 namespace ortmlx::ep {
 

@@ -1,5 +1,5 @@
 #include "ops/common.h"
-#include "ops/cpu_gemv.h"
+#include "kernels/cpu/kernels.h"
 
 #include <mlx/primitives.h>
 
@@ -144,7 +144,7 @@ mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bo
 
 mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s) {
   if (axis == -1 || axis == static_cast<int>(x.ndim()) - 1)
-    if (auto y = cpu_softmax_last_axis(x, s)) return *y;  // AVX2 rows on the CPU (cpu_gemv.h)
+    if (auto y = cpu_softmax_last_axis(x, s)) return *y;  // AVX2 rows on the CPU (kernels/cpu/kernels.h)
   if (x.dtype() != mx::float64) return mx::softmax(x, axis, /*precise=*/true, s);
   auto e = exp_precise(mx::subtract(x, mx::max(x, axis, true, s), s), s);
   return mx::divide(e, mx::sum(e, axis, true, s), s);

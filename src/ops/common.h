@@ -49,7 +49,7 @@ mx::array scalar_like(double v, const mx::array& like);
 // Llama on the H200: ~27 s for 128 tokens). On the CPU stream through cpu_concat where it applies.
 mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s);
 // Whether `a` is known to hold only zeros without evaluating anything: it is evaluated (a value
-// folded on the host: ops/host_fold.h) and zero, or it is built by value-preserving ops (views,
+// folded on the host: engine/host_fold/host_fold.h) and zero, or it is built by value-preserving ops (views,
 // broadcasts, casts, concatenations, zero padding) from such arrays. A lazy array whose values
 // need arithmetic, a compile trace's placeholder, and data of more than kKnownZeroMaxElements
 // elements answer false. For an additive attention bias: a decoder's all-zero bias (no padding,

@@ -1,12 +1,17 @@
 // The op registry: one flat table, {domain, op type, opset range} -> {support check, translator}.
 //
-// How to add an op:
-//   1. In the family file (src/ops/<family>.cc) write `Support check_x(const NodeQuery&)` that
-//      decides with the node's real attributes, dtypes and shapes (say *why* when declining),
-//      and `Outputs translate_x(OpContext&)` that builds MLX ops (always pass ctx.s).
+// How to add an op (one file, one table line, one test):
+//   1. Pick the family file by domain and kind: src/ops/onnx/<family>.cc for ai.onnx,
+//      src/ops/nn/ (convolution, pooling, resize), src/ops/contrib/ (com.microsoft),
+//      src/ops/ml/ (ai.onnx.ml). Write `Support check_x(const NodeQuery&)` that decides with the
+//      node's real attributes, dtypes and shapes (say *why* when declining), and
+//      `Outputs translate_x(OpContext&)` that builds MLX ops (always pass ctx.s). A computation
+//      MLX has no good op for goes to src/kernels/cpu (kernels.h), not into the translator.
 //   2. Add one line `{"", "X", first_opset, last_opset, check_x, translate_x}` to that family's
-//      table. registry.cc concatenates the family tables into the flat table.
-//   3. Add a case to tests/python/test_ops_*.py; the oracle runs it against ORT's CPU EP.
+//      table (`<family>_ops()`, declared below); registry.cc concatenates the family tables.
+//   3. Add a case to tests/python/test_<family>.py: the oracle (tests/python/oracle.py) runs the
+//      node on the MLX EP with CPU fallback disabled and compares with ORT's CPU EP. Then
+//      regenerate docs/ops.md (python -m onnxruntime_mlx ops-doc).
 #pragma once
 
 #include <span>

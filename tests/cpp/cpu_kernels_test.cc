@@ -1,4 +1,4 @@
-// The CPU kernels of ops/cpu_gemv.h against MLX's own ops on the same inputs: what the
+// The CPU kernels of kernels/cpu/kernels.h against MLX's own ops on the same inputs: what the
 // kernels replace must stay what they compute.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ops/common.h"
-#include "ops/cpu_gemv.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mx = mlx::core;
 using ortmlx::ops::cpu_concat;

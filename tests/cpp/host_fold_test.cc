@@ -1,4 +1,4 @@
-// Host folding (ops/host_fold.h) against the op translators it stands in for: the same node on
+// Host folding (engine/host_fold/host_fold.h) against the op translators it stands in for: the same node on
 // the same small integer inputs must give the same dtype, shape and values both ways (the
 // translators are checked against ORT by the conformance runner and the Python oracle). Cases
 // the fold refuses must be ones the translator rejects or that this file says are not covered.
@@ -10,7 +10,7 @@
 
 #include "graph_builders.h"
 #include "ops/common.h"
-#include "ops/host_fold.h"
+#include "engine/host_fold/host_fold.h"
 #include "ops/op_context.h"
 #include "ops/registry.h"
 

@@ -1,4 +1,4 @@
-// The halves rotation (ops/rotary.cc) against the formula it implements, written with plain MLX
+// The halves rotation (ops/contrib/rotary.cc) against the formula it implements, written with plain MLX
 // ops: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] on the first rotary_dim features. The
 // fused form (one compiled kernel over a reversed view of x's halves) must give the same values
 // for full and partial rotary widths, strided inputs, half precision, and inside a compile trace.
@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "ops/contrib_internal.h"
+#include "ops/contrib/contrib_internal.h"
 
 namespace mx = mlx::core;
 using ortmlx::ops::contrib::apply_rotary_halves;

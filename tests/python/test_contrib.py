@@ -101,7 +101,7 @@ def test_matmul_nbits(bits, block, zp_kind, M):
     nbits_check(M, 2 * block, 24, bits, block, zp_kind)
 
 
-# One row on the CPU runs the EP's 4-bit row kernel (ops/cpu_int4_gemv.cc): a partial last block
+# One row on the CPU runs the EP's 4-bit row kernel (kernels/cpu/int4_gemv.cc): a partial last block
 # (K not a multiple of block_size), enough rows to split over threads, 3-D A, accuracy level 4,
 # weights as a graph input, and a bias.
 @pytest.mark.parametrize("block", [16, 32, 128])
@@ -414,7 +414,7 @@ def test_rotary_onnx23(interleaved, with_pos, layout):
 @pytest.mark.parametrize("rd", [8, 16])
 def test_rotary_constant_caches_partial(domain, dtype, rd):
     # Constant caches: the halves form's tables are prepared once and shared between nodes
-    # (ops/rotary.cc, shared_half_tables); two nodes here read the same caches (Q and K).
+    # (ops/contrib/rotary.cc, shared_half_tables); two nodes here read the same caches (Q and K).
     B, S, N, H = 2, 3, 2, 16
     cos, sin = (a.astype(dtype) for a in rope_cache(10, rd))
     pos = rng.integers(0, 10, size=(B, S)).astype(np.int64)

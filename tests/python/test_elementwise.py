@@ -56,7 +56,7 @@ def test_unary_float(op, dtype):
 
 
 def test_erf_large_and_special_values():
-    # Big enough for the CPU kernel (ops/cpu_erf.cc) to split over threads, an odd length (its
+    # Big enough for the CPU kernel (kernels/cpu/erf.cc) to split over threads, an odd length (its
     # scalar tail), and +-0, +-inf, NaN and huge values.
     x = rand((301, 257), np.float32, -6, 6)
     x.flat[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30]
@@ -129,3 +129,28 @@ def test_variadic_sum_mean():
 def test_scalar_and_empty():
     check_node("Add", {"a": np.array(1.5, np.float32), "b": np.array(2.0, np.float32)})
     check_node("Mul", {"a": np.zeros((0, 3), np.float32), "b": rand((3,), np.float32)})
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int8])
+def test_bitwise_binary(op, dtype):
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(2, 3, 4), endpoint=True).astype(dtype)
+    b = rng.integers(info.min, info.max, size=(3, 1), endpoint=True).astype(dtype)
+    check_node(op, {"a": a, "b": b}, opset=18)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int8])
+def test_bitwise_not(dtype):
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(3, 5), endpoint=True).astype(dtype)
+    check_node("BitwiseNot", {"a": a}, opset=18)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32])  # ORT CPU: uint8, uint32, uint64
+def test_bitshift(direction, dtype):
+    bits = np.iinfo(dtype).bits
+    a = rng.integers(0, np.iinfo(dtype).max, size=(2, 6), endpoint=True).astype(dtype)
+    b = rng.integers(0, bits - 1, size=(6,), endpoint=True).astype(dtype)
+    check_node("BitShift", {"a": a, "b": b}, {"direction": direction}, opset=11)

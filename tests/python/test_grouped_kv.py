@@ -1,6 +1,6 @@
 """MultiHeadAttention fed by the exporters' repeat_kv idiom (onnxruntime-genai's fp16/bf16 Llama
 decoders): the EP hands the attention the grouped cache itself instead of copying it repeated
-(ops/attention.cc, repeated_kv_source). Each graph runs on the MLX EP alone (no CPU fallback)
+(ops/contrib/attention.cc, repeated_kv_source). Each graph runs on the MLX EP alone (no CPU fallback)
 against ORT's CPU EP; the match must show in fewer MLX primitives than with
 ORT_MLX_GROUPED_KV=0, and look-alike repetitions with another head order (Tile) must not match."""
 import re

@@ -1,4 +1,4 @@
-"""Shape arithmetic folded on the host (ops/host_fold.h): the Shape -> Gather -> Unsqueeze ->
+"""Shape arithmetic folded on the host (engine/host_fold/host_fold.h): the Shape -> Gather -> Unsqueeze ->
 Concat -> Reshape chains, Range over a length, Expand/Where/Div/Slice on shape values, as
 exporters write them. Each graph runs on the MLX EP alone (no CPU fallback) against ORT's CPU
 EP, over a new input shape every run (the shape family's decode-loop case) and a repeated one

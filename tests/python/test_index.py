@@ -1,4 +1,4 @@
-"""Indexing ops (src/ops/index.cc) against ORT's CPU EP: gathers, scatters, Slice, OneHot,
+"""Indexing ops (src/ops/onnx/index.cc) against ORT's CPU EP: gathers, scatters, Slice, OneHot,
 Compress, NonZero, ReverseSequence. Index/parameter tensors are tested both as constant
 initializers and as run-time graph inputs."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Shape/layout ops and generators (src/ops/shape.cc, shape_gen.cc) against ORT's CPU EP.
+"""Shape/layout ops and generators (src/ops/onnx/shape.cc, shape_gen.cc) against ORT's CPU EP.
 
 Parameters such as Reshape's shape or Pad's pads are tested both as constant initializers and
 as run-time graph inputs: both must run on MLX."""

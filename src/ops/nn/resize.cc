@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "ops/nn_internal.h"
+#include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops::nn {
 

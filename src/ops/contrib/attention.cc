@@ -14,8 +14,8 @@
 
 #include <mlx/primitives.h>
 
-#include "ops/contrib_internal.h"
-#include "ops/cpu_gemv.h"
+#include "ops/contrib/contrib_internal.h"
+#include "kernels/cpu/kernels.h"
 
 namespace ortmlx::ops::contrib {
 

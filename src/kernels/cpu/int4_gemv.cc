@@ -1,4 +1,4 @@
-// The 4-bit row kernel of ops/cpu_gemv.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
+// The 4-bit row kernel of kernels/cpu/kernels.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,8 +15,8 @@
 #include <mlx/threadpool.h>
 
 
-#include "ops/cpu_gemv.h"
-#include "ops/cpu_simd.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 

@@ -1,4 +1,4 @@
-#include "ops/cpu_gemv.h"
+#include "kernels/cpu/kernels.h"
 
 #include <dlfcn.h>
 
@@ -11,7 +11,7 @@
 #include <mlx/primitives.h>
 
 #include "ops/common.h"
-#include "ops/cpu_simd.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 

@@ -10,8 +10,8 @@
 // rounding); any result it does not hold exactly (an overflow, a fraction, a negative zero)
 // refuses the fold, and MLX computes the node as before. This is what lets an exporter's
 // additive attention bias, built from the mask's data in fp16, be known on the host in a decode
-// step, where the attention ops drop it when it is all zeros (ops/attention.cc).
-#include "ops/host_fold.h"
+// step, where the attention ops drop it when it is all zeros (ops/contrib/attention.cc).
+#include "engine/host_fold/host_fold.h"
 
 #include <algorithm>
 #include <cmath>

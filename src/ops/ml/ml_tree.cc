@@ -14,7 +14,7 @@
 #include <map>
 #include <set>
 
-#include "ops/ml_internal.h"
+#include "ops/ml/ml_internal.h"
 
 namespace ortmlx::ops::ml {
 

@@ -8,7 +8,7 @@
 // axis; the statistics outputs (mean, inv_std_var) are composed and only evaluated when used.
 #include <cmath>
 
-#include "ops/contrib_internal.h"
+#include "ops/contrib/contrib_internal.h"
 
 namespace ortmlx::ops::contrib {
 

@@ -11,8 +11,8 @@
 // size 16, and act-order g_idx, dequantize with MLX ops and run a dense matmul.
 #include <cmath>
 
-#include "ops/contrib_internal.h"
-#include "ops/cpu_gemv.h"
+#include "ops/contrib/contrib_internal.h"
+#include "kernels/cpu/kernels.h"
 
 namespace ortmlx::ops::contrib {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "ops/nn_internal.h"
+#include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops::nn {
 

@@ -1,6 +1,6 @@
 // The com.microsoft transformer ops (and the newer ai.onnx ones of the same family): the table.
 // Translators live by topic in attention.cc, rotary.cc, quantized_matmul.cc and contrib_norm.cc.
-#include "ops/contrib_internal.h"
+#include "ops/contrib/contrib_internal.h"
 
 namespace ortmlx::ops {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "ops/contrib_internal.h"
+#include "ops/contrib/contrib_internal.h"
 
 namespace ortmlx::ops::contrib {
 

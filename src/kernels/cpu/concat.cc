@@ -1,4 +1,4 @@
-// Concatenation on MLX's CPU stream as whole-chunk copies (ops/cpu_gemv.h, cpu_concat).
+// Concatenation on MLX's CPU stream as whole-chunk copies (kernels/cpu/kernels.h, cpu_concat).
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -8,7 +8,7 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
-#include "ops/cpu_gemv.h"
+#include "kernels/cpu/kernels.h"
 
 namespace ortmlx::ops {
 

@@ -1,5 +1,5 @@
-// x86-64 AVX2 pieces shared by the CPU kernels (cpu_gemv.cc, cpu_int4_gemv.cc, cpu_softmax.cc,
-// cpu_erf.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
+// x86-64 AVX2 pieces shared by the CPU kernels (gemv.cc, int4_gemv.cc, softmax.cc,
+// erf.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

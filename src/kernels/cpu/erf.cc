@@ -1,4 +1,4 @@
-// erf and the erf-based GELU on MLX's CPU stream, 8 lanes at a time (ops/cpu_gemv.h: cpu_erf).
+// erf and the erf-based GELU on MLX's CPU stream, 8 lanes at a time (kernels/cpu/kernels.h: cpu_erf).
 //
 // Why: on x86 MLX's CPU backend evaluates erf one lane at a time, each lane calling exp and
 // libm's out-of-line fmaf; in the MiniLM encoder's profile (batch 8 x 128, 2 cores) the fused
@@ -11,8 +11,8 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
-#include "ops/cpu_gemv.h"
-#include "ops/cpu_simd.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 

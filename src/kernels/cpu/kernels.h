@@ -23,7 +23,7 @@ namespace mx = mlx::core;
 // sgemv; std::nullopt otherwise (the caller uses mx::matmul). The result has x's shape with the
 // last dim N. Any strides work (a transposed weight view is read as such, without a copy).
 // small_products: many small products (attention's, one per head) run single-threaded with
-// this library's AVX2 loops instead of BLAS (see RowGemv in cpu_gemv.cc).
+// this library's AVX2 loops instead of BLAS (see RowGemv in gemv.cc).
 std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
                                       bool small_products = false);
 

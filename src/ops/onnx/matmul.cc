@@ -9,7 +9,7 @@
 // wrap-around integer accumulation gives.
 #include <cmath>
 
-#include "ops/cpu_gemv.h"
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 #include "ops/int_matmul.h"
 

@@ -1,4 +1,4 @@
-// The last-axis softmax of ops/cpu_gemv.h (cpu_softmax_last_axis), and the row kernels' pool
+// The last-axis softmax of kernels/cpu/kernels.h (cpu_softmax_last_axis), and the row kernels' pool
 // (cpu_row_pool, cpu_parallel_for).
 #include <algorithm>
 #include <cmath>
@@ -15,8 +15,8 @@
 #include <mlx/primitives.h>
 #include <mlx/threadpool.h>
 
-#include "ops/cpu_gemv.h"
-#include "ops/cpu_simd.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "ops/nn_internal.h"
+#include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops::nn {
 

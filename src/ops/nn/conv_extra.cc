@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ops/int_matmul.h"
-#include "ops/nn_internal.h"
+#include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops {
 

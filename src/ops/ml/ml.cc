@@ -10,7 +10,7 @@
 #include <optional>
 #include <set>
 
-#include "ops/ml_internal.h"
+#include "ops/ml/ml_internal.h"
 
 namespace ortmlx::ops {
 namespace ml {

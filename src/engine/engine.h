@@ -1,0 +1,94 @@
+// The engine's public face: what the ABI layer (src/ep) may see of it. A fused group becomes a
+// FusedProgram (make_program); its private machinery (plans, the signature cache, the shape
+// family, host folds) stays in program.h and the files beside it, which src/ep never includes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "graph/view.h"
+
+namespace ortmlx::engine {
+
+namespace mx = mlx::core;
+
+struct Options {
+  bool compile = true;          // use mx::compile when the graph allows it
+  size_t cache_capacity = 32;   // compiled signatures kept per fused node (LRU)
+  int compile_after = 2;        // a signature is compiled on its Nth run (1 = at once)
+  bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
+  bool host_fold = true;        // shape arithmetic computed on the host (engine/host_fold)
+  bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
+  bool gpu = false;             // run on MLX's GPU device
+  bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
+  int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
+  // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
+  int int8_emulation = -1;
+};
+
+struct Stats {
+  std::atomic<uint64_t> runs{0}, compiled_runs{0}, eager_runs{0}, traces{0}, compile_fallbacks{0};
+  // Time accounting for the overhead figure (bench): the whole ORT Compute call (filled by the
+  // ABI layer), and the part of it spent inside mx::eval, where MLX does the arithmetic.
+  std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
+  // The same for compiled runs only (the steady state, without probes and traces).
+  std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
+  // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
+  // included) and the host reads themselves (count and time: each is a device sync).
+  std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
+  std::atomic<uint64_t> host_folds{0};  // nodes computed on the host (engine/host_fold)
+  std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
+  // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
+  // through a compiled function, and segment traces.
+  std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
+  // Eager runs whose graph touched a zero-size array. On the GPU these ran on the CPU stream
+  // (MLX's CUDA kernels fault on such arrays); on the CPU device only a new signature's first
+  // run is checked, so a test there can see what the GPU would do.
+  std::atomic<uint64_t> empty_operand_runs{0};
+};
+
+// Raw bytes of one fused-node input or output (owned by ORT).
+struct HostTensor {
+  graph::DType dtype = graph::DType::Undefined;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  // An input may also be a sequence of tensors (`items`) or an empty optional (None).
+  enum class Kind { Tensor, Sequence, None };
+  Kind kind = Kind::Tensor;
+  std::vector<HostTensor> items{};
+};
+
+// One fused group as a function of its inputs (implemented by Program, program.h).
+class FusedProgram {
+ public:
+  virtual ~FusedProgram() = default;
+  // One evaluation. Returns evaluated, row-contiguous arrays in the declared output dtypes.
+  virtual std::vector<mx::array> run(const std::vector<HostTensor>& inputs) = 0;
+  virtual const std::string& name() const = 0;
+  virtual size_t num_inputs() const = 0;
+  virtual size_t num_outputs() const = 0;
+  virtual Stats& stats() = 0;
+  virtual bool device_memory() const = 0;
+  virtual mx::Device device() const = 0;
+};
+
+// `g` holds the group's nodes (topological order) and its constant initializers; their data
+// is copied into MLX arrays here, because ORT may free initializers after Compile.
+std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph& g,
+                                           std::vector<std::string> input_names,
+                                           std::vector<std::string> output_names, Options opt);
+
+// Whether the calling thread's last run() went through a compiled function.
+bool last_run_compiled();
+// Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
+// storage is written in ORT's layout (4-bit values packed two per byte).
+void copy_out(const mx::array& a, void* dst, graph::DType t);
+// The same, byte for byte (nbytes = size * itemsize).
+void copy_out(const mx::array& a, void* dst);
+
+}  // namespace ortmlx::engine

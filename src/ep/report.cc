@@ -1,0 +1,63 @@
+#include "ep/report.h"
+
+#include <sstream>
+
+#include "engine/device_buffers.h"
+#include "ep/ort_api.h"
+
+namespace ortmlx::ep {
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
+    o += c;
+  }
+  return o;
+}
+
+std::string declined_lines(const graph::Graph& g, const partition::Result& result) {
+  std::ostringstream f;
+  for (const auto& d : result.declined) {
+    const auto& n = g.nodes[d.node];
+    if (n.domain == kEpName) continue;  // our own fused nodes, seen by a later ORT pass
+    f << "{\"node\":\"" << json_escape(n.name) << "\",\"op\":\"" << json_escape(n.op_type)
+      << "\",\"domain\":\"" << json_escape(n.domain) << "\",\"reason\":\""
+      << json_escape(d.reason) << "\"}\n";
+  }
+  return f.str();
+}
+
+std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
+  std::ostringstream f;
+  f << "{\"fused_node\":\"" << json_escape(fused_node) << "\",\"runs\":" << st.runs
+    << ",\"compiled_runs\":" << st.compiled_runs << ",\"eager_runs\":" << st.eager_runs
+    << ",\"traces\":" << st.traces << ",\"compute_ns\":" << st.compute_ns
+    << ",\"eval_ns\":" << st.eval_ns << ",\"translate_ns\":" << st.translate_ns
+    << ",\"host_reads\":" << st.host_reads << ",\"host_read_ns\":" << st.host_read_ns
+    << ",\"host_folds\":" << st.host_folds
+    << ",\"eval_arrays\":" << st.eval_arrays << ",\"piecewise_runs\":" << st.piecewise_runs
+    << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
+    << ",\"empty_operand_runs\":" << st.empty_operand_runs
+    << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
+    << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
+  return f.str();
+}
+
+std::string device_memory_line() {
+  namespace db = engine::device_buffers;
+  const auto& c = db::counters();
+  std::ostringstream f;
+  f << "{\"device_memory\":{\"allocations\":" << c.allocations << ",\"frees\":" << c.frees
+    << ",\"live_buffers\":" << db::count() << ",\"live_bytes\":" << db::bytes()
+    << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
+    << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
+    << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
+    << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
+    << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
+    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
+  return f.str();
+}
+
+}  // namespace ortmlx::ep

@@ -1,0 +1,117 @@
+#include "ep/tensor_io.h"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "engine/device_buffers.h"
+#include "ep/graph_reader.h"
+#include "ops/lowp.h"
+
+namespace ortmlx::ep {
+
+namespace {
+
+void read_tensor(const OrtValue* v, engine::HostTensor& t) {
+  OrtTensorTypeAndShapeInfo* raw = nullptr;
+  check(g_ort->GetTensorTypeAndShape(v, &raw));
+  TypeShapePtr info(raw);
+  ONNXTensorElementDataType et;
+  check(g_ort->GetTensorElementType(info.get(), &et));
+  size_t rank = 0;
+  check(g_ort->GetDimensionsCount(info.get(), &rank));
+  t.shape.resize(rank);
+  check(g_ort->GetDimensions(info.get(), t.shape.data(), rank));
+  t.dtype = to_dtype(et);
+  check(g_ort->GetTensorData(v, &t.data));
+}
+
+}  // namespace
+
+std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
+                                            std::vector<ValuePtr>& items) {
+  std::vector<engine::HostTensor> inputs(n_in);
+  for (size_t i = 0; i < n_in; ++i) {
+    const OrtValue* v = nullptr;
+    check(g_ort->KernelContext_GetInput(ctx, i, &v));
+    // Sequences and optionals stay inside the group as outputs, but may come in: a graph
+    // input, or a value ORT's CPU EP produced. An empty optional has no value.
+    int has_value = v ? 1 : 0;
+    if (v) check(g_ort->HasValue(v, &has_value));
+    if (!has_value) {
+      inputs[i].kind = engine::HostTensor::Kind::None;
+      continue;
+    }
+    ONNXType type = ONNX_TYPE_UNKNOWN;
+    check(g_ort->GetValueType(v, &type));
+    if (type == ONNX_TYPE_SEQUENCE) {
+      inputs[i].kind = engine::HostTensor::Kind::Sequence;
+      size_t count = 0;
+      check(g_ort->GetValueCount(v, &count));
+      OrtAllocator* alloc = nullptr;
+      check(g_ort->GetAllocatorWithDefaultOptions(&alloc));
+      for (size_t k = 0; k < count; ++k) {
+        OrtValue* item = nullptr;
+        check(g_ort->GetValue(v, static_cast<int>(k), alloc, &item));
+        items.emplace_back(item);
+        inputs[i].items.emplace_back();
+        read_tensor(item, inputs[i].items.back());
+      }
+      continue;
+    }
+    if (type != ONNX_TYPE_TENSOR)
+      throw std::invalid_argument("input " + std::to_string(i) +
+                                  " is neither a tensor nor a sequence of tensors");
+    read_tensor(v, inputs[i]);
+  }
+  return inputs;
+}
+
+void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& outputs,
+                   bool device_memory, mlx::core::Stream s) {
+  namespace db = engine::device_buffers;
+  // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written
+  // there by MLX on the device, all in one evaluation, after the loop.
+  std::vector<std::pair<void*, mlx::core::array>> device_writes;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& a = outputs[i];
+    std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
+    OrtValue* out = nullptr;
+    // Zero-copy output (device memory only): when nothing else holds the MLX result's
+    // buffer, the allocation ORT makes for this output inside GetOutput (through our
+    // allocator, same size) is given that buffer instead of a new one. Proven by the
+    // pointer ORT hands back; otherwise the result is copied as usual (device_buffers.h).
+    std::optional<db::Armed> armed;
+    if (device_memory && db::adoptable(outputs[i])) armed.emplace(a);
+    check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
+    void* const taken = armed ? armed->taken() : nullptr;
+    void* dst = nullptr;
+    check(g_ort->GetTensorMutableData(out, &dst));
+    // The element type ORT allocated: 4-bit types are packed two per byte in its buffer.
+    OrtTensorTypeAndShapeInfo* out_raw = nullptr;
+    check(g_ort->GetTensorTypeAndShape(out, &out_raw));
+    TypeShapePtr out_info(out_raw);
+    ONNXTensorElementDataType out_et;
+    check(g_ort->GetTensorElementType(out_info.get(), &out_et));
+    auto& counters = db::counters();
+    if (taken && dst == taken && !ops::lowp::is_lowp(to_dtype(out_et))) {
+      counters.outputs_adopted++;
+      continue;
+    }
+    if (device_memory && db::owns(dst)) counters.outputs_copied++;
+    if (a.size() && dst == a.data<void>()) continue;  // already there
+    if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && db::owns(dst)) {
+      device_writes.emplace_back(dst, a);
+      continue;
+    }
+    engine::copy_out(a, dst, to_dtype(out_et));
+  }
+  if (!device_writes.empty()) {
+    auto written = db::write_on_device(device_writes, s);
+    for (size_t k = 0; k < device_writes.size(); ++k)
+      if (!written[k]) engine::copy_out(device_writes[k].second, device_writes[k].first);
+  }
+}
+
+}  // namespace ortmlx::ep
