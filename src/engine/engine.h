@@ -24,6 +24,7 @@ struct Options {
   bool shape_family = true;     // new signatures of a family run compiled segments (Piecewise)
   bool host_fold = true;        // shape arithmetic computed on the host (engine/host_fold)
   bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
+  bool gpu_kernels = true;      // the EP's own CUDA kernels where an op has one (kernels/cuda)
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)

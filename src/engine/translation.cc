@@ -149,6 +149,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
         opt_.int8_emulation == 1 || (opt_.int8_emulation < 0 && run.s.device == mx::Device::cpu);
     hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
     hooks.index_checks = opt_.index_check;
+    hooks.gpu_kernels = opt_.gpu_kernels;
     hooks.index_diagnose = index_check::diagnosing();
     hooks.index_flag = [&](const mx::array& bad) { run.index_flags.push_back(bad); };
     hooks.constant_value = [&](size_t i) -> std::optional<mx::array> {

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "engine/device_buffers.h"
+#include "kernels/cuda/decode_attention.h"
 #include "ep/ort_api.h"
 
 namespace ortmlx::ep {
@@ -56,7 +57,8 @@ std::string device_memory_line() {
     << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
     << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
-    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
+    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d
+    << ",\"decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes() << "}}\n";
   return f.str();
 }
 

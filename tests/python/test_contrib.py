@@ -294,6 +294,20 @@ def test_gqa_token_shared_buffer(rotary):
     gqa_check(B=2, S=5, past=12, seqlens=[4, 4], total=5, rotary=rotary)
 
 
+@pytest.mark.parametrize("window", [-1, 3])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gqa_token_shared_buffer_grouped_heads(window, packed):
+    # The decode step the GPU's one-row kernel takes (kernels/cuda/decode_attention): grouped
+    # heads, a window, a first step at row 0, head sizes on and off its 16-byte loads.
+    gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=40, seqlens=[17, 39], window=window, packed=packed,
+              rotary=True)
+    # (Batches of two: with one sequence ORT leaves the present rows past it unwritten, see
+    # test_gqa_batch1_decode; the LLM tests cover that case.)
+    gqa_check(B=2, S=1, N=4, Nkv=4, H=24, past=16, seqlens=[0, 11], window=window, packed=packed)
+    gqa_check(B=2, S=1, N=4, Nkv=1, H=32, past=24, seqlens=[9, 3], window=window, packed=packed,
+              dtype=np.float16, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("rotary,interleaved", [(False, False), (True, False), (True, True)])
 def test_gqa_batch1_decode(packed, rotary, interleaved):

@@ -16,6 +16,7 @@
 
 #include "ops/contrib/contrib_internal.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/decode_attention.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -305,6 +306,14 @@ Outputs translate_gqa(OpContext& c) {
       K = apply_rotary_halves(K, *cos, *sin, rotary_dim, c.s);
     }
   }
+  // A decode step into the shared buffer on a CUDA GPU: the one-row kernel attends to the
+  // buffer's first seqlens_k rows plus the step's own key, so no mask array is built.
+  std::optional<mx::array> buffer_out;
+  if (buffer_step && c.gpu_kernels() && softcap <= 0.f && !c.has(10) && !c.has(11) &&
+      n.attr_int("smooth_softmax", -1) != 1 && Q.dtype() == past_k->dtype())
+    buffer_out = kernels::cuda::decode_attention(
+        mx::reshape(Q, {B, N, H}, c.s), mx::reshape(K, {B, Nkv, H}, c.s), mx::reshape(V, {B, Nkv, H}, c.s),
+        *past_k, *past_v, seqlens, {N, Nkv, scale, window}, c.s);
   Q = mx::transpose(Q, {0, 2, 1, 3}, c.s);
   K = mx::transpose(K, {0, 2, 1, 3}, c.s);
   V = mx::transpose(V, {0, 2, 1, 3}, c.s);
@@ -318,6 +327,9 @@ Outputs translate_gqa(OpContext& c) {
     present_k = gqa_present(past_k, K, past_len, T, c.s);
     present_v = gqa_present(past_v, V, past_len, T, c.s);
   }
+
+  if (buffer_out)
+    return {mx::astype(mx::reshape(*buffer_out, {B, 1, N * H}, c.s), query.dtype(), c.s), present_k, present_v};
 
   // Visible keys of row s in batch b: [lo, hi) with hi = min(past_len + s + 1, total_b).
   // Unpadded batch 1 without a window shorter than the keys: hi = T - S + s + 1, MLX's causal.

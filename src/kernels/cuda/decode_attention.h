@@ -1,0 +1,47 @@
+// One-row attention over a preallocated KV buffer, as one CUDA kernel (mx::fast::cuda_kernel).
+//
+// Why: a decode step into a shared past/present buffer (onnxruntime-genai's
+// past_present_share_buffer) attends to the first `pos + 1` rows of a buffer of fixed length.
+// Through mx::fast::scaled_dot_product_attention that needs a mask array, and with one MLX's CUDA
+// backend leaves its fused one-row kernel for several unfused kernels a layer. This kernel takes
+// the valid length from the device itself, so the step keeps static shapes (one compiled
+// function) and reads only the rows it attends to.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <mlx/mlx.h>
+
+namespace ortmlx::kernels::cuda {
+
+namespace mx = mlx::core;
+
+struct DecodeAttention {
+  int num_heads = 0;     // query heads N
+  int kv_heads = 0;      // key/value heads Nkv (N a multiple of it)
+  float scale = 1.f;     // applied to Q K^T
+  int window = -1;       // > 0: only the last `window` keys up to pos (local attention)
+};
+
+// Whether this process runs MLX's CUDA backend (the kernel exists only there).
+bool available();
+
+// How many graph nodes this process has built with the kernel (the report's evidence that a
+// decode step took it).
+uint64_t decode_attention_nodes();
+
+// out[b, n, :] = softmax(scale * q[b, n] . K[b, g]^T) V[b, g] over key rows t in [lo, pos[b]],
+// g = n / (N / Nkv), lo = max(0, pos[b] + 1 - window) with a window, else 0; row pos[b] is taken
+// from k_new / v_new (the step's own key and value), rows below it from k_buf / v_buf.
+//   q [B, N, H]; k_new, v_new [B, Nkv, H]; k_buf, v_buf [B, Nkv, P, H]; pos [B] int32, clipped
+//   to [0, P - 1] as the present buffer's write position is.
+// Returns [B, N, H] in q's dtype, or std::nullopt where the kernel does not apply (not a CUDA
+// GPU stream, mixed dtypes, H over 256, P over 8192): the caller then
+// uses the general path.
+std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k_new,
+                                          const mx::array& v_new, const mx::array& k_buf,
+                                          const mx::array& v_buf, const mx::array& pos,
+                                          const DecodeAttention& p, mx::Stream s);
+
+}  // namespace ortmlx::kernels::cuda
