@@ -116,7 +116,10 @@ def main() -> int:
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
                   f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f},"
                   f" MLX arrays evaluated {st.get('eval_arrays', 0) / runs:.0f}, segment calls"
-                  f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms;"
+                  f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms,"
+                  f" compiled runs: Compute {st.get('compute_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f} ms"
+                  f" (MLX eval {st.get('eval_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
+                  f" outputs {st.get('outputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f});"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
     return 0
 

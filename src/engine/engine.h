@@ -39,6 +39,8 @@ struct Stats {
   std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
   // The same for compiled runs only (the steady state, without probes and traces).
   std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
+  // ... and of those, handing the outputs to ORT (copies to host or EP memory).
+  std::atomic<uint64_t> outputs_ns_compiled{0};
   // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
   // included) and the host reads themselves (count and time: each is a device sync).
   std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};

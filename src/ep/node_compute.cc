@@ -43,13 +43,20 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     std::vector<ValuePtr> items;  // a sequence's tensors, copied out by ORT: alive until run
     auto inputs = read_inputs(ctx, n_in, items);
     auto outputs = program->run(inputs);
+    const auto t_outputs = std::chrono::steady_clock::now();
     // Outputs are allocated by the EP's allocator: try zero-copy outputs.
     write_outputs(ctx, outputs, program->device_memory(),
                   mlx::core::default_stream(program->device()));
-    const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                              std::chrono::steady_clock::now() - t_start).count());
+    const auto t_end = std::chrono::steady_clock::now();
+    auto ns_between = [](auto a, auto b) {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+    };
+    const auto ns = ns_between(t_start, t_end);
     program->stats().compute_ns += ns;
-    if (engine::last_run_compiled()) program->stats().compute_ns_compiled += ns;
+    if (engine::last_run_compiled()) {
+      program->stats().compute_ns_compiled += ns;
+      program->stats().outputs_ns_compiled += ns_between(t_outputs, t_end);
+    }
   });
 }
 

@@ -42,7 +42,9 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
     << ",\"empty_operand_runs\":" << st.empty_operand_runs
     << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
-    << ",\"eval_ns_compiled\":" << st.eval_ns_compiled << "}\n";
+    << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
+    << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled
+    << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes() << "}\n";
   return f.str();
 }
 

