@@ -211,9 +211,45 @@ def add_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="also decode on ORT's CPU EP")
 
 
+def parse_prompt(text: str) -> list[int]:
+    """--prompt's comma-separated token ids (a tokenizer is not part of this command)."""
+    import onnxruntime_mlx as om
+    if not text:
+        return DEFAULT_PROMPT
+    items = [t.strip() for t in text.split(",")]
+    if not all(t.isdigit() for t in items):
+        raise om.UsageError(f"--prompt takes comma-separated token ids such as 1,17,42 (this "
+                            f"command has no tokenizer), got {text!r}")
+    return [int(t) for t in items]
+
+
+def check_model(model: str) -> None:
+    """A UsageError unless `model` is a genai-format LLM folder (or its model.onnx)."""
+    import onnxruntime_mlx as om
+    d = pathlib.Path(model)
+    onnx_path = d / "model.onnx" if d.is_dir() else d
+    if not onnx_path.is_file():
+        raise om.UsageError(f"no such model: {onnx_path}")
+    cfg = onnx_path.parent / "genai_config.json"
+    if not cfg.is_file():
+        raise om.UsageError(f"{model} is not a genai-format LLM: no genai_config.json next to "
+                            f"{onnx_path.name} (generate needs its decoder section)")
+    try:
+        dec = json.loads(cfg.read_text())["model"]["decoder"]
+        for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
+            dec[key]
+    except (ValueError, KeyError, TypeError) as e:
+        raise om.UsageError(f"{cfg} has no model.decoder.{e} entry (is it onnxruntime-genai's "
+                            "format?)") from None
+
+
 def run(args) -> int:
     import onnxruntime_mlx as om
-    prompt = [int(t) for t in args.prompt.split(",")] if args.prompt else DEFAULT_PROMPT
+    prompt = parse_prompt(args.prompt)
+    check_model(args.model)
+    if args.tokens < 1:
+        raise om.UsageError("--tokens must be >= 1")
+    om.ep_devices(args.device)  # device='gpu' without a GPU: one line, before any work
     dec = Decoder(args.model, "mlx", args.device)
     tokens, _, timing = dec.generate(prompt, args.tokens)
     placed = om.placement(dec.session)
