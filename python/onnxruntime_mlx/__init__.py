@@ -156,6 +156,43 @@ library_path = get_library_path  # the names of earlier versions
 ep_names = get_ep_names
 
 
+# What _preload_blas() did: the library path it loaded, or why it loaded none (doctor shows it).
+blas_preload: str = "not tried"
+
+
+def _preload_blas() -> None:
+    """Makes the mlx-cpu wheel's libmlx use the system's OpenBLAS.
+
+    That wheel's libmlx takes cblas_*/LAPACK from the reference BLAS it bundles (an sgemm ~30x
+    slower than OpenBLAS). Symbols are looked up in the process's global scope before a
+    library's own dependencies, so OpenBLAS loaded with RTLD_GLOBAL before libmlx is what
+    libmlx binds to. ORT_MLX_BLAS: a library to load instead, or "bundled" to keep the wheel's.
+    Too late when libmlx is already loaded (`import mlx.core` first): doctor says so."""
+    global blas_preload
+    import ctypes
+    import ctypes.util
+    import sys
+    choice = os.environ.get("ORT_MLX_BLAS", "")
+    if choice == "bundled" or not sys.platform.startswith("linux"):
+        blas_preload = "none (ORT_MLX_BLAS=bundled)" if choice else "none (not Linux)"
+        return
+    path = choice or ctypes.util.find_library("openblas")
+    if not path:
+        blas_preload = "none (no OpenBLAS found: apt install libopenblas0, or set ORT_MLX_BLAS)"
+        return
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        if choice:
+            raise OSError(f"ORT_MLX_BLAS={choice}: {e}") from None
+        blas_preload = f"none ({e})"
+        return
+    blas_preload = path
+
+
+_preload_blas()  # at import: before anything (the EP, `import mlx.core`) loads libmlx
+
+
 def _preload_mlx() -> None:
     """Loads the libmlx of the installed `mlx` package before ORT loads the EP library, so that
     the library's DT_NEEDED libmlx.so resolves to it whichever folder the library sits in
