@@ -212,3 +212,15 @@ def test_ops_doc_writes_to_stdout_unless_out_is_given(tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.read_text().startswith("# Supported operators")
     assert tracked.read_bytes() == before
+
+
+def test_generate_through_genai_matches_the_package_loop():
+    pytest.importorskip("onnxruntime_genai")
+    args = ["generate", str(LLM), "--tokens", "10", "--prompt", "1,17,42", "--device", "cpu"]
+    ours = _cli(*args)
+    theirs = _cli(*args, "--loop", "genai", "--kv", "shared", "--compare")
+    assert ours.returncode == 0 and theirs.returncode == 0, ours.stderr + theirs.stderr
+    tokens = [ln for ln in ours.stdout.splitlines() if ln.startswith("tokens: ")]
+    assert tokens and tokens[0] in theirs.stdout.splitlines(), (ours.stdout, theirs.stdout)
+    assert "runs [10], 0 node(s) declined" in theirs.stdout, theirs.stdout
+    assert "genai on the CPU EP: tokens equal 10/10" in theirs.stdout, theirs.stdout
