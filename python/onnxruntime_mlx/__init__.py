@@ -193,17 +193,23 @@ def _preload_blas() -> None:
 _preload_blas()  # at import: before anything (the EP, `import mlx.core`) loads libmlx
 
 
-def _preload_mlx() -> None:
-    """Loads the libmlx of the installed `mlx` package before ORT loads the EP library, so that
-    the library's DT_NEEDED libmlx.so resolves to it whichever folder the library sits in
-    (its RPATH covers the wheel layout and the checkout's build; this covers the rest)."""
+def _preload_mlx(library: str) -> None:
+    """For a wheel's library whose RPATH ($ORIGIN/../mlx/lib) finds no libmlx (mlx installed in
+    another site folder): loads the installed `mlx` package's libmlx first, so that the
+    library's DT_NEEDED libmlx.so resolves to it. A library elsewhere (a checkout's build, one
+    built against another MLX) keeps its own RPATH."""
     import ctypes
+    here = pathlib.Path(__file__).resolve().parent
+    lib_dir = pathlib.Path(library).resolve().parent
+    names = ("libmlx.so", "libmlx.dylib")
+    if lib_dir != here or any((here.parent / "mlx" / "lib" / n).is_file() for n in names):
+        return
     try:
         import mlx
     except ImportError:
         return
     for d in getattr(mlx, "__path__", []):
-        for name in ("libmlx.so", "libmlx.dylib"):
+        for name in names:
             lib = pathlib.Path(d) / "lib" / name
             if lib.is_file():
                 ctypes.CDLL(str(lib))
@@ -225,7 +231,7 @@ def register(device_memory: bool | None = None) -> str:
             os.environ["ORT_MLX_DEVICE_MEMORY"] = "1" if device_memory else "0"
     if not _registered:
         if not _mlx_devices():
-            _preload_mlx()
+            _preload_mlx(path)
             ort.register_execution_provider_library(REGISTRATION_NAME, path)
         _registered = True
     if device_memory is not None and device_memory_registered() != bool(device_memory):

@@ -32,7 +32,7 @@ def register() -> str:
     import onnxruntime_genai as og
     path = om.get_library_path()
     if not _registered:
-        om._preload_mlx()
+        om._preload_mlx(path)
         og.register_execution_provider_library(om.REGISTRATION_NAME, path)
         _registered = True
     return path

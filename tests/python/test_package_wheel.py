@@ -117,3 +117,25 @@ def test_cli_in_the_fresh_venv_fails_in_one_line(venv):
     r = subprocess.run([str(py), "-m", "onnxruntime_mlx", "run", "missing.onnx"], cwd=d,
                        env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == "error: no such model: missing.onnx", r.stderr
+
+
+def test_package_apart_from_mlx_still_finds_libmlx(venv, tmp_path):
+    # The package in a folder of its own (pip --target), mlx in the venv: the library's RPATH
+    # ($ORIGIN/../mlx/lib) finds nothing there, and the package loads the mlx package's libmlx.
+    d, py = venv
+    target = tmp_path / "apart"
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--no-index", "--no-deps", "--target", str(target), str(_wheel())],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (target / "mlx").exists()
+    model = demo_model.save(tmp_path / "model.onnx")
+    script = ("import numpy as np, onnxruntime_mlx as om\n"
+              "sess = om.InferenceSession('model.onnx', 'cpu', fallback=False)\n"
+              f"print(sess.run(None, {{'input': np.ones((1, 2, {demo_model.D_MODEL}), "
+              "np.float32)})[0].shape, om.get_library_path())\n")
+    env = dict(_clean_env(), PYTHONPATH=str(target))
+    r = subprocess.run([str(py), "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"(1, 2, {demo_model.D_MODEL}) {target}/onnxruntime_mlx/" in r.stdout, r.stdout
