@@ -1,13 +1,15 @@
 """onnxruntime_mlx: run ONNX models on MLX through ONNX Runtime's plugin-EP interface.
 
-    import onnxruntime as ort, onnxruntime_mlx
-    so = onnxruntime_mlx.session_options(device="cpu")
-    sess = ort.InferenceSession("model.onnx", sess_options=so)
+    import onnxruntime_mlx
+    sess = onnxruntime_mlx.InferenceSession("model.onnx")          # every check below, or:
+    so = onnxruntime_mlx.session_options(device="cpu")             # options validated here
+    sess = onnxruntime.InferenceSession("model.onnx", sess_options=so, enable_fallback=0)
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import onnxruntime as ort
 
@@ -15,27 +17,203 @@ EP_NAME = "MLXExecutionProvider"
 REGISTRATION_NAME = "onnxruntime_mlx"
 __version__ = "0.1.0"
 
+# The EP negotiates ORT's C API down to version 23 (ORT 1.23); older ORTs have no plugin EPs.
+MIN_ORT_VERSION = (1, 23)
+TESTED_ORT_VERSIONS = "1.31"
+
 _registered = False
 
 
-def library_path() -> str:
-    """Absolute path of the built libonnxruntime_mlx_ep.so (ORT needs an absolute path).
+class OptionError(ValueError):
+    """A provider option (or device) the MLX EP does not take; raised before ORT sees it."""
 
-    Looked up in $ORT_MLX_EP_LIBRARY, then in the project's build folder."""
+
+class DeviceUnavailableError(RuntimeError):
+    """The device asked for does not exist in this MLX build (device='gpu' without a GPU)."""
+
+
+class NotOnMLXError(RuntimeError):
+    """A session that was meant to run on the MLX EP does not (the EP is not in its providers,
+    or no node was assigned to it)."""
+
+
+class UsageError(Exception):
+    """A bad command-line argument, model or input: the CLI prints it as one line, exit code 2."""
+
+
+def check_ort_version(version: str | None = None) -> None:
+    """Raises ImportError when the installed onnxruntime is older than MIN_ORT_VERSION."""
+    version = ort.__version__ if version is None else version
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m or (int(m.group(1)), int(m.group(2))) < MIN_ORT_VERSION:
+        need = ".".join(map(str, MIN_ORT_VERSION))
+        raise ImportError(
+            f"onnxruntime_mlx needs onnxruntime >= {need} (plugin execution providers); "
+            f"onnxruntime {version} is installed: pip install -U 'onnxruntime>={need}' "
+            f"(tested with {TESTED_ORT_VERSIONS})")
+
+
+check_ort_version()
+
+
+# -- provider options ----------------------------------------------------------------------
+# The table the EP parses in src/ep/options.cc (tests/python/test_package_options.py checks the
+# two agree): key -> allowed strings, or an inclusive integer range (bools count as 0/1).
+_INT = re.compile(r"-?[0-9]+")
+OPTIONS: dict[str, tuple] = {
+    "device": ("auto", "cpu", "gpu"),
+    "compile": (0, 1),
+    "cache_size": (1, 1 << 20),
+    "compile_after": (1, 1 << 20),
+    "shape_family": (0, 1),
+    "host_fold": (0, 1),
+    "index_check": (0, 1),
+    "log_level": (0, 3),
+    "report_path": (str,),
+    "memory_limit_mb": (0, 1 << 40),
+    "cache_limit_mb": (0, 1 << 40),
+    "device_memory": (0, 2),
+    "tf32": (0, 1),
+    "int8_emulation": (0, 1, "auto"),
+}
+
+
+def _allowed(key: str) -> str:
+    spec = OPTIONS[key]
+    if spec == (str,):
+        return "a path"
+    words = [s for s in spec if isinstance(s, str)]
+    ints = [s for s in spec if isinstance(s, int)]
+    parts = [f"an integer in [{ints[0]}, {ints[1]}]"] if ints else []
+    return " or ".join(parts + [", ".join(words)] if words else parts)
+
+
+def validate_options(options: dict) -> dict[str, str]:
+    """The provider options as the strings ORT passes on, after checking each key and value
+    against OPTIONS; raises OptionError naming the key and what it allows."""
+    out = {}
+    for key, value in options.items():
+        if key not in OPTIONS:
+            raise OptionError(f"unknown MLX EP option {key!r}; the options are: "
+                              f"{', '.join(sorted(OPTIONS))}")
+        spec = OPTIONS[key]
+        if spec == (str,):
+            if not isinstance(value, (str, os.PathLike)):
+                raise OptionError(f"MLX EP option {key!r}: {value!r} is not a path")
+            out[key] = os.fspath(value)
+            continue
+        words = [s for s in spec if isinstance(s, str)]
+        ints = [s for s in spec if isinstance(s, int)]
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, str) and value in words:
+            out[key] = value
+            continue
+        n = None
+        if isinstance(value, int):
+            n = value
+        elif isinstance(value, str) and _INT.fullmatch(value):
+            n = int(value)
+        if n is None or not ints or not ints[0] <= n <= ints[1]:
+            raise OptionError(f"MLX EP option {key!r}: {value!r} is not {_allowed(key)}")
+        out[key] = str(n)
+    return out
+
+
+# -- the library -----------------------------------------------------------------------------
+
+_LIB_NAMES = ("libonnxruntime_mlx_ep.so", "libonnxruntime_mlx_ep.dylib")
+
+
+def get_library_path() -> str:
+    """Absolute path of libonnxruntime_mlx_ep (ORT needs an absolute path).
+
+    Looked up in $ORT_MLX_EP_LIBRARY, then inside this package (an installed wheel), then in
+    the build folder of the checkout this package sits in."""
     env = os.environ.get("ORT_MLX_EP_LIBRARY")
     if env:
         p = pathlib.Path(env).resolve()
         if not p.is_file():
             raise FileNotFoundError(f"ORT_MLX_EP_LIBRARY={env} does not exist")
         return str(p)
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for name in ("libonnxruntime_mlx_ep.so", "libonnxruntime_mlx_ep.dylib"):
-        p = root / "build" / name
-        if p.is_file():
-            return str(p)
+    here = pathlib.Path(__file__).resolve().parent
+    root = here.parents[1]
+    for folder in (here, root / "build"):
+        for name in _LIB_NAMES:
+            if (folder / name).is_file():
+                return str(folder / name)
     raise FileNotFoundError(
-        f"libonnxruntime_mlx_ep not found under {root / 'build'}; run scripts/test or "
-        "scripts/demo (they build it), or set ORT_MLX_EP_LIBRARY")
+        f"libonnxruntime_mlx_ep not found in {here} (an installed wheel) nor under "
+        f"{root / 'build'} (a checkout: run scripts/build), and ORT_MLX_EP_LIBRARY is not set")
+
+
+def get_ep_names() -> list[str]:
+    """The names of the execution providers the library creates (ORT's plugin-EP convention)."""
+    return [EP_NAME]
+
+
+library_path = get_library_path  # the names of earlier versions
+ep_names = get_ep_names
+
+
+# What _preload_blas() did: the library path it loaded, or why it loaded none (doctor shows it).
+blas_preload: str = "not tried"
+
+
+def _preload_blas() -> None:
+    """Makes the mlx-cpu wheel's libmlx use the system's OpenBLAS.
+
+    That wheel's libmlx takes cblas_*/LAPACK from the reference BLAS it bundles (an sgemm ~30x
+    slower than OpenBLAS). Symbols are looked up in the process's global scope before a
+    library's own dependencies, so OpenBLAS loaded with RTLD_GLOBAL before libmlx is what
+    libmlx binds to. ORT_MLX_BLAS: a library to load instead, or "bundled" to keep the wheel's.
+    Too late when libmlx is already loaded (`import mlx.core` first): doctor says so."""
+    global blas_preload
+    import ctypes
+    import ctypes.util
+    import sys
+    choice = os.environ.get("ORT_MLX_BLAS", "")
+    if choice == "bundled" or not sys.platform.startswith("linux"):
+        blas_preload = "none (ORT_MLX_BLAS=bundled)" if choice else "none (not Linux)"
+        return
+    path = choice or ctypes.util.find_library("openblas")
+    if not path:
+        blas_preload = "none (no OpenBLAS found: apt install libopenblas0, or set ORT_MLX_BLAS)"
+        return
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        if choice:
+            raise OSError(f"ORT_MLX_BLAS={choice}: {e}") from None
+        blas_preload = f"none ({e})"
+        return
+    blas_preload = path
+
+
+_preload_blas()  # at import: before anything (the EP, `import mlx.core`) loads libmlx
+
+
+def _preload_mlx(library: str) -> None:
+    """For a wheel's library whose RPATH ($ORIGIN/../mlx/lib) finds no libmlx (mlx installed in
+    another site folder): loads the installed `mlx` package's libmlx first, so that the
+    library's DT_NEEDED libmlx.so resolves to it. A library elsewhere (a checkout's build, one
+    built against another MLX) keeps its own RPATH."""
+    import ctypes
+    here = pathlib.Path(__file__).resolve().parent
+    lib_dir = pathlib.Path(library).resolve().parent
+    names = ("libmlx.so", "libmlx.dylib")
+    if lib_dir != here or any((here.parent / "mlx" / "lib" / n).is_file() for n in names):
+        return
+    try:
+        import mlx
+    except ImportError:
+        return
+    for d in getattr(mlx, "__path__", []):
+        for name in names:
+            lib = pathlib.Path(d) / "lib" / name
+            if lib.is_file():
+                ctypes.CDLL(str(lib))
+                return
 
 
 def register(device_memory: bool | None = None) -> str:
@@ -53,6 +231,7 @@ def register(device_memory: bool | None = None) -> str:
             os.environ["ORT_MLX_DEVICE_MEMORY"] = "1" if device_memory else "0"
     if not _registered:
         if not _mlx_devices():
+            _preload_mlx(path)
             ort.register_execution_provider_library(REGISTRATION_NAME, path)
         _registered = True
     if device_memory is not None and device_memory_registered() != bool(device_memory):
@@ -92,6 +271,8 @@ def device_memory_ort_device(device: str = "auto"):
 
 def ep_devices(device: str = "auto") -> list:
     """The OrtEpDevices of the MLX EP for `device` ("auto", "cpu" or "gpu")."""
+    if device not in OPTIONS["device"]:
+        raise OptionError(f"MLX EP option 'device': {device!r} is not one of auto, cpu, gpu")
     register()
     devs = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
     if not devs:
@@ -100,7 +281,8 @@ def ep_devices(device: str = "auto") -> list:
     cpu = [d for d in devs if d.device.type == ort.OrtHardwareDeviceType.CPU]
     if device == "gpu":
         if not gpu:
-            raise RuntimeError("device='gpu' asked, but this MLX build has no GPU backend")
+            raise DeviceUnavailableError("device 'gpu' asked, but this MLX build has no GPU "
+                                         "backend (its devices: cpu)")
         return gpu[:1]
     if device == "cpu":
         return cpu[:1]
@@ -111,13 +293,18 @@ def session_options(device: str = "auto", *, fallback: bool = True,
                     so: ort.SessionOptions | None = None, **provider_options) -> ort.SessionOptions:
     """SessionOptions with the MLX EP added for `device` (auto picks MLX's GPU when there is one).
 
-    provider_options: compile, cache_size, compile_after, shape_family, host_fold, log_level, report_path,
-    memory_limit_mb, cache_limit_mb, device_memory, tf32, int8_emulation, index_check (see README "Options"). fallback=False sets
-    session.disable_cpu_ep_fallback=1, so a session fails unless every node runs on MLX."""
+    provider_options: see OPTIONS (and README "Options"); an unknown key or a bad value raises
+    OptionError (a ValueError) naming the key and what it allows, before ORT sees it.
+    fallback=False sets session.disable_cpu_ep_fallback=1, so a session fails unless every
+    node runs on MLX. Create the session with InferenceSession() below, or pass
+    enable_fallback=0 to onnxruntime.InferenceSession: otherwise ORT's Python layer answers an
+    EP error by printing it and retrying the whole session on the CPU EP alone."""
+    opts = validate_options(provider_options)
+    if device not in OPTIONS["device"]:
+        raise OptionError(f"MLX EP option 'device': {device!r} is not one of auto, cpu, gpu")
     so = so or ort.SessionOptions()
-    if "device_memory" in provider_options:
-        register(device_memory=bool(int(provider_options["device_memory"])))
-    opts = {k: str(int(v) if isinstance(v, bool) else v) for k, v in provider_options.items()}
+    if "device_memory" in opts:
+        register(device_memory=bool(int(opts["device_memory"])))
     devs = ep_devices(device)
     if device != "auto":
         opts.setdefault("device", device)
@@ -125,6 +312,28 @@ def session_options(device: str = "auto", *, fallback: bool = True,
     if not fallback:
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     return so
+
+
+def check_session(session: ort.InferenceSession) -> ort.InferenceSession:
+    """Raises NotOnMLXError unless the MLX EP is one of `session`'s providers."""
+    if EP_NAME not in session.get_providers():
+        raise NotOnMLXError(f"the session does not use {EP_NAME} (its providers: "
+                            f"{', '.join(session.get_providers())})")
+    return session
+
+
+def InferenceSession(model, device: str = "auto", *, fallback: bool = True,  # noqa: N802
+                     sess_options: ort.SessionOptions | None = None,
+                     **provider_options) -> ort.InferenceSession:
+    """An onnxruntime.InferenceSession on the MLX EP that cannot silently end up on the CPU EP.
+
+    Options are validated (OptionError); ORT's Python-level fallback is off (enable_fallback=0:
+    an EP error while creating or running the session is raised, not answered by retrying on
+    the CPU EP alone); and the session is checked to have the MLX EP among its providers.
+    fallback=False also keeps every node on MLX (session.disable_cpu_ep_fallback)."""
+    so = session_options(device, fallback=fallback, so=sess_options, **provider_options)
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model
+    return check_session(ort.InferenceSession(model, sess_options=so, enable_fallback=0))
 
 
 def placement(session: ort.InferenceSession) -> dict[str, list[tuple[str, str]]]:

@@ -10,10 +10,11 @@ import argparse
 import importlib
 import sys
 
+
 # command -> (module under onnxruntime_mlx, one-line help)
 COMMANDS = {
     "conformance": ("conformance", "run ONNX's backend node tests through the MLX EP"),
-    "ops-doc": ("opsdoc", "write docs/ops.md from the op registry"),
+    "ops-doc": ("opsdoc", "print the supported-ops table (docs/ops.md) from the op registry"),
     "run": ("runner", "run a model on the MLX EP and ORT's CPU EP: placement, accuracy, latency"),
     "doctor": ("doctor", "versions, EP devices, and the sgemm GFLOP/s the EP gets"),
     "generate": ("generate", "greedy decoding of a genai-format LLM, KV cache kept between steps"),
@@ -39,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         mod.add_arguments(parsers[name])
         parsers[name].set_defaults(_run=mod.run)
     args = parser.parse_args(argv)
-    return args._run(args) or 0
+    import onnxruntime_mlx as om
+    try:
+        return args._run(args) or 0
+    except (om.UsageError, om.OptionError, om.DeviceUnavailableError, om.NotOnMLXError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -703,6 +703,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import onnxruntime_mlx as om
+    if args.filter:
+        try:
+            re.compile(args.filter)
+        except re.error as e:
+            raise om.UsageError(f"--filter {args.filter!r} is not a regular expression: {e}") from None
+    directory = pathlib.Path(args.data or data_dir())
+    if not directory.is_dir():
+        raise om.UsageError(f"no ONNX node test data at {directory} (run scripts/setup, or --data)")
+    if args.jobs < 1 or args.runs < 1:
+        raise om.UsageError("--jobs and --runs must be >= 1")
+    om.ep_devices(args.device)
     report = run_conformance(args.filter, jobs=args.jobs, device=args.device,
                              timeout=args.timeout, runs=args.runs, progress=not args.quiet,
                              directory=args.data, json_path=args.json)

@@ -3,7 +3,8 @@ GFLOP/s that the EP actually gets.
 
 The benchmark matters because of a trap (docs/setup): the mlx-cpu wheel bundles the reference
 netlib BLAS (~4 GFLOP/s on a 2-core machine); scripts/setup repoints the venv's libmlx at
-OpenBLAS (>100 GFLOP/s). Timing a MatMul model *through ORT and the EP* proves which one the
+OpenBLAS (>100 GFLOP/s), and outside a checkout the package loads the system's OpenBLAS into
+the global symbol scope before libmlx (onnxruntime_mlx._preload_blas). Timing a MatMul model *through ORT and the EP* proves which one the
 EP's libmlx really resolved, whatever the process loaded first.
 """
 from __future__ import annotations
@@ -102,8 +103,13 @@ def sgemm_provider() -> str:
     if not mlx_libs:
         return "(libmlx is not loaded)"
     try:
-        handle = ctypes.CDLL(mlx_libs[0], mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
-        addr = ctypes.cast(handle.cblas_sgemm, ctypes.c_void_p).value
+        # The global scope (what the package's OpenBLAS preload joins) comes first, then
+        # libmlx's own dependencies.
+        try:
+            addr = ctypes.cast(ctypes.CDLL(None).cblas_sgemm, ctypes.c_void_p).value
+        except AttributeError:
+            handle = ctypes.CDLL(mlx_libs[0], mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+            addr = ctypes.cast(handle.cblas_sgemm, ctypes.c_void_p).value
         info = _DlInfo()
         if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
             return "(dladdr failed)"
@@ -113,7 +119,8 @@ def sgemm_provider() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import mlx.core as mx  # after ORT and the EP: the order must not matter (setup patches libmlx)
+    om.register()  # the package's libmlx first, then mlx.core's (the same library)
+    import mlx.core as mx
 
     p = print
     if not args.sgemm_only:
@@ -142,10 +149,13 @@ def run(args: argparse.Namespace) -> int:
     p(sgemm_line(r))
     if not args.sgemm_only:
         p(f"BLAS for libmlx  {sgemm_provider()} (provides cblas_sgemm)")
+        p(f"BLAS preload     {om.blas_preload}")
         # Reference BLAS runs ~4 GFLOP/s where MLAS runs >100: a gap that load cannot explain.
         if r["mlx_gflops"] < 0.2 * r["cpu_gflops"] and args.device != "gpu":
-            p("WARNING: the EP's sgemm is at reference-BLAS speed; run scripts/setup (it points "
-              "the venv's libmlx at OpenBLAS)")
+            p("WARNING: the EP's sgemm is at reference-BLAS speed: install OpenBLAS "
+              "(apt install libopenblas0) and import onnxruntime_mlx before mlx.core, so that "
+              "the package loads it for libmlx; in a checkout, scripts/setup patches the venv's "
+              "libmlx instead")
     return 0
 
 

@@ -209,12 +209,91 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt", default="", help="comma-separated token ids")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     p.add_argument("--compare", action="store_true", help="also decode on ORT's CPU EP")
+    p.add_argument("--loop", choices=["package", "genai"], default="package",
+                   help="whose decode loop: this package's Decoder (default) or "
+                        "onnxruntime-genai's Generator with the MLX EP as its provider")
+    p.add_argument("--kv", choices=["grow", "shared"], default="grow",
+                   help="KV cache: grown every step (default), or one max-length buffer "
+                        "shared by past and present (genai's past_present_share_buffer)")
+
+
+def genai_generate(model: str | pathlib.Path, prompt: list[int], tokens: int,
+                   provider: str = "mlx", device: str = "cpu", share_buffer: bool = False,
+                   **provider_options) -> tuple[list[int], dict]:
+    """Greedy decoding through onnxruntime-genai's own loop (og.Generator): (new tokens,
+    timings). provider "mlx" (this EP, through onnxruntime_mlx.genai.config) or "cpu"."""
+    import onnxruntime_genai as og
+    d = pathlib.Path(model)
+    d = d if d.is_dir() else d.parent
+    if provider == "mlx":
+        from onnxruntime_mlx import genai
+        cfg = genai.config(d, device, **provider_options)
+    else:
+        cfg = og.Config(str(d))
+        cfg.clear_providers()
+    m = og.Model(cfg)
+    params = og.GeneratorParams(m)
+    params.set_search_options(max_length=len(prompt) + tokens, do_sample=False,
+                              past_present_share_buffer=share_buffer)
+    gen = og.Generator(m, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(np.array(prompt, np.int32))  # the prompt's run
+    t_prefill = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    n = 0
+    while not gen.is_done():
+        gen.generate_next_token()  # picks a token from the last logits, then runs the next step
+        n += 1
+    t_decode = time.perf_counter() - t1
+    out = [int(t) for t in gen.get_sequence(0)][len(prompt):]
+    del gen, params, m
+    return out, {"prefill_s": t_prefill, "decode_s": t_decode,
+                 "decode_tok_s": (n - 1) / t_decode if t_decode > 0 and n > 1 else 0.0}
+
+
+def parse_prompt(text: str) -> list[int]:
+    """--prompt's comma-separated token ids (a tokenizer is not part of this command)."""
+    import onnxruntime_mlx as om
+    if not text:
+        return DEFAULT_PROMPT
+    items = [t.strip() for t in text.split(",")]
+    if not all(t.isdigit() for t in items):
+        raise om.UsageError(f"--prompt takes comma-separated token ids such as 1,17,42 (this "
+                            f"command has no tokenizer), got {text!r}")
+    return [int(t) for t in items]
+
+
+def check_model(model: str) -> None:
+    """A UsageError unless `model` is a genai-format LLM folder (or its model.onnx)."""
+    import onnxruntime_mlx as om
+    d = pathlib.Path(model)
+    onnx_path = d / "model.onnx" if d.is_dir() else d
+    if not onnx_path.is_file():
+        raise om.UsageError(f"no such model: {onnx_path}")
+    cfg = onnx_path.parent / "genai_config.json"
+    if not cfg.is_file():
+        raise om.UsageError(f"{model} is not a genai-format LLM: no genai_config.json next to "
+                            f"{onnx_path.name} (generate needs its decoder section)")
+    try:
+        dec = json.loads(cfg.read_text())["model"]["decoder"]
+        for key in ("num_hidden_layers", "num_key_value_heads", "head_size"):
+            dec[key]
+    except (ValueError, KeyError, TypeError) as e:
+        raise om.UsageError(f"{cfg} has no model.decoder.{e} entry (is it onnxruntime-genai's "
+                            "format?)") from None
 
 
 def run(args) -> int:
     import onnxruntime_mlx as om
-    prompt = [int(t) for t in args.prompt.split(",")] if args.prompt else DEFAULT_PROMPT
-    dec = Decoder(args.model, "mlx", args.device)
+    prompt = parse_prompt(args.prompt)
+    check_model(args.model)
+    if args.tokens < 1:
+        raise om.UsageError("--tokens must be >= 1")
+    om.ep_devices(args.device)  # device='gpu' without a GPU: one line, before any work
+    share = args.kv == "shared"
+    if args.loop == "genai":
+        return _run_genai(args, prompt, share)
+    dec = Decoder(args.model, "mlx", args.device, share_buffer=share)
     tokens, _, timing = dec.generate(prompt, args.tokens)
     placed = om.placement(dec.session)
     on_mlx = len(placed.get(om.EP_NAME, []))
@@ -223,8 +302,43 @@ def run(args) -> int:
     print(f"nodes on {om.EP_NAME}: {on_mlx}/{total}")
     print(f"prefill {timing['prefill_s'] * 1e3:.1f} ms, decode {timing['decode_tok_s']:.1f} tok/s")
     if args.compare:
-        cpu = Decoder(args.model, "cpu")
+        cpu = Decoder(args.model, "cpu", share_buffer=share)
         ref, _, ref_t = cpu.generate(prompt, args.tokens)
         same = sum(a == b for a, b in zip(tokens, ref))
         print(f"CPU EP tokens equal: {same}/{len(ref)}; CPU EP decode {ref_t['decode_tok_s']:.1f} tok/s")
+    return 0
+
+
+def _run_genai(args, prompt: list[int], share: bool) -> int:
+    """`generate --loop genai`: placement from the EP's report (genai exposes no session)."""
+    import gc
+    import os
+    import tempfile
+
+    import onnxruntime_mlx as om
+    from onnxruntime_mlx import runner
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        raise om.UsageError("--loop genai needs onnxruntime-genai (pip install "
+                            "onnxruntime-genai)") from None
+    fd, report = tempfile.mkstemp(prefix="ortmlx-genai-", suffix=".jsonl")
+    os.close(fd)
+    try:
+        tokens, timing = genai_generate(args.model, prompt, args.tokens, "mlx", args.device,
+                                        share, report_path=report)
+        gc.collect()
+        fused = runner.read_fused_node_stats(report)
+        declined = [r for r in runner.read_report(report) if "reason" in r]
+    finally:
+        os.unlink(report)
+    print(f"tokens: {tokens}")
+    print(f"onnxruntime-genai Generator on {om.EP_NAME}: {len(fused)} fused node(s), runs "
+          f"{[f['runs'] for f in fused]}, {len(declined)} node(s) declined")
+    print(f"prefill {timing['prefill_s'] * 1e3:.1f} ms, decode {timing['decode_tok_s']:.1f} tok/s")
+    if args.compare:
+        ref, ref_t = genai_generate(args.model, prompt, args.tokens, "cpu", share_buffer=share)
+        same = sum(a == b for a, b in zip(tokens, ref))
+        print(f"genai on the CPU EP: tokens equal {same}/{len(ref)}; decode "
+              f"{ref_t['decode_tok_s']:.1f} tok/s")
     return 0

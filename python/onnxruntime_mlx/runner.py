@@ -5,10 +5,15 @@ Placement comes from ORT itself (session.record_ep_graph_assignment_info), not f
 claims: a node counts as "on MLX" only if ORT assigned it there. The reasons for nodes that fell
 back come from the EP's own report (provider option report_path: JSON lines
 {node, op, domain, reason} written at GetCapability).
+
+Inputs are random unless given: --input NAME=FILE.npy (an array saved with numpy.save) or
+--input NAME=VALUE (a Python literal: 16000, [1, 2, 3], "text"), cast to the input's type.
+Symbolic dims of the given arrays size the random inputs that share them.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import pathlib
@@ -37,8 +42,99 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
-            raise SystemExit(f"--dim expects name=value (a non-negative integer), got {item!r}")
+            raise om.UsageError(f"--dim expects name=value (a non-negative integer), got {item!r}")
         dims[name.strip()] = int(value)
+    return dims
+
+
+def parse_inputs(items: list[str] | None) -> dict[str, str]:
+    """--input NAME=FILE.npy|VALUE items as {name: text}."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise om.UsageError(f"--input expects NAME=FILE.npy or NAME=VALUE, got {item!r}")
+        out[name.strip()] = value
+    return out
+
+
+def resolve_model(model: str | os.PathLike) -> pathlib.Path:
+    """The .onnx file for `model`: the file itself, or model.onnx inside a directory."""
+    path = pathlib.Path(model)
+    if path.is_dir():
+        if (path / "model.onnx").is_file():
+            return path / "model.onnx"
+        found = sorted(path.glob("*.onnx"))
+        if len(found) == 1:
+            return found[0]
+        raise om.UsageError(f"{model} is a directory without a model.onnx"
+                            + (f" (it holds {', '.join(p.name for p in found)}: name one)"
+                               if found else ""))
+    if not path.is_file():
+        raise om.UsageError(f"no such model: {model}")
+    return path
+
+
+def load_inputs(session: ort.InferenceSession, given: dict[str, str]) -> dict[str, np.ndarray]:
+    """The --input arrays, checked against the model's inputs (name, type, rank, fixed dims)."""
+    decl = {i.name: i for i in session.get_inputs()}
+    out = {}
+    for name, text in given.items():
+        if name not in decl:
+            raise om.UsageError(f"--input {name}: the model has no input {name!r} (its inputs: "
+                                f"{', '.join(decl)})")
+        inp = decl[name]
+        dtype = object if inp.type == "tensor(string)" else _ORT_TYPES.get(inp.type)
+        if dtype is None:
+            raise om.UsageError(f"--input {name}: the input's type {inp.type} is not supported")
+        if text.endswith(".npy"):
+            try:
+                arr = np.load(text, allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise om.UsageError(f"--input {name}: cannot read {text}: {e}") from None
+            if arr.dtype != np.dtype(dtype) and not (dtype is object and arr.dtype.kind == "U"):
+                raise om.UsageError(f"--input {name}: {text} holds {arr.dtype}, the input is "
+                                    f"{inp.type}")
+            arr = arr.astype(dtype) if dtype is object else arr
+        else:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                if dtype is not object:
+                    raise om.UsageError(f"--input {name}: {text!r} is neither a .npy file nor a "
+                                        "number or list literal") from None
+                value = text
+            try:
+                arr = np.asarray(value, dtype=dtype)
+            except (ValueError, TypeError, OverflowError) as e:
+                raise om.UsageError(f"--input {name}: {text!r} is not a {inp.type}: {e}") from None
+        shape = list(inp.shape)
+        if len(shape) != arr.ndim or any(isinstance(d, int) and d >= 0 and d != n
+                                         for d, n in zip(shape, arr.shape)):
+            raise om.UsageError(f"--input {name}: shape {list(arr.shape)} does not fit the "
+                                f"input's shape {shape}")
+        out[name] = arr
+    return out
+
+
+def dims_of(session: ort.InferenceSession, arrays: dict[str, np.ndarray],
+            dims: dict[str, int]) -> dict[str, int]:
+    """`dims` plus the symbolic dims the given arrays fix; conflicts are a UsageError."""
+    dims = dict(dims)
+    bound: dict[str, tuple[int, str]] = {}
+    for inp in session.get_inputs():
+        if inp.name not in arrays:
+            continue
+        for d, n in zip(inp.shape, arrays[inp.name].shape):
+            if not isinstance(d, str) or not d:
+                continue
+            if d in bound and bound[d][0] != n:
+                raise om.UsageError(f"dim {d!r} is {bound[d][0]} in input {bound[d][1]!r} and "
+                                    f"{n} in input {inp.name!r}")
+            if d in dims and d not in bound and dims[d] != n:
+                raise om.UsageError(f"--dim {d}={dims[d]} but input {inp.name!r} has {d}={n}")
+            bound[d] = (n, inp.name)
+            dims[d] = n
     return dims
 
 
@@ -60,7 +156,7 @@ def concrete_shape(shape: list, dims: dict[str, int], used: set[str],
 
 
 def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
-                 seed: int = 0) -> dict[str, np.ndarray]:
+                 seed: int = 0, given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """One random array per graph input, from the input's type and (made concrete) shape.
 
     Floats: standard normal. Integers: [0, 100) for signed/unsigned types alike (a guess that
@@ -69,7 +165,12 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
     feeds = {}
     used: set[str] = set()
     defaulted: set[str] = set()
+    given = given or {}
     for inp in session.get_inputs():
+        if inp.name in given:
+            feeds[inp.name] = given[inp.name]
+            used.update(d for d in inp.shape if isinstance(d, str))
+            continue
         shape = concrete_shape(inp.shape, dims, used, defaulted)
         if inp.type == "tensor(string)":
             words = np.array(["alpha", "Beta", "GAMMA", "delta 4", ""], dtype=object)
@@ -77,7 +178,8 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
             continue
         dtype = _ORT_TYPES.get(inp.type)
         if dtype is None:
-            raise SystemExit(f"input {inp.name!r} has type {inp.type}: no random feed for it")
+            raise om.UsageError(f"input {inp.name!r} has type {inp.type}: no random feed for "
+                                "it (give it with --input)")
         if dtype == np.bool_:
             arr = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer):
@@ -87,7 +189,7 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
         feeds[inp.name] = arr
     if defaulted:
         print(f"note: symbolic dim(s) {', '.join(sorted(defaulted))} set to 1 "
-              "(give --dim name=value)", file=sys.stderr)
+              "(give --dim name=value or --input)", file=sys.stderr)
     unused = set(dims) - used
     if unused:
         print(f"note: --dim {', '.join(sorted(unused))} matched no input dim", file=sys.stderr)
@@ -202,12 +304,14 @@ def file_summary(path: pathlib.Path) -> str:
 
 def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
               device: str = "auto", fallback: bool = True, seed: int = 0, opt_level: str = "all",
-              out=sys.stdout, **provider_options) -> dict:
-    """Runs `model` on both EPs and prints the report; returns the numbers as a dict."""
-    path = pathlib.Path(model)
-    if not path.is_file():
-        raise SystemExit(f"no such model: {model}")
-    om.register()
+              out=sys.stdout, inputs: dict[str, str] | None = None, **provider_options) -> dict:
+    """Runs `model` (a file, or a directory holding model.onnx) on both EPs and prints the
+    report; returns the numbers as a dict. `inputs`: {name: "FILE.npy" or a literal}.
+    Raises NotOnMLXError, printing nothing, when no node runs on the MLX EP."""
+    path = resolve_model(model)
+    # Options and device are checked before the (possibly slow) CPU session is made.
+    om.validate_options(provider_options)
+    om.ep_devices(device)
 
     def base_options() -> ort.SessionOptions:
         so = ort.SessionOptions()
@@ -217,7 +321,8 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
 
     cpu = ort.InferenceSession(str(path), sess_options=base_options(),
                                providers=["CPUExecutionProvider"])
-    feeds = random_feeds(cpu, dims, seed)
+    given = load_inputs(cpu, inputs or {})
+    feeds = random_feeds(cpu, dims_of(cpu, given, dims), seed, given)
 
     fd, report = tempfile.mkstemp(prefix="ortmlx-report-", suffix=".jsonl")
     os.close(fd)
@@ -226,7 +331,11 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
             om.session_options(device, fallback=fallback, so=base_options(), report_path=report,
                                **provider_options))
         try:
-            mlx = ort.InferenceSession(str(path), sess_options=so)
+            # enable_fallback=0: an EP error is raised, not retried on the CPU EP alone.
+            mlx = om.check_session(ort.InferenceSession(str(path), sess_options=so,
+                                                        enable_fallback=0))
+        except om.NotOnMLXError:
+            raise
         except Exception as e:  # noqa: BLE001 - say why, with the EP's reasons
             declined = read_report(report)
             print(f"error: the MLX EP session could not be created: {e}", file=out)
@@ -244,6 +353,12 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
     on_mlx = placed.get(om.EP_NAME, [])
     elsewhere = [(ep, name, op) for ep, nodes in placed.items() if ep != om.EP_NAME
                  for name, op in nodes]
+    if not on_mlx:
+        reasons = sorted({f"{r['op']}: {r['reason']}" for r in declined})
+        raise om.NotOnMLXError(
+            f"no node of {path} runs on {om.EP_NAME} ({n_total} nodes, all on "
+            f"{', '.join(sorted(placed)) or 'no EP'}): nothing to report"
+            + (f"; the EP declined {'; '.join(reasons[:5])}" if reasons else ""))
 
     # Accuracy: the first MLX run (eager probe) and a later one (compiled) are both checked.
     ref = cpu.run(None, feeds)
@@ -298,12 +413,15 @@ def run_model(model: str, dims: dict[str, int], runs: int = 20, warmup: int = 3,
     return {
         "nodes_total": n_total, "nodes_mlx": len(on_mlx), "groups": len(groups),
         "fallback": elsewhere, "declined": declined, "diffs": diffs,
-        "mlx_ms": mlx_med * 1e3, "cpu_ms": cpu_med * 1e3,
+        "mlx_ms": mlx_med * 1e3, "cpu_ms": cpu_med * 1e3, "feeds": feeds,
     }
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("model", help="path of an .onnx model")
+    ap.add_argument("model", help="an .onnx model, or a directory holding model.onnx")
+    ap.add_argument("--input", action="append", metavar="NAME=FILE.npy|VALUE",
+                    help="an input's value (repeatable): a .npy file or a literal such as 16000 "
+                         "or [[1, 2]]; inputs not given are random")
     ap.add_argument("--dim", action="append", metavar="NAME=VALUE",
                     help="value of a symbolic input dim (repeatable; unnamed/unset dims are 1)")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per EP (default 20)")
@@ -325,14 +443,16 @@ def run(args: argparse.Namespace) -> int:
     for item in args.option:
         k, sep, v = item.partition("=")
         if not sep:
-            raise SystemExit(f"--option expects KEY=VALUE, got {item!r}")
+            raise om.UsageError(f"--option expects KEY=VALUE, got {item!r}")
         opts[k] = v
     if args.runs < 1 or args.warmup < 0:
-        raise SystemExit("--runs must be >= 1 and --warmup >= 0")
+        raise om.UsageError("--runs must be >= 1 and --warmup >= 0")
     try:
         run_model(args.model, parse_dims(args.dim), runs=args.runs, warmup=args.warmup,
                   device=args.device, fallback=not args.no_fallback, seed=args.seed,
-                  opt_level=args.opt_level, **opts)
+                  opt_level=args.opt_level, inputs=parse_inputs(args.input), **opts)
+    except (om.UsageError, om.OptionError, om.DeviceUnavailableError, om.NotOnMLXError):
+        raise  # one line and exit code 2, from __main__
     except Exception as e:  # noqa: BLE001
         # ORT's errors (a bad model, an EP error status at run time) are one clear line, not a
         # Python traceback; anything else is a bug here and keeps its traceback.
