@@ -68,6 +68,7 @@ OPTIONS: dict[str, tuple] = {
     "shape_family": (0, 1),
     "host_fold": (0, 1),
     "index_check": (0, 1),
+    "gpu_kernels": (0, 1),
     "log_level": (0, 3),
     "report_path": (str,),
     "memory_limit_mb": (0, 1 << 40),
