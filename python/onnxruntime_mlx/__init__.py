@@ -69,6 +69,7 @@ OPTIONS: dict[str, tuple] = {
     "host_fold": (0, 1),
     "index_check": (0, 1),
     "gpu_kernels": (0, 1),
+    "inplace_rows": (0, 1),
     "log_level": (0, 3),
     "report_path": (str,),
     "memory_limit_mb": (0, 1 << 40),

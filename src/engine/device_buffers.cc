@@ -155,69 +155,56 @@ void* disarm() {
   return std::exchange(t_taken, nullptr);
 }
 
-std::vector<bool> write_on_device(const std::vector<std::pair<void*, mx::array>>& writes, mx::Stream s) {
-  std::vector<bool> done(writes.size(), false);
-  auto* r = registry();
-  if (!r || writes.empty()) return done;
-  // Each target as an array that owns its buffer (so MLX may donate it to the copy), taken out
-  // of its registry entry for the evaluation and put back after it, whoever holds the buffer.
-  std::vector<std::optional<mx::array>> targets(writes.size());
-  std::vector<mx::array> copies;
-  std::vector<size_t> which;
-  {
-    std::lock_guard<std::mutex> lock(r->mu);
-    for (size_t i = 0; i < writes.size(); ++i) {
-      const auto& [dst, a] = writes[i];
-      auto it = r->entries.find(dst);
-      // MLX donates an input to an elementwise output when it holds the only reference to an
-      // owned buffer of the output's item size and at most 16 KiB larger (backend/common/utils.h)
-      // and, for a broadcast operand, is row-contiguous: checked here, since a target not
-      // donated would be freed with its last reference. Item sizes of 2 and more keep the
-      // broadcast `true` from being the one donated.
-      if (it == r->entries.end() || a.size() < 2 || a.itemsize() < 2 || it->second.nbytes != a.nbytes() ||
-          mx::allocator::allocator().size(it->second.buffer()) > a.nbytes() + 16384)
-        continue;
-      Entry& e = it->second;
-      if (e.data) {
-        targets[i].emplace(std::move(*e.data), a.shape(), a.dtype());
-        e.data.reset();
-      } else if (e.array && e.array->shape() == a.shape() && e.array->dtype() == a.dtype() &&
-                 e.array->is_donatable() && e.array->flags().row_contiguous) {
-        targets[i] = std::move(e.array);
-        e.array.reset();
-      }
-    }
+namespace {
+
+// Takes the registered buffer at `dst` out of its entry as an array of `like`'s shape and dtype
+// that owns it, so MLX may donate it to an operation writing `like`'s result (the caller puts
+// the result back with put_back). MLX donates an input when it holds the only reference to an
+// owned buffer of the output's item size and at most 16 KiB larger (backend/common/utils.h)
+// and, for a broadcast operand, is row-contiguous: checked here, since a target not donated
+// would be freed with its last reference. Item sizes of 2 and more keep a broadcast `true`
+// from being the one donated. Called with the registry locked.
+std::optional<mx::array> take_target(Registry& r, void* dst, const mx::array& like) {
+  auto it = r.entries.find(dst);
+  if (it == r.entries.end() || like.size() < 2 || like.itemsize() < 2 || it->second.nbytes != like.nbytes() ||
+      mx::allocator::allocator().size(it->second.buffer()) > like.nbytes() + 16384)
+    return std::nullopt;
+  Entry& e = it->second;
+  std::optional<mx::array> target;
+  if (e.data) {
+    target.emplace(std::move(*e.data), like.shape(), like.dtype());
+    e.data.reset();
+  } else if (e.array && e.array->shape() == like.shape() && e.array->dtype() == like.dtype() &&
+             e.array->is_donatable() && e.array->flags().row_contiguous) {
+    target = std::move(e.array);
+    e.array.reset();
   }
-  for (size_t i = 0; i < writes.size(); ++i) {
-    if (!targets[i]) continue;
-    // where(true, result, target): the result's values, in the target's (donated) buffer.
-    copies.push_back(mx::where(mx::array(true), writes[i].second, std::move(*targets[i]), s));
-    targets[i].reset();
-    which.push_back(i);
-  }
+  return target;
+}
+
+// Evaluates `results` (each computed over the target taken for writes[which[k]]) and puts each
+// back into its registry entry. Donated: the result now owns the registered buffer. Otherwise
+// the target was freed with its last reference and dst's memory is gone: the result's buffer is
+// kept instead under the same pointer ORT knows, which is impossible, so it fails loudly.
+std::vector<bool> evaluate_in_place(Registry& r, const std::vector<void*>& dsts, std::vector<mx::array>& results,
+                                    const std::vector<size_t>& which, size_t n) {
+  std::vector<bool> done(n, false);
   std::exception_ptr failed;
   try {
-    mx::eval(copies);
+    mx::eval(results);
   } catch (...) {
     failed = std::current_exception();
   }
   {
-    std::lock_guard<std::mutex> lock(r->mu);
+    std::lock_guard<std::mutex> lock(r.mu);
     for (size_t k = 0; k < which.size(); ++k) {
       const size_t i = which[k];
-      auto it = r->entries.find(writes[i].first);
-      if (it == r->entries.end()) continue;
-      mx::array& c = copies[k];
-      // Donated: the copy now owns the registered buffer. Otherwise the target was freed with
-      // its last reference and dst's memory is gone: keep the copy's buffer instead, which
-      // holds the result, under the same pointer ORT knows is impossible, so fail loudly.
-      if (!failed && c.is_available() && c.data<void>() == writes[i].first) {
-        it->second.array = std::move(c);
-        done[i] = true;
-        counters().outputs_written_on_device++;
-      } else {
-        it->second.array = std::move(c);
-      }
+      auto it = r.entries.find(dsts[k]);
+      if (it == r.entries.end()) continue;
+      mx::array& c = results[k];
+      done[i] = !failed && c.is_available() && c.data<void>() == dsts[k];
+      if (done[i]) counters().outputs_written_on_device++;
+      it->second.array = std::move(c);
     }
   }
   if (failed) std::rethrow_exception(failed);
@@ -225,6 +212,50 @@ std::vector<bool> write_on_device(const std::vector<std::pair<void*, mx::array>>
     if (!done[which[k]])
       throw std::runtime_error("[MLX EP] an output buffer in EP memory was not written in place");
   return done;
+}
+
+}  // namespace
+
+std::vector<bool> write_on_device(const std::vector<std::pair<void*, mx::array>>& writes, mx::Stream s) {
+  auto* r = registry();
+  if (!r || writes.empty()) return std::vector<bool>(writes.size(), false);
+  std::vector<std::optional<mx::array>> targets(writes.size());
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    for (size_t i = 0; i < writes.size(); ++i) targets[i] = take_target(*r, writes[i].first, writes[i].second);
+  }
+  std::vector<mx::array> copies;
+  std::vector<size_t> which;
+  std::vector<void*> dsts;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (!targets[i]) continue;
+    // where(true, result, target): the result's values, in the target's (donated) buffer.
+    copies.push_back(mx::where(mx::array(true), writes[i].second, std::move(*targets[i]), s));
+    targets[i].reset();
+    which.push_back(i);
+    dsts.push_back(writes[i].first);
+  }
+  return evaluate_in_place(*r, dsts, copies, which, writes.size());
+}
+
+std::vector<bool> write_rows_in_place(const std::vector<RowWrite>& writes, mx::Stream s) {
+  auto* r = registry();
+  if (!r || writes.empty()) return std::vector<bool>(writes.size(), false);
+  std::vector<mx::array> updates;
+  std::vector<size_t> which;
+  std::vector<void*> dsts;
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    for (size_t i = 0; i < writes.size(); ++i) {
+      // The target as the output (shape, dtype): the buffer as the run read it.
+      auto target = take_target(*r, writes[i].dst, writes[i].output);
+      if (!target) continue;
+      updates.push_back(mx::slice_update(std::move(*target), writes[i].update, writes[i].start, writes[i].axes, s));
+      which.push_back(i);
+      dsts.push_back(writes[i].dst);
+    }
+  }
+  return evaluate_in_place(*r, dsts, updates, which, writes.size());
 }
 
 }  // namespace ortmlx::engine::device_buffers

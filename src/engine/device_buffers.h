@@ -64,6 +64,18 @@ struct Armed {
 // caller. Used for outputs ORT binds to existing buffers (a shared past/present KV buffer).
 std::vector<bool> write_on_device(const std::vector<std::pair<void*, mx::array>>& writes, mx::Stream s);
 
+// Rows written into buffers of this registry in place: for each (dst, update, start, axes),
+// dst's contents become slice_update(dst, update, start, axes), in one evaluation, by MLX on the
+// device (the registered buffer donated to the update). Returns which were written; one not
+// written was left untouched (its buffer not owned in the way donation needs).
+struct RowWrite {
+  void* dst = nullptr;
+  mx::array output;  // the (unevaluated) output: its shape and dtype
+  mx::array update, start;
+  std::vector<int> axes;
+};
+std::vector<bool> write_rows_in_place(const std::vector<RowWrite>& writes, mx::Stream s);
+
 // Process-wide counters (the report's "device_memory" line and the tests read them).
 struct Counters {
   std::atomic<uint64_t> allocations{0}, frees{0};
@@ -71,6 +83,7 @@ struct Counters {
   std::atomic<uint64_t> outputs_adopted{0};   // fused outputs handed to ORT without a copy
   std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer
   std::atomic<uint64_t> outputs_written_on_device{0};  // ... of those, by MLX on the device
+  std::atomic<uint64_t> outputs_rows_in_place{0};  // ... of those, only their new rows (RowWrite)
   std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
 };

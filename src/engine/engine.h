@@ -25,6 +25,7 @@ struct Options {
   bool host_fold = true;        // shape arithmetic computed on the host (engine/host_fold)
   bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
   bool gpu_kernels = true;      // the EP's own CUDA kernels where an op has one (kernels/cuda)
+  bool inplace_rows = true;     // outputs that are an EP-memory input with rows updated: see RowUpdate
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
@@ -70,7 +71,8 @@ struct HostTensor {
 class FusedProgram {
  public:
   virtual ~FusedProgram() = default;
-  // One evaluation. Returns evaluated, row-contiguous arrays in the declared output dtypes.
+  // One evaluation. Returns evaluated, row-contiguous arrays in the declared output dtypes, except
+  // the outputs take_row_updates() names right after (inputs in EP memory only).
   virtual std::vector<mx::array> run(const std::vector<HostTensor>& inputs) = 0;
   virtual const std::string& name() const = 0;
   virtual size_t num_inputs() const = 0;
@@ -88,6 +90,19 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
 
 // Whether the calling thread's last run() went through a compiled function.
 bool last_run_compiled();
+
+// An output the calling thread's last run() left unevaluated because it is one of its inputs in
+// EP memory with rows updated (a shared past/present KV buffer: slice_update(past, rows, start)).
+// When ORT binds the output to that same buffer, writing `update` at `start` along `axes` there
+// (device_buffers::write_rows_in_place) is the output, without the two copies of the whole buffer
+// evaluating it and then copying it into place would cost; otherwise the output is evaluated.
+struct RowUpdate {
+  size_t output = 0;
+  const void* input_data = nullptr;
+  mx::array update, start;
+  std::vector<int> axes;
+};
+std::vector<RowUpdate> take_row_updates();
 // Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
 // storage is written in ORT's layout (4-bit values packed two per byte).
 void copy_out(const mx::array& a, void* dst, graph::DType t);

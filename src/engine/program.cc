@@ -31,6 +31,34 @@ thread_local uint64_t tl_last_eval_ns = 0;
 bool Program::last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_compiled() { return tl_last_run_compiled; }
 
+namespace {
+thread_local std::vector<RowUpdate> tl_row_updates;
+
+// Output `out` as slice_update(input, update, start) of a run input held in EP memory (see
+// RowUpdate), seen through the final row-contiguous copy, which is a view for it.
+std::optional<RowUpdate> row_update_of(const mx::array& out, size_t i, const std::vector<HostTensor>& raw) {
+  const mx::array* a = &out;
+  if (a->has_primitive() && std::string_view(a->primitive().name()) == "Contiguous" && a->inputs().size() == 1)
+    a = &a->inputs()[0];
+  if (a->is_available() || !a->has_primitive()) return std::nullopt;
+  // By name: libmlx exports no RTTI for its primitives.
+  if (std::string_view(a->primitive().name()) != "DynamicSliceUpdate" || a->inputs().size() != 3)
+    return std::nullopt;
+  auto* dsu = static_cast<mx::DynamicSliceUpdate*>(&a->primitive());
+  const auto& src = a->inputs()[0];
+  if (!src.is_available() || src.shape() != out.shape() || src.dtype() != out.dtype() ||
+      a->dtype() != out.dtype())
+    return std::nullopt;
+  for (const auto& t : raw)
+    if (t.kind == HostTensor::Kind::Tensor && t.data && t.data == src.data<void>() &&
+        device_buffers::owns(t.data))
+      return RowUpdate{i, t.data, a->inputs()[1], a->inputs()[2], dsu->state()};
+  return std::nullopt;
+}
+}  // namespace
+
+std::vector<RowUpdate> take_row_updates() { return std::exchange(tl_row_updates, {}); }
+
 std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph& g,
                                            std::vector<std::string> input_names,
                                            std::vector<std::string> output_names, Options opt) {
@@ -277,11 +305,27 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   tl_last_run_compiled = false;
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
+  tl_row_updates.clear();
   auto eval_all = [&, this](std::vector<mx::array> outs) {
-    stats_.eval_arrays += check_evaluation(outs, where_);  // before MLX allocates (memory_guard.h)
-    if (opt_.log_level >= 3) log_primitives(outs, where_);
+    // Outputs that may be rows written into their own input buffer (RowUpdate) are left out of
+    // the evaluation; their rows and positions are evaluated instead.
+    std::vector<mx::array> todo;
+    tl_row_updates.clear();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::optional<RowUpdate> r;
+      if (i < num_outputs() && opt_.inplace_rows && device_memory()) r = row_update_of(outs[i], i, raw);
+      if (r) {
+        todo.push_back(r->update);
+        todo.push_back(r->start);
+        tl_row_updates.push_back(std::move(*r));
+      } else {
+        todo.push_back(outs[i]);
+      }
+    }
+    stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
+    if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
-    mx::eval(outs);
+    mx::eval(todo);
     tl_last_eval_ns = elapsed_ns(t0);
     stats_.eval_ns += tl_last_eval_ns;
     if (index_check::take_flag(outs, num_outputs())) {

@@ -43,9 +43,10 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     std::vector<ValuePtr> items;  // a sequence's tensors, copied out by ORT: alive until run
     auto inputs = read_inputs(ctx, n_in, items);
     auto outputs = program->run(inputs);
+    const auto rows = engine::take_row_updates();
     const auto t_outputs = std::chrono::steady_clock::now();
     // Outputs are allocated by the EP's allocator: try zero-copy outputs.
-    write_outputs(ctx, outputs, program->device_memory(),
+    write_outputs(ctx, outputs, rows, program->device_memory(),
                   mlx::core::default_stream(program->device()));
     const auto t_end = std::chrono::steady_clock::now();
     auto ns_between = [](auto a, auto b) {

@@ -35,7 +35,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
                                 "report_path", "memory_limit_mb", "cache_limit_mb",
                                 "device_memory", "tf32", "int8_emulation", "shape_family", "host_fold",
-                                "index_check", "gpu_kernels"};
+                                "index_check", "gpu_kernels", "inplace_rows"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -58,6 +58,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.host_fold = to_int("host_fold", v, 0, 1);
   if (auto v = lookup(entries, "index_check"); !v.empty())
     o.engine.index_check = to_int("index_check", v, 0, 1);
+  if (auto v = lookup(entries, "inplace_rows"); !v.empty())
+    o.engine.inplace_rows = to_int("inplace_rows", v, 0, 1);
   if (auto v = lookup(entries, "gpu_kernels"); !v.empty())
     o.engine.gpu_kernels = to_int("gpu_kernels", v, 0, 1);
   if (auto v = lookup(entries, "log_level"); !v.empty())

@@ -68,15 +68,32 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
   return inputs;
 }
 
-void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& outputs,
-                   bool device_memory, mlx::core::Stream s) {
+void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
+                   const std::vector<engine::RowUpdate>& rows, bool device_memory, mlx::core::Stream s) {
   namespace db = engine::device_buffers;
   // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written
   // there by MLX on the device, all in one evaluation, after the loop.
   std::vector<std::pair<void*, mlx::core::array>> device_writes;
+  std::vector<db::RowWrite> row_writes;
+  std::vector<size_t> row_outputs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
     std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
+    const engine::RowUpdate* row = nullptr;
+    for (const auto& r : rows)
+      if (r.output == i) row = &r;
+    if (row) {
+      OrtValue* out = nullptr;
+      check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
+      void* dst = nullptr;
+      check(g_ort->GetTensorMutableData(out, &dst));
+      if (device_memory && dst == row->input_data) {
+        row_writes.push_back({dst, a, row->update, row->start, row->axes});
+        row_outputs.push_back(i);
+        continue;
+      }
+      mlx::core::eval(outputs[i]);  // bound elsewhere: the whole output after all
+    }
     OrtValue* out = nullptr;
     // Zero-copy output (device memory only): when nothing else holds the MLX result's
     // buffer, the allocation ORT makes for this output inside GetOutput (through our
@@ -106,6 +123,19 @@ void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& o
       continue;
     }
     engine::copy_out(a, dst, to_dtype(out_et));
+  }
+  if (!row_writes.empty()) {
+    auto written = db::write_rows_in_place(row_writes, s);
+    for (size_t k = 0; k < row_writes.size(); ++k) {
+      auto& a = outputs[row_outputs[k]];
+      if (written[k]) {
+        db::counters().outputs_rows_in_place++;
+        continue;
+      }
+      // Not taken in place: the buffer is untouched, so the whole output still reads it.
+      mlx::core::eval(a);
+      if (!db::write_on_device({{row_writes[k].dst, a}}, s)[0]) engine::copy_out(a, row_writes[k].dst);
+    }
   }
   if (!device_writes.empty()) {
     auto written = db::write_on_device(device_writes, s);

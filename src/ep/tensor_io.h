@@ -18,10 +18,12 @@ namespace ortmlx::ep {
 std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
                                             std::vector<ValuePtr>& items);
 
-// Writes `outputs` (evaluated, row-contiguous) to ORT's outputs. With `device_memory`, an output
-// whose MLX buffer nothing else holds is adopted by ORT's allocation instead of copied.
-// Outputs bound to existing buffers in EP memory are written there by MLX on stream `s`.
-void write_outputs(OrtKernelContext* ctx, const std::vector<mlx::core::array>& outputs,
-                   bool device_memory, mlx::core::Stream s);
+// Writes `outputs` (evaluated, row-contiguous, except those named by `rows`) to ORT's outputs.
+// With `device_memory`, an output whose MLX buffer nothing else holds is adopted by ORT's
+// allocation instead of copied. Outputs bound to existing buffers in EP memory are written
+// there by MLX on stream `s`; an output in `rows` bound to the input buffer it updates gets
+// only its rows written (engine::RowUpdate), any other is evaluated first.
+void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
+                   const std::vector<engine::RowUpdate>& rows, bool device_memory, mlx::core::Stream s);
 
 }  // namespace ortmlx::ep
