@@ -1,5 +1,5 @@
 // Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc,
-// Resize/Upsample in resize.cc and GridSample in grid_sample.cc.
+// Resize/Upsample in resize.cc, GridSample in grid_sample.cc and RoiAlign in roi_align.cc.
 // ONNX is channels-first with OIHW weights, MLX's conv_general is channels-last with OHWI
 // weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
@@ -449,6 +449,8 @@ const OpEntry kOps[] = {
     {"", "Upsample", 7, 9, check_upsample, translate_upsample},
     {"", "GridSample", 16, kAnyOpset, check_grid_sample, translate_grid_sample,
      "1 to 3 spatial dims; linear/cubic need a float input"},
+    {"", "RoiAlign", 10, kAnyOpset, check_roi_align, translate_roi_align,
+     "sampling_ratio 0 (a grid per region from its size) reads the rois on the host"},
 };
 
 }  // namespace
