@@ -1,6 +1,7 @@
 """Window generators (Hann/Hamming/BlackmanWindow), MelWeightMatrix, DFT and STFT on the MLX EP
-against ORT's CPU EP (the transforms also against ONNX's reference, see below). Their scalar inputs fix the output shape: they are fed both as run-time graph
-inputs (host reads keyed by value) and as constant initializers."""
+against ORT's CPU EP (the transforms also against ONNX's reference, see below). The generators'
+scalar inputs fix the output shape: they are fed both as run-time graph inputs (host reads keyed
+by value) and as constant initializers."""
 import numpy as np
 import pytest
 from onnx import TensorProto
