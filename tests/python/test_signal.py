@@ -153,15 +153,16 @@ def test_dft_float64_exact_zeros():
     assert np.abs(out[0, 5, :, 1]).max() < 1e-7
 
 
-@pytest.mark.parametrize("onesided,inverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
-def test_dft_long_goes_through_fft(onesided, inverse):
+@pytest.mark.parametrize("onesided,inverse,parts", [(0, 0, 2), (0, 0, 1), (1, 0, 1), (0, 1, 2),
+                                                    (0, 1, 1), (1, 1, 2)])
+def test_dft_long_goes_through_fft(onesided, inverse, parts):
     # past 1024 points: mx::fft in complex64 (float32 FFT rounding: a looser tolerance)
     from onnx.reference import ReferenceEvaluator
     from oracle import run_mlx
     import onnxruntime_mlx as om
     n = 2048
     bins = n // 2 + 1 if (onesided and inverse) else n
-    x = _rng.standard_normal((2, bins, 1 if (onesided and not inverse) else 2)).astype(np.float32)
+    x = _rng.standard_normal((2, bins, parts)).astype(np.float32)
     model, _ = _dft_model(x, {"onesided": onesided, "inverse": inverse}, 20, axis=1)
     expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
     outs, placed = run_mlx(model, {"x": x})

@@ -445,7 +445,9 @@ const OpEntry kOps[] = {
     {"", "GlobalMaxPool", 1, kAnyOpset, check_global_pool, translate_global_max_pool},
     {"", "GlobalLpPool", 1, kAnyOpset, check_global_pool, translate_global_lp_pool},
     {"", "Resize", 10, kAnyOpset, check_resize, translate_resize,
-     "linear/cubic on integer inputs declined"},
+     "linear/cubic on integer inputs declined; align_corners with scales divides by the integer "
+     "output length, as the spec and ORT's CPU EP do (ONNX's reference, and the "
+     "test_resize_downsample_scales_*_align_corners expected outputs, by input length * scale)"},
     {"", "Upsample", 7, 9, check_upsample, translate_upsample},
     {"", "GridSample", 16, kAnyOpset, check_grid_sample, translate_grid_sample,
      "1 to 3 spatial dims; linear/cubic need a float input"},
