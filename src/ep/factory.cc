@@ -291,8 +291,8 @@ OrtStatus* MlxEpFactory::GetNumCustomOpDomainsImpl(OrtEpFactory* self, size_t* n
 OrtStatus* MlxEpFactory::GetCustomOpDomainsImpl(OrtEpFactory* self, OrtCustomOpDomain** domains,
                                                 size_t n) noexcept {
   auto* f = static_cast<MlxEpFactory*>(self);
-  const auto& own = f->schema_domains_ ? f->schema_domains_->domains()
-                                       : std::vector<OrtCustomOpDomain*>{};
+  const auto& own =
+      f->schema_domains_ ? f->schema_domains_->domains() : std::vector<OrtCustomOpDomain*>{};
   for (size_t i = 0; i < n && i < own.size(); ++i) domains[i] = own[i];
   return nullptr;
 }

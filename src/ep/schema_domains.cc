@@ -18,7 +18,9 @@ struct SchemaDomains::Op : OrtCustomOp {
     CreateKernel = [](const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*) noexcept -> void* {
       return nullptr;
     };
-    GetName = [](const OrtCustomOp* op) noexcept { return static_cast<const Op*>(op)->name.c_str(); };
+    GetName = [](const OrtCustomOp* op) noexcept {
+      return static_cast<const Op*>(op)->name.c_str();
+    };
     GetExecutionProviderType = [](const OrtCustomOp*) noexcept { return kEpName; };
     GetInputType = [](const OrtCustomOp*, size_t) noexcept {
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
@@ -44,10 +46,10 @@ struct SchemaDomains::Op : OrtCustomOp {
     CreateKernelV2 = [](const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo*,
                         void** kernel) noexcept -> OrtStatusPtr {
       *kernel = nullptr;
-      return g_ort->CreateStatus(
-          ORT_NOT_IMPLEMENTED,
-          ("[MLX EP] " + static_cast<const Op*>(op)->name +
-           " runs only inside the MLX EP's fused nodes").c_str());
+      return g_ort->CreateStatus(ORT_NOT_IMPLEMENTED,
+                                 ("[MLX EP] " + static_cast<const Op*>(op)->name +
+                                  " runs only inside the MLX EP's fused nodes")
+                                     .c_str());
     };
     KernelComputeV2 = [](void*, OrtKernelContext*) noexcept -> OrtStatusPtr {
       return g_ort->CreateStatus(ORT_NOT_IMPLEMENTED, "[MLX EP] placeholder kernel");

@@ -25,7 +25,9 @@ class SchemaDomains {
  private:
   struct Op;
   struct DomainDeleter {
-    void operator()(OrtCustomOpDomain* d) const { if (d) g_ort->ReleaseCustomOpDomain(d); }
+    void operator()(OrtCustomOpDomain* d) const {
+      if (d) g_ort->ReleaseCustomOpDomain(d);
+    }
   };
   std::vector<std::unique_ptr<Op>> ops_;  // declared first: outlives the domains pointing at them
   std::unique_ptr<OrtCustomOpDomain, DomainDeleter> training_;

@@ -1,6 +1,6 @@
 // Shared by the nn family files: nn.cc (Conv, ConvTranspose and the family table), pool.cc
-// (the pooling ops), resize.cc (Resize, Upsample), grid_sample.cc and roi_align.cc. ONNX lays images out
-// channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
+// (the pooling ops), resize.cc (Resize, Upsample), grid_sample.cc and roi_align.cc. ONNX lays
+// images out channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
 #pragma once
 
 #include <functional>

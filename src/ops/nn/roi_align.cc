@@ -40,7 +40,8 @@ AxisSamples axis_samples(const mx::array& pos, int size, mx::Stream s) {
   // Written so that a NaN position (from NaN rois) is outside too: its index must stay in range.
   auto outside = mx::logical_not(
       mx::logical_and(mx::greater_equal(pos, mx::array(-1.0, t), s),
-                      mx::less_equal(pos, mx::array(static_cast<double>(size), t), s), s), s);
+                      mx::less_equal(pos, mx::array(static_cast<double>(size), t), s), s),
+      s);
   auto p = mx::maximum(pos, mx::array(0.0, t), s);
   auto low = mx::floor(p, s);
   auto at_edge = mx::greater_equal(low, mx::array(static_cast<double>(size - 1), t), s);
@@ -147,7 +148,8 @@ Outputs translate_roi_align(OpContext& c) {
     grid_w = mx::array(gw.begin(), {R}, mx::int32);
   }
 
-  // Sample positions: start + bin * (p + (i + 0.5) / grid), as start + p * bin + (i + 0.5) * bin / grid.
+  // Sample positions: start + bin * (p + (i + 0.5) / grid), as start + p * bin + (i + 0.5) * bin /
+  // grid.
   auto positions = [&](const mx::array& start, const mx::array& bin, int bins, int G,
                        const std::optional<mx::array>& grid) {
     auto p = mx::reshape(mx::astype(mx::arange(bins, mx::int32, s), t, s), {1, bins, 1}, s);
@@ -171,10 +173,13 @@ Outputs translate_roi_align(OpContext& c) {
   auto batch = c.checked_indices(bi, {B}, false, "batch_indices", 2);
   auto base = mx::multiply(mx::reshape(mx::astype(batch, mx::int32, s), {R, 1, 1}, s),
                            mx::array(C * H * W), s);
-  base = mx::add(base, mx::reshape(mx::multiply(mx::arange(C, mx::int32, s), mx::array(H * W), s),
-                                   {1, C, 1}, s), s);  // (R, C, 1)
+  base = mx::add(
+      base,
+      mx::reshape(mx::multiply(mx::arange(C, mx::int32, s), mx::array(H * W), s), {1, C, 1}, s),
+      s);  // (R, C, 1)
   auto xflat = mx::reshape(mx::astype(x, t, s), {-1}, s);
-  auto term = [&](const mx::array& yi, const mx::array& wy, const mx::array& xi, const mx::array& wx) {
+  auto term = [&](const mx::array& yi, const mx::array& wy, const mx::array& xi,
+                  const mx::array& wx) {
     auto pos = flat(mx::add(mx::multiply(yv(yi), mx::array(W), s), xv(xi), s));
     auto w = flat(mx::multiply(yv(wy), xv(wx), s));
     return mx::multiply(w, mx::take(xflat, mx::add(base, pos, s), s), s);  // (R, C, S)
@@ -190,27 +195,33 @@ Outputs translate_roi_align(OpContext& c) {
   if (grid_h) {
     auto iy = mx::reshape(mx::arange(Gh, mx::int32, s), {1, 1, Gh, 1, 1}, s);
     auto ix = mx::reshape(mx::arange(Gw, mx::int32, s), {1, 1, 1, 1, Gw}, s);
-    auto gh = mx::reshape(*grid_h, {R, 1, 1, 1, 1}, s), gw = mx::reshape(*grid_w, {R, 1, 1, 1, 1}, s);
+    auto gh = mx::reshape(*grid_h, {R, 1, 1, 1, 1}, s),
+         gw = mx::reshape(*grid_w, {R, 1, 1, 1, 1}, s);
     auto m = mx::logical_and(mx::less(iy, gh, s), mx::less(ix, gw, s), s);
     in_grid = flat(mx::broadcast_to(m, {R, PH, Gh, PW, Gw}, s));
-    count = mx::reshape(mx::maximum(mx::multiply(*grid_h, *grid_w, s), mx::array(1), s), {R, 1, 1, 1}, s);
+    count = mx::reshape(mx::maximum(mx::multiply(*grid_h, *grid_w, s), mx::array(1), s),
+                        {R, 1, 1, 1}, s);
   }
   mx::array y = t1;
   if (max_mode) {
     y = mx::maximum(mx::maximum(t1, t2, s), mx::maximum(t3, t4, s), s);
-    if (in_grid) y = mx::where(*in_grid, y, mx::array(-std::numeric_limits<double>::infinity(), t), s);
+    if (in_grid)
+      y = mx::where(*in_grid, y, mx::array(-std::numeric_limits<double>::infinity(), t), s);
     y = mx::max(mx::reshape(y, {R, C, PH, Gh, PW, Gw}, s), {3, 5}, false, s);
     // A region without samples (a zero-size grid) gives 0, the kernels' initial value.
     if (count) {
-      auto none = mx::reshape(mx::equal(mx::multiply(*grid_h, *grid_w, s), mx::array(0), s), {R, 1, 1, 1}, s);
+      auto none = mx::reshape(mx::equal(mx::multiply(*grid_h, *grid_w, s), mx::array(0), s),
+                              {R, 1, 1, 1}, s);
       y = mx::where(none, mx::array(0.0, t), y, s);
     }
   } else {
     y = mx::add(mx::add(t1, t2, s), mx::add(t3, t4, s), s);
     if (in_grid) y = mx::where(*in_grid, y, mx::array(0.0, t), s);
     y = mx::sum(mx::reshape(y, {R, C, PH, Gh, PW, Gw}, s), {3, 5}, false, s);
-    y = mx::divide(y, count ? mx::astype(*count, t, s)
-                            : mx::array(static_cast<double>(std::max(Gh * Gw, 1)), t), s);
+    y = mx::divide(
+        y,
+        count ? mx::astype(*count, t, s) : mx::array(static_cast<double>(std::max(Gh * Gw, 1)), t),
+        s);
   }
   return {mx::astype(y, x.dtype(), s)};
 }

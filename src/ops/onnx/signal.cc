@@ -189,8 +189,10 @@ bool use_matmul_dft(const Signal& x, int64_t N, OpContext& c) {
 mx::array to_complex64(const Signal& x, mx::Stream s) {
   mx::array z = mx::astype(mx::astype(x.re, mx::float32, s), mx::complex64, s);
   if (x.im)
-    z = mx::add(z, mx::multiply(mx::astype(mx::astype(*x.im, mx::float32, s), mx::complex64, s),
-                                mx::array(mx::complex64_t{0.f, 1.f}), s), s);
+    z = mx::add(z,
+                mx::multiply(mx::astype(mx::astype(*x.im, mx::float32, s), mx::complex64, s),
+                             mx::array(mx::complex64_t{0.f, 1.f}), s),
+                s);
   return z;
 }
 
@@ -198,7 +200,7 @@ mx::array to_complex64(const Signal& x, mx::Stream s) {
 // (cols, rows) matrix. w is `scale`, doubled for 0 < k < N/2 with `c2r_weights` (the bins whose
 // conjugates a one-sided inverse leaves implicit).
 std::pair<mx::array, mx::array> twiddles(int64_t N, int64_t rows, int64_t cols, double scale,
-                                          bool transposed, bool c2r_weights, mx::Dtype t) {
+                                         bool transposed, bool c2r_weights, mx::Dtype t) {
   std::vector<double> cs(static_cast<size_t>(rows * cols)), sn(cs.size());
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   for (int64_t n = 0; n < rows; ++n)
@@ -216,7 +218,8 @@ std::pair<mx::array, mx::array> twiddles(int64_t N, int64_t rows, int64_t cols, 
       }
       double w = scale;
       if (c2r_weights && k > 0 && 2 * k != N) w *= 2;
-      const size_t at = transposed ? static_cast<size_t>(k * rows + n) : static_cast<size_t>(n * cols + k);
+      const size_t at =
+          transposed ? static_cast<size_t>(k * rows + n) : static_cast<size_t>(n * cols + k);
       cs[at] = cv * w;
       sn[at] = sv * w;
     }
@@ -237,7 +240,8 @@ mx::array fit_last(const mx::array& a, int64_t len, mx::Stream s) {
     stop[last] = static_cast<int>(len);
     return mx::slice(a, start, stop, s);
   }
-  return mx::pad(a, {last}, {0}, {static_cast<int>(len - L)}, mx::array(0, a.dtype()), "constant", s);
+  return mx::pad(a, {last}, {0}, {static_cast<int>(len - L)}, mx::array(0, a.dtype()), "constant",
+                 s);
 }
 
 // The N-point DFT (or inverse, scaled by 1/N) of x along its last axis, bins [0, K). x's last
@@ -248,7 +252,8 @@ std::pair<mx::array, mx::array> dft_last(const Signal& x, int64_t N, int64_t K, 
   const auto t = x.re.dtype();
   if (use_matmul_dft(x, N, c)) {
     const int64_t rows = std::min<int64_t>(x.re.shape(-1), N);
-    auto [C, S] = twiddles(N, rows, K, inverse ? 1.0 / static_cast<double>(N) : 1.0, false, false, t);
+    auto [C, S] =
+        twiddles(N, rows, K, inverse ? 1.0 / static_cast<double>(N) : 1.0, false, false, t);
     // forward e^{-i a}: re = xr C + xi S, im = xi C - xr S; inverse e^{+i a}: the signs of S flip
     auto xr = fit_last(x.re, rows, s);
     auto re = mx::matmul(xr, C, s);
@@ -265,11 +270,11 @@ std::pair<mx::array, mx::array> dft_last(const Signal& x, int64_t N, int64_t K, 
   const int n = static_cast<int>(N);
   mx::array z = to_complex64(x, s);
   // A real signal's one-sided spectrum is rfft's output; the full one needs the complex FFT.
-  mx::array y = !inverse && !x.im && K <= N / 2 + 1
-                    ? mx::fft::rfft(mx::astype(x.re, mx::float32, s), n, -1,
-                                    mx::fft::FFTNorm::Backward, s)
-                : inverse         ? mx::fft::ifft(z, n, -1, mx::fft::FFTNorm::Backward, s)
-                                  : mx::fft::fft(z, n, -1, mx::fft::FFTNorm::Backward, s);
+  mx::array y =
+      !inverse && !x.im && K <= N / 2 + 1
+          ? mx::fft::rfft(mx::astype(x.re, mx::float32, s), n, -1, mx::fft::FFTNorm::Backward, s)
+      : inverse ? mx::fft::ifft(z, n, -1, mx::fft::FFTNorm::Backward, s)
+                : mx::fft::fft(z, n, -1, mx::fft::FFTNorm::Backward, s);
   y = fit_last(y, K, s);
   return {mx::real(y, s), mx::imag(y, s)};
 }
@@ -308,7 +313,8 @@ Signal split_signal(OpContext& c, const mx::array& x, int axis) {
 }
 
 // (re, im) with the transformed axis last -> (..., 2) with it back at `axis`, in dtype t.
-mx::array join_complex(const mx::array& re, const mx::array& im, int axis, mx::Dtype t, mx::Stream s) {
+mx::array join_complex(const mx::array& re, const mx::array& im, int axis, mx::Dtype t,
+                       mx::Stream s) {
   auto y = mx::stack({mx::moveaxis(re, -1, axis, s), mx::moveaxis(im, -1, axis, s)}, -1, s);
   return mx::astype(y, t, s);
 }
@@ -330,8 +336,8 @@ Outputs translate_dft(OpContext& c) {
   const auto& x = c.in(0);
   const int rank = static_cast<int>(x.ndim());
   if (rank < 2) c.fail("the signal must have rank >= 2");
-  int64_t axis = c.node.since_version >= 20 ? (c.has(2) ? c.host_int(2) : -2)
-                                             : c.node.attr_int("axis", 1);
+  int64_t axis =
+      c.node.since_version >= 20 ? (c.has(2) ? c.host_int(2) : -2) : c.node.attr_int("axis", 1);
   if (axis < -rank || axis >= rank - 1 || axis == -1)
     c.fail("axis " + std::to_string(axis) + " is out of range for a signal of rank " +
            std::to_string(rank) + " (the last dimension holds the real and imaginary parts)");

@@ -73,7 +73,8 @@ std::string read_pool(const graph::Node& n, Pool& p) {
     }
     id += k;
   }
-  if (static_cast<int64_t>(p.indexes.size()) < id) return "fewer ngram_indexes than n-grams in the pool";
+  if (static_cast<int64_t>(p.indexes.size()) < id)
+    return "fewer ngram_indexes than n-grams in the pool";
   for (auto v : p.indexes)
     if (v < 0) return "negative ngram_indexes";
   p.out_size = *std::max_element(p.indexes.begin(), p.indexes.end()) + 1;
@@ -83,7 +84,8 @@ std::string read_pool(const graph::Node& n, Pool& p) {
   const auto w = n.attr_floats("weights");
   if (!w.empty() && w.size() != p.indexes.size())
     return "weights and ngram_indexes differ in length";
-  if (!w.empty() && std::set<int64_t>(p.indexes.begin(), p.indexes.end()).size() != p.indexes.size())
+  if (!w.empty() &&
+      std::set<int64_t>(p.indexes.begin(), p.indexes.end()).size() != p.indexes.size())
     return "weights with two pool entries in one output column";
   return "";
 }
@@ -130,8 +132,9 @@ Outputs translate_tfidf(OpContext& c) {
       for (int64_t i = 0; i < W; ++i)
         for (int j = 0; j < n; ++j) idx[i * n + j] = static_cast<int32_t>(i + j * d);
       auto win = mx::take(x, mx::array(idx.begin(), {static_cast<int>(W), n}, mx::int32), 1, s);
-      auto hit = mx::all(mx::equal(mx::expand_dims(win, 2, s), pool, s), -1, false, s);  // (B, W, K)
-      auto cnt = mx::sum(mx::astype(hit, mx::float32, s), 1, false, s);                  // (B, K)
+      auto hit =
+          mx::all(mx::equal(mx::expand_dims(win, 2, s), pool, s), -1, false, s);  // (B, W, K)
+      auto cnt = mx::sum(mx::astype(hit, mx::float32, s), 1, false, s);           // (B, K)
       count = count ? mx::add(*count, cnt, s) : cnt;
     }
     parts.push_back(count ? *count : zeros(K));
@@ -142,7 +145,8 @@ Outputs translate_tfidf(OpContext& c) {
   // pool entry -> output column
   std::vector<float> to_col(static_cast<size_t>(P) * p.out_size, 0.f);
   for (int i = 0; i < P; ++i) to_col[static_cast<size_t>(i) * p.out_size + p.indexes[i]] = 1.f;
-  auto y = mx::matmul(counts, mx::array(to_col.begin(), {P, static_cast<int>(p.out_size)}, mx::float32), s);
+  auto y = mx::matmul(counts,
+                      mx::array(to_col.begin(), {P, static_cast<int>(p.out_size)}, mx::float32), s);
   const auto mode = c.node.attr_string("mode", "TF");
   const auto w = c.node.attr_floats("weights");
   std::vector<float> col_w(static_cast<size_t>(p.out_size), 0.f);  // weight of each column

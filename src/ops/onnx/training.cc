@@ -85,9 +85,9 @@ Outputs translate_adagrad(OpContext& c) {
 
 Support check_adam(const NodeQuery& q) { return check_optimizer(q, 4, 3); }
 
-//   G' = norm_coefficient * X + G;  V_new = alpha V + (1 - alpha) G';  H_new = beta H + (1 - beta) G'^2
-//   r = T > 0 ? R sqrt(1 - beta^T) / (1 - alpha^T) : R   (bias correction from the second step)
-//   X_new = (1 - norm_coefficient_post) (X - r V_new / (sqrt(H_new) + epsilon))
+//   G' = norm_coefficient * X + G;  V_new = alpha V + (1 - alpha) G';  H_new = beta H + (1 - beta)
+//   G'^2 r = T > 0 ? R sqrt(1 - beta^T) / (1 - alpha^T) : R   (bias correction from the second
+//   step) X_new = (1 - norm_coefficient_post) (X - r V_new / (sqrt(H_new) + epsilon))
 Outputs translate_adam(OpContext& c) {
   const size_t n = (c.num_inputs() - 2) / 4;
   const double alpha = c.node.attr_float("alpha", 0.9f);
@@ -107,12 +107,14 @@ Outputs translate_adam(OpContext& c) {
     const auto t = x.dtype();
     auto st = step_of(c, t);
     auto gr = regularized(x, g, norm, c.s);
-    auto v_new = mx::add(mx::multiply(num(alpha, t), v, c.s),
-                         mx::multiply(num(1 - alpha, t), gr, c.s), c.s);
+    auto v_new =
+        mx::add(mx::multiply(num(alpha, t), v, c.s), mx::multiply(num(1 - alpha, t), gr, c.s), c.s);
     auto h_new = mx::add(mx::multiply(num(beta, t), h, c.s),
                          mx::multiply(num(1 - beta, t), mx::multiply(gr, gr, c.s), c.s), c.s);
     auto corrected = mx::divide(
-        mx::multiply(st.r, mx::sqrt(mx::subtract(num(1, t), mx::power(num(beta, t), st.t, c.s), c.s), c.s), c.s),
+        mx::multiply(
+            st.r, mx::sqrt(mx::subtract(num(1, t), mx::power(num(beta, t), st.t, c.s), c.s), c.s),
+            c.s),
         mx::subtract(num(1, t), mx::power(num(alpha, t), st.t, c.s), c.s), c.s);
     auto r = mx::where(st.started, corrected, st.r, c.s);
     auto denom = mx::add(mx::sqrt(h_new, c.s), num(eps, t), c.s);
