@@ -113,8 +113,6 @@ _rng = np.random.default_rng(17)
                                         ((3, 7, 2), 1), ((2, 5, 12, 2), 2), ((2, 5, 12, 2), -2)])
 @pytest.mark.parametrize("onesided", [0, 1])
 def test_dft_forward(opset, shape, axis, onesided):
-    if opset == 17 and axis < 0:
-        pytest.skip("DFT-17's axis attribute is non-negative in ORT")
     if onesided and shape[-1] == 2:
         pytest.skip("onesided needs a real signal")
     x = _rng.standard_normal(shape).astype(np.float32)
