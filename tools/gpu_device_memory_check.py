@@ -440,18 +440,20 @@ def case_llm_shared(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llam
 
 
 def case_fallback():
-    """device_memory=1 with a node ORT's CPU EP runs (DFT: no MLX translator): MLX -> CPU EP ->
-    MLX. Reports what ORT does at the partition boundaries; outputs must equal the CPU EP."""
-    x = np.random.default_rng(4).standard_normal((1, 8, 1)).astype(np.float32)
+    """device_memory=1 with a node ORT's CPU EP runs (MaxRoiPool: no MLX translator): MLX -> CPU
+    EP -> MLX. Reports what ORT does at the partition boundaries; outputs must equal the CPU EP."""
+    x = np.random.default_rng(4).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    rois = np.array([[0, 0, 0, 5, 5], [0, 1, 2, 4, 5]], np.float32)
     m = model([helper.make_node("Mul", ["x", "x"], ["sq"]),
-               helper.make_node("DFT", ["sq"], ["f"], onesided=0),
+               helper.make_node("MaxRoiPool", ["sq", "rois"], ["f"], pooled_shape=[2, 2]),
                helper.make_node("Relu", ["f"], ["y"])],
-              [vi("x", [1, 8, 1])], [vi("y", [1, 8, 2])], opset=17)
-    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+              [vi("x", [1, 2, 6, 6]), vi("rois", [2, 5])], [vi("y", [2, 2, 2, 2])])
+    feeds = {"x": x, "rois": rois}
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     sess = session(m, fallback=True)
     placed = om.placement(sess)
     before = counters()
-    (y,) = sess.run(None, {"x": x})
+    (y,) = sess.run(None, feeds)
     d = delta(before, counters())
     assert_close(y, ref, "y")
     del sess

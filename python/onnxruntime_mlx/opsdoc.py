@@ -138,6 +138,19 @@ PROBE_ATTRS = {
         "nodes_modes": "t:uint8:0", "nodes_truenodeids": "is:0", "nodes_trueleafs": "is:1",
         "nodes_falsenodeids": "is:1", "nodes_falseleafs": "is:1", "leaf_targetids": "is:0,0",
         "leaf_weights": f"t:{t}:1,1", "n_targets": "i:1"},
+    # a pool of two unigrams and one bigram
+    ("", "TfIdfVectorizer"): lambda t: {
+        "mode": "s:TF", "min_gram_length": "i:1", "max_gram_length": "i:2",
+        "max_skip_count": "i:0", "ngram_counts": "is:0,2", "ngram_indexes": "is:0,1,2",
+        "pool_int64s": "is:1,2,1,2"},
+    ("ai.onnx.preview.training", "Momentum"): lambda t: {"mode": "s:standard"},
+}
+# Ops whose variadic input/output is several groups of tensors: how many copies make one
+# well-formed node (default: 2 copies of a variadic input, 1 of a variadic output).
+PROBE_VARIADIC = {
+    ("ai.onnx.preview.training", "Adagrad"): (3, 2),  # X, G, H -> X_new, H_new
+    ("ai.onnx.preview.training", "Adam"): (4, 3),     # X, G, V, H -> X_new, V_new, H_new
+    ("ai.onnx.preview.training", "Momentum"): (3, 2),  # X, G, V -> X_new, V_new
 }
 
 
@@ -180,7 +193,8 @@ class _Formals:
         self.main = max(groups, key=lambda g: len(g[1]))[0] if groups else None
         self.main_allowed = max(groups, key=lambda g: len(g[1]))[1] if groups else []
 
-    def assignment(self, t: str, with_optional: bool) -> tuple[list[str], list[str]]:
+    def assignment(self, t: str, with_optional: bool,
+                   variadic: tuple[int, int] = (2, 1)) -> tuple[list[str], list[str]]:
         def pick(ts, allowed):
             if ts == self.main or t in allowed:
                 return t
@@ -193,11 +207,13 @@ class _Formals:
             if opt == "Optional" and not with_optional:
                 ins.append("-")
             else:
-                ins.extend([pick(ts, allowed)] * (2 if opt == "Variadic" else 1))
+                ins.extend([pick(ts, allowed)] * (variadic[0] if opt == "Variadic" else 1))
         while ins and ins[-1] == "-":
             ins.pop()
-        outs = [pick(ts, allowed) if opt != "Optional" or with_optional else "-"
-                for ts, allowed, opt in self.outputs]
+        outs = []
+        for ts, allowed, opt in self.outputs:
+            outs.extend([pick(ts, allowed) if opt != "Optional" or with_optional else "-"] *
+                        (variadic[1] if opt == "Variadic" else 1))
         return ins, outs
 
 
@@ -224,7 +240,8 @@ def _probe_with_schemas(tool: pathlib.Path, entries: list[dict]) -> None:
         e["schema_dtypes"] = [t for t in MLX_DTYPES if t in formals.main_allowed]
         for t in e["schema_dtypes"]:
             for with_optional in (True, False):
-                ins, outs = formals.assignment(t, with_optional)
+                ins, outs = formals.assignment(
+                    t, with_optional, PROBE_VARIADIC.get((e["domain"], e["op"]), (2, 1)))
                 lines.append("\t".join([e["domain"], e["op"], str(schema.since_version),
                                         ",".join(ins), ",".join(outs),
                                         _probe_attrs(schema, e["domain"], e["op"], t)]))

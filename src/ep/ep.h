@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "ep/options.h"
 #include "ep/ort_api.h"
+#include "ep/schema_domains.h"
 
 namespace ortmlx::ep {
 
@@ -137,6 +138,7 @@ class MlxEpFactory : public OrtEpFactory {
 
   const OrtLogger* default_logger_;
   std::unique_ptr<DeviceMemory> device_memory_;  // null unless ORT_MLX_DEVICE_MEMORY=1
+  std::unique_ptr<SchemaDomains> schema_domains_;  // schemas ORT's build lacks (GetCustomOpDomains)
 };
 
 }  // namespace ortmlx::ep

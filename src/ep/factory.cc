@@ -131,6 +131,7 @@ MlxEpFactory::MlxEpFactory(const OrtLogger* default_logger)
   // changes get_ep_devices() for everyone and makes policy-based selection hand CreateEp both.
   // So: ORT_MLX_DEVICE_MEMORY=1 at registration turns it on for this registration, and the
   // session option device_memory only states what the session expects (checked in CreateEp).
+  schema_domains_ = std::make_unique<SchemaDomains>();
   if (int mode = device_memory_from_env())
     device_memory_ = std::make_unique<DeviceMemory>(/*gpu_type_everywhere=*/mode == 2);
 }
@@ -282,12 +283,17 @@ OrtStatus* MlxEpFactory::CreateExternalResourceImporterForDeviceImpl(
   return nullptr;
 }
 
-OrtStatus* MlxEpFactory::GetNumCustomOpDomainsImpl(OrtEpFactory*, size_t* n) noexcept {
-  *n = 0;
+OrtStatus* MlxEpFactory::GetNumCustomOpDomainsImpl(OrtEpFactory* self, size_t* n) noexcept {
+  auto* f = static_cast<MlxEpFactory*>(self);
+  *n = f->schema_domains_ ? f->schema_domains_->domains().size() : 0;
   return nullptr;
 }
-OrtStatus* MlxEpFactory::GetCustomOpDomainsImpl(OrtEpFactory*, OrtCustomOpDomain**,
-                                                size_t) noexcept {
+OrtStatus* MlxEpFactory::GetCustomOpDomainsImpl(OrtEpFactory* self, OrtCustomOpDomain** domains,
+                                                size_t n) noexcept {
+  auto* f = static_cast<MlxEpFactory*>(self);
+  const auto& own =
+      f->schema_domains_ ? f->schema_domains_->domains() : std::vector<OrtCustomOpDomain*>{};
+  for (size_t i = 0; i < n && i < own.size(); ++i) domains[i] = own[i];
   return nullptr;
 }
 OrtStatus* MlxEpFactory::InitGraphicsInteropImpl(OrtEpFactory*, const OrtEpDevice*,

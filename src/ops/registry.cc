@@ -11,7 +11,7 @@ const std::vector<OpEntry>& registry() {
                         quantize_ops(), contrib_ops(), ml_ops(), recurrent_ops(),
                         control_flow_ops(), signal_ops(), detection_ops(), conv_extra_ops(),
                         affine_grid_ops(), tensor_scatter_ops(), sequence_ops(),
-                        lowp_ops()})
+                        lowp_ops(), training_ops(), text_ops()})
       t.insert(t.end(), family.begin(), family.end());
     return t;
   }();

@@ -66,5 +66,7 @@ std::span<const OpEntry> conv_extra_ops();    // Col2Im, DeformConv, ConvInteger
 std::span<const OpEntry> affine_grid_ops();   // AffineGrid
 std::span<const OpEntry> tensor_scatter_ops();  // TensorScatter
 std::span<const OpEntry> lowp_ops();            // BitCast (float8/4-bit codecs: lowp.h)
+std::span<const OpEntry> training_ops();  // Adagrad, Adam, Momentum (ai.onnx.preview.training)
+std::span<const OpEntry> text_ops();      // TfIdfVectorizer
 
 }  // namespace ortmlx::ops

@@ -110,9 +110,9 @@ def test_decode_loop_keeps_kv_on_device(results):
 
 
 def test_cpu_fallback_partition(results):
-    # MLX -> ORT's CPU EP (DFT) -> MLX with device memory on: runs, equal to the CPU EP.
+    # MLX -> ORT's CPU EP (MaxRoiPool) -> MLX with device memory on: runs, equal to the CPU EP.
     r = _ok(results, "fallback")
-    assert r["placement"] == {om.EP_NAME: ["Mul", "Relu"], "CPUExecutionProvider": ["DFT"]}
+    assert r["placement"] == {om.EP_NAME: ["Mul", "Relu"], "CPUExecutionProvider": ["MaxRoiPool"]}
 
 
 def test_option_mismatch_is_a_clear_error(results):

@@ -1,6 +1,7 @@
 """The less common numeric ops on the MLX EP against ORT's CPU EP: AffineGrid, Col2Im,
 MaxUnpool, DeformConv, TensorScatter, NonMaxSuppression, ConvInteger, QLinearConv,
-BatchNormalization in training mode, Dropout with a run-time training_mode, LabelEncoder."""
+BatchNormalization in training mode, Dropout with a run-time training_mode, LabelEncoder,
+RoiAlign (also against ONNX's reference for opset 22)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -333,3 +334,73 @@ def test_label_encoder_strings_declined():
                       TensorProto.STRING, 2)
     placed = placement_of(m, {"x": x})
     assert om.EP_NAME not in placed and placed  # ran, on the CPU EP
+
+
+# ---- RoiAlign ----------------------------------------------------------------------------------
+# ORT's CPU EP has RoiAlign up to opset 16 (the oracle there); opset 22 (the same computation,
+# more types) is compared with ONNX's reference implementation.
+
+ROI_CASES = [
+    # x shape, rois, attrs
+    ((1, 1, 10, 10), [[0, 0, 9, 9], [0, 5, 4, 9], [5, 5, 9, 9]],
+     {"output_height": 5, "output_width": 5, "sampling_ratio": 2}),
+    ((2, 3, 12, 9), [[1.5, 2.2, 7.1, 10.4], [-2, -1, 4, 3], [3, 3, 3.5, 3.2], [0, 0, 20, 20]],
+     {"output_height": 3, "output_width": 4, "sampling_ratio": 3, "spatial_scale": 0.5}),
+    ((2, 2, 8, 8), [[0.3, 0.7, 6.2, 5.1], [2, 1, 7.9, 7.9], [1, 1, 1, 1]],
+     {"output_height": 2, "output_width": 3, "sampling_ratio": 0}),
+    ((1, 4, 6, 7), [[0, 0, 6, 7], [1.2, 0.4, 5.5, 3.3]],
+     {"output_height": 4, "output_width": 2, "sampling_ratio": 0, "spatial_scale": 1.3}),
+]
+
+
+def _roi_inputs(shape, rois, batch=None):
+    x = rand(shape, lo=-2, hi=2)
+    r = np.array(rois, np.float32)
+    b = np.array(batch if batch is not None else [i % shape[0] for i in range(len(rois))], I64)
+    return {"X": x, "rois": r, "batch_indices": b}
+
+
+@pytest.mark.parametrize("shape,rois,attrs", ROI_CASES)
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+def test_roi_align_opset16_against_cpu(shape, rois, attrs, mode, ctm):
+    check_node("RoiAlign", _roi_inputs(shape, rois),
+               {**attrs, "mode": mode, "coordinate_transformation_mode": ctm}, opset=16)
+
+
+@pytest.mark.parametrize("shape,rois,attrs", ROI_CASES)
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_opset10_against_cpu(shape, rois, attrs, mode):
+    # opset 10 has no coordinate_transformation_mode: output_half_pixel
+    check_node("RoiAlign", _roi_inputs(shape, rois), {**attrs, "mode": mode}, opset=10)
+
+
+@pytest.mark.parametrize("shape,rois,attrs", ROI_CASES)
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_roi_align_opset22_against_reference(shape, rois, attrs, mode, ctm, dtype):
+    from onnx.reference import ReferenceEvaluator
+    inputs = _roi_inputs(shape, rois)
+    inputs["X"] = inputs["X"].astype(dtype)
+    inputs["rois"] = inputs["rois"].astype(dtype)
+    a = {**attrs, "mode": mode, "coordinate_transformation_mode": ctm}
+    model = make_node_model("RoiAlign", inputs, 1, a, opset=22)
+    expected = ReferenceEvaluator(model).run(None, inputs)
+    check_model(model, inputs, expected=expected)
+
+
+def test_roi_align_new_rois_with_sampling_ratio_0():
+    # sampling_ratio 0 reads the rois on the host: the same session must follow new values
+    base = _roi_inputs((1, 2, 8, 8), [[0, 0, 7, 7], [1, 1, 3, 5]])
+    model = make_node_model("RoiAlign", base, 1, {"output_height": 2, "output_width": 2}, opset=16)
+    for rois in ([[0, 0, 7, 7], [1, 1, 3, 5]], [[0, 0, 2, 2], [0.5, 1, 7.5, 6]]):
+        feeds = {**base, "rois": np.array(rois, np.float32)}
+        check_model(model, feeds)
+
+
+def test_roi_align_batch_index_out_of_range_fails():
+    inputs = _roi_inputs((2, 1, 4, 4), [[0, 0, 3, 3]], batch=[2])
+    model = make_node_model("RoiAlign", inputs, 1, {"sampling_ratio": 1}, opset=16)
+    with pytest.raises(Exception, match="batch_indices"):
+        run_mlx(model, inputs, runs=1)

@@ -19,7 +19,10 @@ const OpEntry kOps[] = {
     {kMs, "Attention", 1, kAnyOpset, check_attention_ms, translate_attention_ms,
      "do_rotary, past_present_share_buffer and 4-D masks declined"},
     {"", "Attention", 23, kAnyOpset, check_attention_onnx, translate_attention_onnx,
-     "softmax_precision: computed in float32 for fp16/bf16 on the CPU backend, else in the input type"},
+     "softmax_precision: computed in float32 for fp16/bf16 on the CPU backend, else in the input "
+     "type; softcap acts before the mask and qk_matmul_output_mode 1/2 are after softcap / after "
+     "mask, as ONNX 1.22 defines them and ORT's CPU EP computes (the node tests "
+     "test_attention_*_qk_matmul_{bias,softcap}* expect the earlier order: mask, then softcap)"},
     {kMs, "RotaryEmbedding", 1, kAnyOpset, check_rotary_ms, translate_rotary_ms,
      "is_packed_batching declined; `scale` is ignored (as ORT's kernels do)"},
     {"", "RotaryEmbedding", 23, kAnyOpset, check_rotary_onnx, translate_rotary_onnx},

@@ -420,7 +420,9 @@ const OpEntry kOps[] = {
     {"", "DeformConv", 19, kAnyOpset, check_deform_conv, translate_deform_conv, "2-D only"},
     {"", "Col2Im", 18, kAnyOpset, check_col2im, translate_col2im},
     {"", "MaxUnpool", 9, kAnyOpset, check_max_unpool, translate_max_unpool,
-     "out-of-range indices fail the run"},
+     "out-of-range indices fail the run; with output_shape the indices are flat positions in "
+     "that shape, as on ORT's CPU EP (ONNX's reference and test_maxunpool_export_with_output_shape "
+     "read them in the inferred shape)"},
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Convolutions (Conv, ConvTranspose) and the nn family table; pooling lives in pool.cc,
-// Resize/Upsample in resize.cc and GridSample in grid_sample.cc.
+// Resize/Upsample in resize.cc, GridSample in grid_sample.cc and RoiAlign in roi_align.cc.
 // ONNX is channels-first with OIHW weights, MLX's conv_general is channels-last with OHWI
 // weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
@@ -445,10 +445,14 @@ const OpEntry kOps[] = {
     {"", "GlobalMaxPool", 1, kAnyOpset, check_global_pool, translate_global_max_pool},
     {"", "GlobalLpPool", 1, kAnyOpset, check_global_pool, translate_global_lp_pool},
     {"", "Resize", 10, kAnyOpset, check_resize, translate_resize,
-     "linear/cubic on integer inputs declined"},
+     "linear/cubic on integer inputs declined; align_corners with scales divides by the integer "
+     "output length, as the spec and ORT's CPU EP do (ONNX's reference, and the "
+     "test_resize_downsample_scales_*_align_corners expected outputs, by input length * scale)"},
     {"", "Upsample", 7, 9, check_upsample, translate_upsample},
     {"", "GridSample", 16, kAnyOpset, check_grid_sample, translate_grid_sample,
      "1 to 3 spatial dims; linear/cubic need a float input"},
+    {"", "RoiAlign", 10, kAnyOpset, check_roi_align, translate_roi_align,
+     "sampling_ratio 0 (a grid per region from its size) reads the rois on the host"},
 };
 
 }  // namespace

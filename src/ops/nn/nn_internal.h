@@ -1,6 +1,6 @@
 // Shared by the nn family files: nn.cc (Conv, ConvTranspose and the family table), pool.cc
-// (the pooling ops), resize.cc (Resize, Upsample) and grid_sample.cc. ONNX lays images out
-// channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
+// (the pooling ops), resize.cc (Resize, Upsample), grid_sample.cc and roi_align.cc. ONNX lays
+// images out channels-first (N, C, D1..Dn); MLX's convolutions want channels-last (N, D1..Dn, C).
 #pragma once
 
 #include <functional>
@@ -78,5 +78,9 @@ Outputs translate_upsample(OpContext& c);
 // grid_sample.cc
 Support check_grid_sample(const NodeQuery& q);
 Outputs translate_grid_sample(OpContext& c);
+
+// roi_align.cc
+Support check_roi_align(const NodeQuery& q);
+Outputs translate_roi_align(OpContext& c);
 
 }  // namespace ortmlx::ops::nn
