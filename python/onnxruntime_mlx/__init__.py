@@ -112,7 +112,8 @@ def session_options(device: str = "auto", *, fallback: bool = True,
     """SessionOptions with the MLX EP added for `device` (auto picks MLX's GPU when there is one).
 
     provider_options: compile, cache_size, compile_after, shape_family, host_fold, log_level, report_path,
-    memory_limit_mb, cache_limit_mb, device_memory, tf32, int8_emulation, index_check (see README "Options"). fallback=False sets
+    memory_limit_mb, cache_limit_mb, device_memory, tf32, int8_emulation, index_check, step_order,
+    fused_rotary, zero_bias, grouped_kv, cpu_gemv (see README "Options"). fallback=False sets
     session.disable_cpu_ep_fallback=1, so a session fails unless every node runs on MLX."""
     so = so or ort.SessionOptions()
     if "device_memory" in provider_options:

@@ -176,7 +176,8 @@ class Program final : public FusedProgram {
   std::unique_ptr<Piecewise> find_family(const StepInfos& a, const StepInfos& b) const;
   // The segment's steps as one mx::compile'd function of its inputs, traced on stream `s`.
   SegmentFn segment_function(const Segment& seg, const std::vector<size_t>& order, mx::Stream s);
-  static std::vector<size_t> step_order(const Plan& p, const std::function<bool(size_t)>& fixed);
+  static std::vector<size_t> step_order(const Plan& p, const std::function<bool(size_t)>& fixed,
+                                        bool reorder);
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                        const Layout& layout, mx::Stream s);
   // The cache key of a run: its inputs' dtypes and shapes (`shapes`, the key alone), and the

@@ -10,7 +10,6 @@
 #include "engine/index_check.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
-#include "ops/common.h"
 
 namespace ortmlx::engine {
 
@@ -34,15 +33,16 @@ void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool h
 // inputs are there and the others as late as possible (Kahn's algorithm, fixed steps first, each
 // kind in plan order). An exported decoder layer interleaves its products and rotary nodes with
 // the shape arithmetic of the attention (folded on the host, so not fixed); in plan order those
-// cut a layer's products into three segments. ORT_MLX_STEP_ORDER=0 keeps the plan's order.
-std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(size_t)>& fixed) {
+// cut a layer's products into three segments. The option step_order=0 keeps the plan's order.
+std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(size_t)>& fixed,
+                                        bool reorder) {
   const size_t n = p.steps.size();
   auto plan_order = [n] {
     std::vector<size_t> o(n);
     std::iota(o.begin(), o.end(), size_t{0});
     return o;
   };
-  if (!ops::env_switch_on("ORT_MLX_STEP_ORDER")) return plan_order();
+  if (!reorder) return plan_order();
   std::vector<size_t> order;
   order.reserve(n);
   std::vector<int> producer(p.num_slots, -1);
@@ -102,7 +102,7 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
                                                  : "its shapes change")
                   << ")\n";
   auto pw = std::make_unique<Piecewise>();
-  pw->order = step_order(p, stays);
+  pw->order = step_order(p, stays, opt_.step_order);
   const auto& order = pw->order;
   const size_t n = order.size();
   // The last position that reads each slot (its bodies' outer values included), and the group's

@@ -20,6 +20,7 @@
 #include "engine/program.h"
 #include "engine/program_run.h"
 #include "ops/lowp.h"
+#include "ops/switches.h"
 
 namespace ortmlx::engine {
 
@@ -96,6 +97,8 @@ std::optional<std::vector<mx::array>> Program::fold_on_host(
 void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run,
                         size_t begin, size_t end, const std::vector<size_t>* order) const {
   const bool top = &p == top_.get();
+  const ops::SwitchesScope switches(
+      {opt_.fused_rotary, opt_.zero_bias, opt_.grouped_kv, opt_.cpu_gemv});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
     Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};

@@ -1,4 +1,5 @@
 #include "ops/common.h"
+#include "ops/switches.h"
 #include "kernels/cpu/kernels.h"
 
 #include <mlx/primitives.h>
@@ -47,9 +48,26 @@ mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s) {
   return a.dtype() == d ? a : mx::astype(a, d, s);
 }
 
+namespace {
+thread_local TranslationSwitches current_switches;
+}  // namespace
+
+const TranslationSwitches& translation_switches() { return current_switches; }
+
+SwitchesScope::SwitchesScope(const TranslationSwitches& s)
+    : prev_(current_switches), kernels_(s.cpu_kernels) {
+  current_switches = s;
+}
+SwitchesScope::~SwitchesScope() { current_switches = prev_; }
+
 bool env_switch_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && v[0] == '0' && v[1] == '\0');
+  const std::string n = name;
+  const auto& s = translation_switches();
+  if (n == "ORT_MLX_ZERO_BIAS") return s.zero_bias;
+  if (n == "ORT_MLX_GROUPED_KV") return s.grouped_kv;
+  if (n == "ORT_MLX_FUSED_ROTARY") return s.fused_rotary;
+  if (n == "ORT_MLX_CPU_GEMV") return s.cpu_kernels;
+  throw std::logic_error(std::string("[engine] no translation switch is named ") + name);
 }
 
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
