@@ -274,7 +274,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     }
     // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
     if (top && run.steps)
-      record_step(k, io, slots, host_step,
+      ShapeFamily::record_step(k, io, slots, host_step,
                   run.read_calls - reads_before != run.constant_reads - constant_reads_before, *run.steps);
   }
 }
@@ -308,7 +308,7 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
   return result;
 }
 
-Program::Layout Program::layout_of(const std::vector<HostTensor>& raw) {
+Layout Program::layout_of(const std::vector<HostTensor>& raw) {
   Layout layout;
   for (const auto& t : raw)
     layout.push_back(t.kind == HostTensor::Kind::Tensor ? -1
