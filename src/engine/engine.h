@@ -31,6 +31,13 @@ struct Options {
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
   // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
   int int8_emulation = -1;
+  // Choices between two exact translations, kept for comparisons (README "Options"; off = the
+  // plainer form). step_order: engine/shape_family.cc; the others: ops/switches.h.
+  bool step_order = true;    // a shape family's runs take fixed steps as early as they can
+  bool fused_rotary = true;  // rotary halves rotated by one compiled kernel
+  bool zero_bias = true;     // attention leaves out a bias known to be all zeros
+  bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
+  bool cpu_gemv = true;      // the EP's CPU kernels (kernels/cpu)
 };
 
 struct Stats {

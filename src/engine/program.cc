@@ -130,9 +130,9 @@ void own_subgraphs(graph::Graph& g, std::vector<graph::Graph*>& owned) {
 
 Program::Program(std::string name, const graph::Graph& g, std::vector<std::string> input_names,
                  std::vector<std::string> output_names, Options opt)
-    : name_(std::move(name)), graph_(g), input_names_(std::move(input_names)),
-      output_names_(std::move(output_names)), opt_(opt) {
-  where_ = "fused node '" + name_ + "'";
+    : name_(std::move(name)), where_("fused node '" + name_ + "'"), graph_(g),
+      input_names_(std::move(input_names)), output_names_(std::move(output_names)), opt_(opt),
+      cache_(opt.cache_capacity), family_(opt.step_order, opt.log_level, where_) {
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);
@@ -145,7 +145,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
   }
 }
 
-std::unique_ptr<Program::Plan> Program::make_plan(const graph::Graph& g,
+std::unique_ptr<Plan> Program::make_plan(const graph::Graph& g,
                                                   const std::vector<std::string>& inputs,
                                                   const std::vector<std::string>& outputs,
                                                   bool top) {
@@ -380,15 +380,14 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   };
 
   std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
-  auto it = cache_.find(sig);
-  if (it == cache_.end()) {
+  Entry* found = cache_.find(sig);
+  if (!found) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.
     // Not cached: every step of a decode loop is a signature of its own.
-    if (piecewise_ && !compile_broken_ && piecewise_->layout == layout &&
-        piecewise_->device == s.device) {
-      auto outs = run_piecewise(*piecewise_, args, layout, s);
+    if (Piecewise* pw = compile_broken_ ? nullptr : family_.member(layout, s.device)) {
+      auto outs = run_piecewise(*pw, args, layout, s);
       // The family is gone when no segment has matched for a while: look for another.
-      if (piecewise_->misses >= 4) piecewise_.reset();
+      family_.after_run();
       if (!opt_.gpu || !touches_empty(outs)) {  // otherwise run again below, on the CPU stream
         ++stats_.piecewise_runs;
         ++stats_.eager_runs;
@@ -400,7 +399,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // Until a family is found, each new signature's steps are kept, to compare with the next.
     StepInfos steps;
     StepInfos* look =
-        opt_.compile && opt_.shape_family && !compile_broken_ && !piecewise_ ? &steps : nullptr;
+        opt_.compile && opt_.shape_family && !compile_broken_ && family_.looking() ? &steps : nullptr;
     if (probed_once_ && opt_.compile) {
       // A new signature of a program already probed: most are seen once (every decode step
       // has a new length), so it runs eagerly without the probe's bookkeeping (~40% of the
@@ -413,23 +412,13 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         outs = probe(entry, restart, look);
         if (!restart) break;
         sig = signature_of(raw) + "#" + std::to_string(s.index);
-        if (cache_.count(sig)) break;
+        if (cache_.contains(sig)) break;
       }
       probed_once_ = true;
     }
-    if (look && steps.size() == top_->steps.size()) {
-      if (last_steps_ && last_steps_->first == layout) {
-        piecewise_ = find_family(last_steps_->second, steps);
-        if (piecewise_) {
-          piecewise_->layout = layout;
-          piecewise_->device = s.device;
-        }
-      }
-      if (piecewise_)
-        last_steps_.reset();
-      else
-        last_steps_.emplace(layout, std::move(steps));
-    }
+    if (look && steps.size() == top_->steps.size())
+      family_.observe(*top_, layout, s.device, std::move(steps),
+                      [this](int slot) { return is_constant_slot(*top_, slot); });
     if (touches_empty(outs)) {
       ++stats_.empty_operand_runs;
       if (opt_.gpu) {
@@ -439,20 +428,14 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     }
     ++stats_.eager_runs;
     auto result = eval_all(std::move(outs));
-    if (!cache_.count(sig)) {
+    if (!cache_.contains(sig)) {
       entry.hits = 1;
-      lru_.push_front(sig);
-      cache_.emplace(sig, std::make_pair(std::move(entry), lru_.begin()));
-      while (cache_.size() > std::max<size_t>(opt_.cache_capacity, 1)) {
-        cache_.erase(lru_.back());
-        lru_.pop_back();
-      }
+      cache_.insert(sig, std::move(entry));
     }
     return result;
   }
 
-  lru_.splice(lru_.begin(), lru_, it->second.second);
-  Entry& e = it->second.first;
+  Entry& e = *found;
   ++e.hits;
   if (e.on_cpu) {
     ++stats_.eager_runs;
@@ -466,8 +449,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     bool restart = false;
     (void)probe(e, restart, nullptr);
     if (restart) {
-      cache_.erase(it);
-      lru_.pop_front();  // spliced to the front above
+      cache_.erase(sig);
       ++stats_.eager_runs;
       return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, s));
     }

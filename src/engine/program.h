@@ -20,6 +20,9 @@
 #include <mlx/mlx.h>
 
 #include "engine/engine.h"
+#include "engine/plan.h"
+#include "engine/shape_family.h"
+#include "engine/signature_cache.h"
 #include "graph/view.h"
 #include "ops/registry.h"
 
@@ -60,28 +63,7 @@ class Program final : public FusedProgram {
 
  private:
   using Taint = std::vector<int>;  // fused inputs whose data flow into a value (sorted, unique)
-  struct StepIO {
-    std::vector<int> in;   // value slot per node input, -1 = absent
-    std::vector<int> out;  // value slot per node output, -1 = unused
-    // Per subgraph of the node (If/Loop/Scan): the slots, in this scope, of the outer-scope
-    // values that body reads (in the order of its Plan::outer).
-    std::vector<std::pair<const graph::Graph*, std::vector<int>>> bodies;
-  };
-  // One scope ready to translate: the fused group itself, or a control-flow body. Slots:
-  // [0, num_inputs) the scope's inputs (for the group: fused inputs, then its constants, all
-  // passed as arguments so mx::compile sees them as inputs); then, for bodies, the body's
-  // constants and its outer-scope values; then node outputs.
-  struct Plan {
-    const graph::Graph* graph = nullptr;
-    std::vector<const ops::OpEntry*> entries;
-    std::vector<StepIO> steps;
-    size_t num_inputs = 0;
-    std::vector<std::pair<int, mx::array>> constants;  // bodies only: (slot, value)
-    std::vector<std::string> outer;                    // bodies only: names read from outside
-    std::vector<int> outer_slots;
-    std::vector<int> output_slots;
-    size_t num_slots = 0;
-  };
+  // (StepIO, Plan, Slots and Layout: engine/plan.h.)
   // Host values translators read, in the order they read them, so a compiled replay (which
   // takes the same branches and iteration counts, being keyed by them) sees the same numbers.
   using HostRecord = std::vector<mx::array>;
@@ -102,24 +84,14 @@ class Program final : public FusedProgram {
 
   std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,
                                   const std::vector<std::string>& outputs, bool top);
-  // What each fused input is, as arguments: -1 a tensor (one argument), -2 an empty optional
-  // (none), n >= 0 a sequence whose n items are n arguments. Part of the signature.
-  using Layout = std::vector<int>;
   static Layout layout_of(const std::vector<HostTensor>& raw);
   // On the CPU device the fused inputs are borrowed, not copied: arrays over ORT's buffers with
   // no-op deleters, valid for this run only (see input_array).
   std::vector<mx::array> arguments(const std::vector<HostTensor>& raw) const;
   mx::array input_array(const HostTensor& t) const;
   // What a translation saw of each step of the group (collected while looking for a shape
-  // family; shape_family.cc): `fixed` when the step read no host value but constant
-  // initializers, runs no subgraph, and takes and gives tensors only, so that its MLX graph is
-  // a function of its input shapes alone.
-  struct StepInfo {
-    bool fixed = true;
-    bool host = false;  // a host fold or a Shape/Size: no MLX work (not fixed either)
-    std::vector<mx::Shape> shapes;  // its inputs' then its outputs' ({-1}: absent)
-  };
-  using StepInfos = std::vector<StepInfo>;
+  // family: engine/shape_family.h).
+  using StepInfos = ShapeFamily::StepInfos;
   std::vector<mx::array> translate(const std::vector<mx::array>& args, const Layout& layout,
                                    Mode mode,
                                    HostRecord* record, std::vector<int>* host_deps,
@@ -134,7 +106,6 @@ class Program final : public FusedProgram {
   // optional (ops::Value); the group's own inputs and outputs are tensors.
   std::vector<ops::Value> run_plan(const Plan& p, std::vector<ops::Value> inputs,
                                    std::vector<Taint> input_taints, Run& run) const;
-  using Slots = std::vector<std::optional<ops::Value>>;
   // Translates steps [begin, end) of `p` over `slots`, or with `order` the steps at those
   // positions of it (run_plan's loop; piecewise runs call it for the stretches between
   // compiled segments, in the family's order).
@@ -144,39 +115,13 @@ class Program final : public FusedProgram {
                                                      const StepIO& io,
                                                      const std::vector<std::optional<ops::Value>>& inputs,
                                                      const Run& run) const;
-  static void record_step(size_t k, const StepIO& io, const Slots& slots, bool host_step, bool read_host,
-                          StepInfos& infos);
 
-  // A shape family (a decode loop: every step a new signature, because the KV cache grows).
-  // Two consecutive new signatures are compared step by step: the stretches of fixed steps
-  // whose shapes did not change (a layer's norms, projections and MLP) become segments, each
-  // run through its own mx::compile'd function, keyed by the segment's input shapes; the steps
-  // in between (attention over the growing cache, what reads host values) are translated
-  // eagerly, as before. Correct for any signature: a segment is a function of its input shapes
-  // only (fixed steps), and one whose shapes differ from the family's runs eagerly.
-  using SegmentFn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
-  struct Segment {
-    size_t begin = 0, end = 0;           // positions in Piecewise::order
-    std::vector<int> in_slots, out_slots;
-    std::vector<mx::Shape> in_shapes;    // the family's: other shapes run eagerly
-    // One compiled function per MLX stream (each thread has its own default stream).
-    std::unordered_map<int, SegmentFn> fns;
-    bool broken = false;                 // a trace failed: eager from then on
-  };
-  struct Piecewise {
-    // The order the family's runs take the steps in (a topological order of the plan): steps
-    // that stay fixed are taken as early as their inputs allow, so that the steps in between
-    // (host folds, shape-changing attention) do not cut them into more segments than needed.
-    std::vector<size_t> order;
-    Layout layout;
-    mx::Device device = mx::Device::cpu;
-    std::vector<Segment> segments;
-    int misses = 0;  // consecutive runs in which no segment matched its shapes
-  };
-  std::unique_ptr<Piecewise> find_family(const StepInfos& a, const StepInfos& b) const;
+  // Shape families (engine/shape_family.h): their runs, compiled segments and eager steps.
+  using Segment = ShapeFamily::Segment;
+  using Piecewise = ShapeFamily::Piecewise;
+  using SegmentFn = ShapeFamily::SegmentFn;
   // The segment's steps as one mx::compile'd function of its inputs, traced on stream `s`.
   SegmentFn segment_function(const Segment& seg, const std::vector<size_t>& order, mx::Stream s);
-  static std::vector<size_t> step_order(const Plan& p, const std::function<bool(size_t)>& fixed);
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                        const Layout& layout, mx::Stream s);
   // The cache key of a run: its inputs' dtypes and shapes (`shapes`, the key alone), and the
@@ -203,13 +148,11 @@ class Program final : public FusedProgram {
   bool is_constant_slot(const Plan& p, int slot) const;
 
   std::mutex mu_;
-  std::list<std::string> lru_;
-  std::unordered_map<std::string, std::pair<Entry, std::list<std::string>::iterator>> cache_;
+  SignatureCache<Entry> cache_;
   mutable Stats stats_;  // translate() (const) counts its own time
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
   bool probed_once_ = false;     // a probe has run: the program's host reads are known
-  std::unique_ptr<Piecewise> piecewise_;
-  std::optional<std::pair<Layout, StepInfos>> last_steps_;  // the last new signature's steps
+  ShapeFamily family_;
 };
 
 }  // namespace ortmlx::engine

@@ -1,5 +1,5 @@
-// Shape families (program.h, Program::Piecewise): what a translation records of each step,
-// how two new signatures' steps become compiled segments, and a piecewise run.
+// Shape families (shape_family.h): what a translation records of each step, how two new
+// signatures' steps become compiled segments (ShapeFamily), and a piecewise run (Program).
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -10,11 +10,10 @@
 #include "engine/index_check.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
-#include "ops/common.h"
 
 namespace ortmlx::engine {
 
-void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool host_step,
+void ShapeFamily::record_step(size_t k, const StepIO& io, const Slots& slots, bool host_step,
                           bool read_host, StepInfos& infos) {
   if (infos.size() <= k) infos.resize(k + 1);
   StepInfo& info = infos[k];
@@ -34,15 +33,16 @@ void Program::record_step(size_t k, const StepIO& io, const Slots& slots, bool h
 // inputs are there and the others as late as possible (Kahn's algorithm, fixed steps first, each
 // kind in plan order). An exported decoder layer interleaves its products and rotary nodes with
 // the shape arithmetic of the attention (folded on the host, so not fixed); in plan order those
-// cut a layer's products into three segments. ORT_MLX_STEP_ORDER=0 keeps the plan's order.
-std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(size_t)>& fixed) {
+// cut a layer's products into three segments. The option step_order=0 keeps the plan's order.
+std::vector<size_t> ShapeFamily::step_order(const Plan& p, const std::function<bool(size_t)>& fixed,
+                                        bool reorder) {
   const size_t n = p.steps.size();
   auto plan_order = [n] {
     std::vector<size_t> o(n);
     std::iota(o.begin(), o.end(), size_t{0});
     return o;
   };
-  if (!ops::env_switch_on("ORT_MLX_STEP_ORDER")) return plan_order();
+  if (!reorder) return plan_order();
   std::vector<size_t> order;
   order.reserve(n);
   std::vector<int> producer(p.num_slots, -1);
@@ -79,9 +79,24 @@ std::vector<size_t> Program::step_order(const Plan& p, const std::function<bool(
   return order.size() == n ? order : plan_order();  // (a plan has no cycle; were there one)
 }
 
-std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
-                                                        const StepInfos& b) const {
-  const Plan& p = *top_;
+void ShapeFamily::observe(const Plan& p, const Layout& layout, mx::Device device, StepInfos steps,
+                          const IsConstant& is_constant) {
+  if (last_steps_ && last_steps_->first == layout) {
+    family_ = find(p, last_steps_->second, steps, is_constant);
+    if (family_) {
+      family_->layout = layout;
+      family_->device = device;
+    }
+  }
+  if (family_)
+    last_steps_.reset();
+  else
+    last_steps_.emplace(layout, std::move(steps));
+}
+
+std::unique_ptr<ShapeFamily::Piecewise> ShapeFamily::find(const Plan& p, const StepInfos& a,
+                                                          const StepInfos& b,
+                                                          const IsConstant& is_constant) const {
   if (a.size() != p.steps.size() || b.size() != p.steps.size()) return nullptr;
   // A segment of one step saves its translation but fuses nothing: not worth a compile.
   constexpr size_t kMinSegmentSteps = 2;
@@ -92,7 +107,7 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
       if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return false;
     return true;
   };
-  if (opt_.log_level >= 2)
+  if (log_level_ >= 2)
     for (size_t k = 0; k < p.steps.size(); ++k)
       if (!stays(k))
         std::cerr << "[MLX EP] " << where_ << ": shape family: " << p.graph->nodes[k].describe()
@@ -102,7 +117,7 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
                                                  : "its shapes change")
                   << ")\n";
   auto pw = std::make_unique<Piecewise>();
-  pw->order = step_order(p, stays);
+  pw->order = step_order(p, stays, step_order_);
   const auto& order = pw->order;
   const size_t n = order.size();
   // The last position that reads each slot (its bodies' outer values included), and the group's
@@ -131,7 +146,7 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
         for (size_t i = 0; i < io.in.size(); ++i) {
           int sl = io.in[i];
           // Constants are not arguments: the trace reads them as they are (see Run).
-          if (sl < 0 || produced.count(sl) || is_constant_slot(p, sl) || !taken.insert(sl).second)
+          if (sl < 0 || produced.count(sl) || is_constant(sl) || !taken.insert(sl).second)
             continue;
           seg.in_slots.push_back(sl);
           seg.in_shapes.push_back(a[order[j]].shapes[i]);
@@ -156,7 +171,7 @@ std::unique_ptr<Program::Piecewise> Program::find_family(const StepInfos& a,
   size_t device_steps = 0;
   for (size_t k = 0; k < p.steps.size(); ++k) device_steps += !(a[k].host && b[k].host);
   if (pw->segments.empty() || fixed_steps * 4 < device_steps) return nullptr;
-  if (opt_.log_level >= 1)
+  if (log_level_ >= 1)
     std::cerr << "[MLX EP] " << where_ << ": shape family: " << pw->segments.size()
               << " compiled segment(s) over " << fixed_steps << " of " << p.steps.size()
               << " steps, the rest eager\n";

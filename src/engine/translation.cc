@@ -20,6 +20,7 @@
 #include "engine/program.h"
 #include "engine/program_run.h"
 #include "ops/lowp.h"
+#include "ops/switches.h"
 
 namespace ortmlx::engine {
 
@@ -96,6 +97,8 @@ std::optional<std::vector<mx::array>> Program::fold_on_host(
 void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, Run& run,
                         size_t begin, size_t end, const std::vector<size_t>* order) const {
   const bool top = &p == top_.get();
+  const ops::SwitchesScope switches(
+      {opt_.fused_rotary, opt_.zero_bias, opt_.grouped_kv, opt_.cpu_gemv});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
     Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};
@@ -272,7 +275,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     }
     // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
     if (top && run.steps)
-      record_step(k, io, slots, host_step,
+      ShapeFamily::record_step(k, io, slots, host_step,
                   run.read_calls - reads_before != run.constant_reads - constant_reads_before, *run.steps);
   }
 }
@@ -306,7 +309,7 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
   return result;
 }
 
-Program::Layout Program::layout_of(const std::vector<HostTensor>& raw) {
+Layout Program::layout_of(const std::vector<HostTensor>& raw) {
   Layout layout;
   for (const auto& t : raw)
     layout.push_back(t.kind == HostTensor::Kind::Tensor ? -1

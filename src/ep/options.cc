@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 namespace ortmlx::ep {
 
@@ -35,7 +36,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
   static const char* known[] = {"device", "compile", "cache_size", "compile_after", "log_level",
                                 "report_path", "memory_limit_mb", "cache_limit_mb",
                                 "device_memory", "tf32", "int8_emulation", "shape_family", "host_fold",
-                                "index_check", "gpu_kernels", "inplace_rows"};
+                                "index_check", "step_order", "fused_rotary", "zero_bias",
+                                "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -58,10 +60,14 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.host_fold = to_int("host_fold", v, 0, 1);
   if (auto v = lookup(entries, "index_check"); !v.empty())
     o.engine.index_check = to_int("index_check", v, 0, 1);
-  if (auto v = lookup(entries, "inplace_rows"); !v.empty())
-    o.engine.inplace_rows = to_int("inplace_rows", v, 0, 1);
-  if (auto v = lookup(entries, "gpu_kernels"); !v.empty())
-    o.engine.gpu_kernels = to_int("gpu_kernels", v, 0, 1);
+  for (auto [key, flag] : {std::pair{"step_order", &o.engine.step_order},
+                           std::pair{"fused_rotary", &o.engine.fused_rotary},
+                           std::pair{"zero_bias", &o.engine.zero_bias},
+                           std::pair{"grouped_kv", &o.engine.grouped_kv},
+                           std::pair{"cpu_gemv", &o.engine.cpu_gemv},
+                           std::pair{"gpu_kernels", &o.engine.gpu_kernels},
+                           std::pair{"inplace_rows", &o.engine.inplace_rows}})
+    if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));
   o.report_path = lookup(entries, "report_path");

@@ -1,4 +1,5 @@
 #include "ops/common.h"
+#include "ops/switches.h"
 #include "kernels/cpu/kernels.h"
 
 #include <mlx/primitives.h>
@@ -47,10 +48,17 @@ mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s) {
   return a.dtype() == d ? a : mx::astype(a, d, s);
 }
 
-bool env_switch_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && v[0] == '0' && v[1] == '\0');
+namespace {
+thread_local TranslationSwitches current_switches;
+}  // namespace
+
+const TranslationSwitches& translation_switches() { return current_switches; }
+
+SwitchesScope::SwitchesScope(const TranslationSwitches& s)
+    : prev_(current_switches), kernels_(s.cpu_kernels) {
+  current_switches = s;
 }
+SwitchesScope::~SwitchesScope() { current_switches = prev_; }
 
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
   return s.device == mx::Device::cpu && (a.dtype() == mx::float16 || a.dtype() == mx::bfloat16);

@@ -38,9 +38,6 @@ mx::array cast_to(const mx::array& a, DType t, mx::StreamOrDevice s);
 // Computes in float32 when the input is fp16/bf16 on the CPU backend, where MLX's half
 // precision kernels are reference loops (setup.md measured 20-100x slower matmuls).
 bool compute_half_in_f32(const mx::array& a, mx::Stream s);
-// An EP switch in the environment (ORT_MLX_CPU_GEMV, ORT_MLX_FUSED_ROTARY, ...): on unless set
-// to exactly "0". Read at each call, so a benchmark can switch it between sessions.
-bool env_switch_on(const char* name);
 mx::array scalar_like(double v, const mx::array& like);
 // Concatenation along `axis` that leaves out the inputs empty along it while another input is
 // not empty (the result is the same). Why: on MLX's CUDA backend a fused graph that touches a

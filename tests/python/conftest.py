@@ -26,3 +26,28 @@ def _data_seeded_by_test(request):
             if isinstance(getattr(mod, "rng", None), np.random.Generator):
                 mod.rng = np.random.default_rng(seed)
     yield
+
+
+def pytest_addoption(parser):
+    parser.addoption("--param-stride", type=int, default=1,
+                     help="run every Nth parametrized case of each test function (its first "
+                          "always): scripts/test --quick's slice. Default 1: all of them.")
+
+
+def pytest_collection_modifyitems(config, items):
+    """--param-stride N keeps, per test function, its cases 0, N, 2N, ... in collection order, so
+    every test function still runs (each case's data does not depend on which others run: see
+    _data_seeded_by_test)."""
+    stride = config.getoption("--param-stride")
+    if stride <= 1:
+        return
+    seen: dict = {}
+    keep, drop = [], []
+    for item in items:
+        key = (str(item.path), getattr(item, "originalname", item.name))
+        i = seen.get(key, 0)
+        seen[key] = i + 1
+        (keep if i % stride == 0 else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

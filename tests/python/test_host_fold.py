@@ -217,16 +217,21 @@ def test_zero_attention_bias_is_left_out(tmp_path, monkeypatch):
     assert np.abs(padded - left_out).max() > 1e-2
 
 
-def test_family_orders_fixed_steps_together(tmp_path, monkeypatch):
+@pytest.mark.parametrize("given_as", ["option", "env"])
+def test_family_orders_fixed_steps_together(tmp_path, monkeypatch, given_as):
     """A shape family takes the steps in a topological order that puts fixed steps as early as
     their inputs allow: in the fp16 Llama each layer's products and rotary nodes are otherwise cut
     into three segments by the folded shape arithmetic of the attention between them (plan order,
-    ORT_MLX_STEP_ORDER=0). Fewer segment calls a step, fewer arrays (the q and k rotary rows are
-    one gather inside one compiled segment), the same logits."""
+    step_order=0, as a provider option or as its alias ORT_MLX_STEP_ORDER=0). Fewer segment calls
+    a step, fewer arrays (the q and k rotary rows are one gather inside one compiled segment), the
+    same logits."""
     model = LLM / "llama-fp16"
-    monkeypatch.setenv("ORT_MLX_STEP_ORDER", "0")
-    plan, st_plan = _padded_decode(model, 1, 8, tmp_path / "plan.jsonl")
-    monkeypatch.setenv("ORT_MLX_STEP_ORDER", "1")
+    if given_as == "env":
+        monkeypatch.setenv("ORT_MLX_STEP_ORDER", "0")
+        plan, st_plan = _padded_decode(model, 1, 8, tmp_path / "plan.jsonl")
+        monkeypatch.delenv("ORT_MLX_STEP_ORDER")
+    else:
+        plan, st_plan = _padded_decode(model, 1, 8, tmp_path / "plan.jsonl", step_order="0")
     grouped, st_grouped = _padded_decode(model, 1, 8, tmp_path / "grouped.jsonl")
     np.testing.assert_array_equal(grouped, plan)
     assert st_grouped["piecewise_runs"] >= 6 and st_plan["piecewise_runs"] == st_grouped["piecewise_runs"]

@@ -10,7 +10,6 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
-#include "ops/common.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -25,7 +24,6 @@ using SgemvFn = void (*)(int order, int trans, int m, int n, float alpha, const 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 SgemvFn find_sgemv() {
-  if (!cpu_row_kernels_enabled()) return nullptr;
   // libmlx's own scope first (itself and its DT_NEEDED libraries: the BLAS behind its sgemm),
   // then the global scope. ORT loads the EP with RTLD_LOCAL, so the global one may not see it.
   Dl_info info{};
@@ -189,7 +187,7 @@ class RowGemv : public mx::Primitive {
 
 }  // namespace
 
-bool cpu_gemv_available() { return sgemv() != nullptr; }
+bool cpu_gemv_available() { return cpu_row_kernels_enabled() && sgemv() != nullptr; }
 
 bool cpu_has_avx2_fma() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -200,15 +198,18 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
-bool cpu_row_kernels_enabled() {
-  // ORT_MLX_CPU_GEMV=0 lets a benchmark or a bisection compare with MLX's own paths.
-  static const bool on = env_switch_on("ORT_MLX_CPU_GEMV");
-  return on;
-}
+namespace {
+thread_local bool row_kernels_on = true;
+}  // namespace
+
+bool cpu_row_kernels_enabled() { return row_kernels_on; }
+
+RowKernelsScope::RowKernelsScope(bool on) : prev_(row_kernels_on) { row_kernels_on = on; }
+RowKernelsScope::~RowKernelsScope() { row_kernels_on = prev_; }
 
 std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
                                       bool small_products) {
-  if (s.device != mx::Device::cpu || !sgemv()) return std::nullopt;
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !sgemv()) return std::nullopt;
   if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() < 2 || x.ndim() < 1)
     return std::nullopt;
   const int K = w.shape(-2), N = w.shape(-1);

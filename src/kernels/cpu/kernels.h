@@ -27,10 +27,22 @@ namespace mx = mlx::core;
 std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
                                       bool small_products = false);
 
-// Whether the gemv path is available in this process (a CBLAS sgemv was found).
+// Whether the gemv path is available: a CBLAS sgemv was found and the kernels are on (below).
 bool cpu_gemv_available();
-// False when the environment sets ORT_MLX_CPU_GEMV=0: both row kernels are then off.
+// Whether the EP's CPU kernels (all of this header) may run: the engine option cpu_gemv
+// (env ORT_MLX_CPU_GEMV), set for the calling thread's translation by a RowKernelsScope (the
+// kernels are reached from helpers that take only a stream). On outside any scope.
 bool cpu_row_kernels_enabled();
+class RowKernelsScope {
+ public:
+  explicit RowKernelsScope(bool on);
+  ~RowKernelsScope();
+  RowKernelsScope(const RowKernelsScope&) = delete;
+  RowKernelsScope& operator=(const RowKernelsScope&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // One float32 row times a 4-bit blockwise-quantized weight in MatMulNBits's layout, on MLX's CPU
 // stream: y[n] = sum_b scales[n, b] * (q[n, b, :] . x_b) + zbias[n, b] * sum(x_b), with

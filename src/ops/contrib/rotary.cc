@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ops/contrib/contrib_internal.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -88,9 +89,8 @@ mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const m
   auto rot = rotary_dim == H ? xc : slice_last(xc, 0, rotary_dim, s);
   auto c2 = mx::astype(cos2, ct, s), s2 = mx::astype(sin2, ct, s);
   mx::array out = rot;
-  // ORT_MLX_FUSED_ROTARY=0 keeps the eager four-kernel form (read per translation: a benchmark
-  // compares the two in one process).
-  if (env_switch_on("ORT_MLX_FUSED_ROTARY")) {
+  // The option fused_rotary=0 keeps the eager four-kernel form (for comparisons).
+  if (translation_switches().fused_rotary) {
     // Same products and sum as below, so the same roundings (up to the fused kernel's FMA).
     auto halves = [&](const mx::array& a) {
       auto shp = a.shape();

@@ -1,0 +1,36 @@
+// Engine options that choose between two exact translations of the same nodes (README
+// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv), as translators and their helpers
+// read them. The engine sets them for each translation (Program::run_steps, a SwitchesScope);
+// outside one (a C++ test calling a translator directly) every switch is on, the default.
+// Thread-local rather than an EngineHooks field: the rotary rotation and the CPU kernels are
+// reached from helpers that take only a stream.
+#pragma once
+
+#include "kernels/cpu/kernels.h"
+
+namespace ortmlx::ops {
+
+struct TranslationSwitches {
+  bool fused_rotary = true;  // rotary halves as one compiled kernel (contrib/rotary.cc)
+  bool zero_bias = true;     // attention leaves out a bias known to be all zeros (known_all_zero)
+  bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
+  bool cpu_kernels = true;   // the EP's CPU kernels (kernels/cpu/kernels.h)
+};
+
+// The calling thread's current switches.
+const TranslationSwitches& translation_switches();
+
+// Sets the calling thread's switches until destroyed (nests: restores the previous ones).
+class SwitchesScope {
+ public:
+  explicit SwitchesScope(const TranslationSwitches& s);
+  ~SwitchesScope();
+  SwitchesScope(const SwitchesScope&) = delete;
+  SwitchesScope& operator=(const SwitchesScope&) = delete;
+
+ private:
+  TranslationSwitches prev_;
+  RowKernelsScope kernels_;
+};
+
+}  // namespace ortmlx::ops

@@ -1,0 +1,149 @@
+"""The engine options that choose between two exact translations (README "Options": step_order,
+fused_rotary, zero_bias, grouped_kv, cpu_gemv) reach the code they switch, given as a provider
+option or through their environment alias (ORT_MLX_<NAME>), and change nothing in the results.
+Each test sees the switch's effect in what MLX evaluates (log_level=3 names every primitive of an
+evaluation). step_order: test_host_fold.py (test_family_orders_fixed_steps_together), on a
+decoder whose graph order cuts its fixed steps apart."""
+import re
+from collections import Counter
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxruntime_mlx as om
+from oracle import run_cpu
+
+rng = np.random.default_rng(7)
+MS = "com.microsoft"
+
+
+@pytest.fixture(params=["option", "env"])
+def switch(request, monkeypatch):
+    """switch(name, value) -> provider options: the option itself, or {} with its environment
+    alias set instead."""
+    def set_switch(name, value):
+        if request.param == "env":
+            monkeypatch.setenv("ORT_MLX_" + name.upper(), str(value))
+            return {}
+        return {name: str(value)}
+    return set_switch
+
+
+def _session(model, capfd=None, **options):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so = om.record_assignment(om.session_options("cpu", fallback=False, so=so, **options))
+    sess = ort.InferenceSession(model.SerializeToString(), sess_options=so)
+    assert set(om.placement(sess)) == {om.EP_NAME}, om.placement(sess)
+    return sess
+
+
+def _evaluated(capfd, model, feeds, **options):
+    """The outputs of one run on the MLX EP and the primitives its evaluation ran, by name."""
+    sess = _session(model, log_level=3, **options)
+    capfd.readouterr()
+    outs = sess.run(None, feeds)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+    assert lines, "log_level=3 printed no evaluation"
+    prims = Counter()
+    for name, n in re.findall(r" (\S+)=(\d+)", lines[-1].split("evaluates:", 1)[1]):
+        prims[name] += int(n)
+    return outs, prims
+
+
+def _model(nodes, inputs, outputs, inits=(), ms=False):
+    g = helper.make_graph(nodes, "switch", inputs, outputs, list(inits))
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(MS, 1)] if ms else [])
+    m = helper.make_model(g, opset_imports=opsets)
+    m.ir_version = 8
+    return m
+
+
+def _f32(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_cpu_gemv(capfd, switch):
+    """One row times a weight: the EP's sgemv kernel (RowGemv) by default, MLX's Matmul with
+    cpu_gemv=0."""
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_f32("x", [1, 64])], [_f32("y", None)],
+                   [numpy_helper.from_array(w, "w")])
+    feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32)}
+    ref = run_cpu(model, feeds)[0]
+    (on,), p_on = _evaluated(capfd, model, feeds)
+    (off,), p_off = _evaluated(capfd, model, feeds, **switch("cpu_gemv", 0))
+    assert p_on["RowGemv"] == 1 and p_on["Matmul"] == 0, p_on
+    assert p_off["RowGemv"] == 0 and p_off["Matmul"] == 1, p_off
+    for y in (on, off):
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_rotary(capfd, switch):
+    """RotaryEmbedding's halves rotation: one compiled kernel by default, separate multiply/add
+    kernels with fused_rotary=0. The same roundings: equal results."""
+    B, S, N, H = 1, 3, 2, 16
+    ang = np.outer(np.arange(8), 1.0 / 10000.0 ** (np.arange(0, H, 2) / H))
+    inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=MS, num_heads=N)
+    model = _model([node], [_f32("x", [B, S, N * H]), helper.make_tensor_value_info("pos", TensorProto.INT64, [B, S])],
+                   [_f32("y", None)], inits, ms=True)
+    feeds = {"x": rng.standard_normal((B, S, N * H)).astype(np.float32),
+             "pos": np.array([[2, 3, 4]], np.int64)}
+    ref = run_cpu(model, feeds)[0]
+    (on,), p_on = _evaluated(capfd, model, feeds)
+    (off,), p_off = _evaluated(capfd, model, feeds, **switch("fused_rotary", 0))
+    compiled = lambda p: sum(n for name, n in p.items() if name.startswith("Compiled"))  # noqa: E731
+    assert compiled(p_on) == 1 and compiled(p_off) == 0, (p_on, p_off)
+    assert p_off["Multiply"] >= p_on["Multiply"] + 2, (p_on, p_off)
+    np.testing.assert_array_equal(on, off)
+    np.testing.assert_allclose(on, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_bias(capfd, switch):
+    """MultiHeadAttention with an attention_bias that is a constant of zeros: left out by
+    default (no array added to the scores), added with zero_bias=0. The same results."""
+    B, S, N, H = 1, 2, 2, 8
+    bias = numpy_helper.from_array(np.zeros((1, N, S, S), np.float32), "attention_bias")
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "attention_bias"], ["y"],
+                            domain=MS, num_heads=N)
+    model = _model([node], [_f32(n, [B, S, N * H]) for n in ("q", "k", "v")], [_f32("y", None)], [bias], ms=True)
+    feeds = {n: rng.standard_normal((B, S, N * H)).astype(np.float32) for n in ("q", "k", "v")}
+    ref = run_cpu(model, feeds)[0]
+    (on,), p_on = _evaluated(capfd, model, feeds)
+    (off,), p_off = _evaluated(capfd, model, feeds, **switch("zero_bias", 0))
+    assert sum(p_off.values()) > sum(p_on.values()), (p_on, p_off)
+    np.testing.assert_allclose(on, off, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(on, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_kv(capfd, switch):
+    """MultiHeadAttention over the exporters' repeated K/V: the grouped cache under it by
+    default, the repeated heads as given with grouped_kv=0 (more primitives: the repetition)."""
+    from test_grouped_kv import _feeds, _model as grouped_kv_model
+    import onnx
+    model = onnx.load_from_string(grouped_kv_model(4, "exporter", 0))
+    feeds = _feeds(4, 1, 7)
+    ref = run_cpu(model, feeds)
+    on, p_on = _evaluated(capfd, model, feeds)
+    off, p_off = _evaluated(capfd, model, feeds, **switch("grouped_kv", 0))
+    assert sum(p_off.values()) > sum(p_on.values()), (p_on, p_off)
+    for a, b, r in zip(on, off, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_switch_values_are_checked(capfd):
+    """0 and 1 only: anything else fails the EP's creation with a message naming the option (ORT's
+    Python layer prints it and retries on the CPU EP alone)."""
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [2])], [_f32("y", None)])
+    for name in ("step_order", "fused_rotary", "zero_bias", "grouped_kv", "cpu_gemv"):
+        so = om.session_options("cpu", **{name: "2"})
+        with pytest.warns(UserWarning):
+            s = ort.InferenceSession(model.SerializeToString(), sess_options=so)
+        assert om.EP_NAME not in s.get_providers()
+        out, err = capfd.readouterr()
+        assert f"option '{name}': '2' is not an integer in [0, 1]" in out + err
