@@ -140,8 +140,13 @@ def test_switch_values_are_checked(capfd):
     """0 and 1 only: anything else fails the EP's creation with a message naming the option (ORT's
     Python layer prints it and retries on the CPU EP alone)."""
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [2])], [_f32("y", None)])
-    for name in ("step_order", "fused_rotary", "zero_bias", "grouped_kv", "cpu_gemv"):
-        so = om.session_options("cpu", **{name: "2"})
+    for name in ("step_order", "fused_rotary", "zero_bias", "grouped_kv", "cpu_gemv", "gpu_kernels",
+                 "inplace_rows"):
+        with pytest.raises(om.OptionError, match=name):  # the package checks before ORT sees it
+            om.session_options("cpu", **{name: "2"})
+        om.register()
+        so = ort.SessionOptions()  # and the EP itself, given the value through ORT directly
+        so.add_provider_for_devices(om.ep_devices("cpu"), {name: "2"})
         with pytest.warns(UserWarning):
             s = ort.InferenceSession(model.SerializeToString(), sess_options=so)
         assert om.EP_NAME not in s.get_providers()
