@@ -291,6 +291,9 @@ std::string Program::signature_with(const std::vector<HostTensor>& raw,
   return sig;
 }
 
+// Long: the run's modes (probe, eager, compiled replay, piecewise family segments, the GPU's
+// zero-size fallback) share the argument list, the lock and eval_all, and each falls through to
+// the next; the modes' own work lives in translation.cc and shape_family.cc.
 std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   if (raw.size() != input_names_.size())
     throw std::invalid_argument("[MLX EP] fused node '" + name_ + "' expects " +

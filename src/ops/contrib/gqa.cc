@@ -83,6 +83,9 @@ Support check_gqa(const NodeQuery& q) {
   return Support::yes();
 }
 
+// One function, though long: the node's forms (packed or separate QKV, rotary, first prompt,
+// growing past or shared buffer, window, bias, sinks) are decided in order and each decision
+// feeds the later ones; as separate steps they would hand a dozen values between them.
 Outputs translate_gqa(OpContext& c) {
   const auto& n = c.node;
   const int N = static_cast<int>(n.attr_int("num_heads", 0));

@@ -65,6 +65,8 @@ bool float_attr(const graph::Node& n, const std::string& name, std::vector<doubl
 }
 
 // TreeEnsembleRegressor / TreeEnsembleClassifier (ai.onnx.ml 1 and 3).
+// Long because the legacy encoding spreads one tree over parallel attribute arrays that are
+// validated and cross-indexed together (ids, modes, children, weights); kept in one pass.
 std::optional<Forest> build_legacy(const graph::Node& n, bool classifier, std::string* why) {
   Forest f;
   const char* pre = classifier ? "class_" : "target_";

@@ -77,6 +77,8 @@ Support check_roi_align(const NodeQuery& q) {
   return Support::yes();
 }
 
+// Long because the sampling grid (its size per roi, the coordinate transformation, the bilinear
+// weights, samples outside the map) is built in one pass over shared intermediates.
 Outputs translate_roi_align(OpContext& c) {
   const auto s = c.s;
   const auto& n = c.node;

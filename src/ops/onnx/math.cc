@@ -100,6 +100,8 @@ void sum_out(Operand& op, const std::set<int>& keep, mx::Stream s) {
   op.labels = std::move(labels);
 }
 
+// Long because the equation is parsed, checked against the operands and lowered (diagonals,
+// reductions, one contraction) in one pass over the same label tables.
 Outputs translate_einsum(OpContext& c) {
   Equation eq;
   if (auto e = parse_equation(c.node.attr_string("equation", ""), eq); !e.empty()) c.fail(e);

@@ -240,6 +240,9 @@ Support check_recurrent(const NodeQuery& q, Cell k) {
   return Support::yes();
 }
 
+// One function for RNN, GRU and LSTM, though long: the shared attribute and input handling
+// (directions, sequence lengths, initial states, clip, activations) and the unrolled loop differ
+// only in the cell, so splitting it would duplicate that handling per op.
 Outputs translate_recurrent(OpContext& c, Cell k) {
   const auto& n = c.node;
   const mx::Stream s = c.s;
