@@ -98,7 +98,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
                         size_t begin, size_t end, const std::vector<size_t>* order) const {
   const bool top = &p == top_.get();
   const ops::SwitchesScope switches(
-      {opt_.fused_rotary, opt_.zero_bias, opt_.grouped_kv, opt_.cpu_gemv});
+      {opt_.fused_rotary, opt_.zero_bias, opt_.grouped_kv, opt_.cpu_gemv, opt_.gpu_kernels});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
     Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};
@@ -152,7 +152,6 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
         opt_.int8_emulation == 1 || (opt_.int8_emulation < 0 && run.s.device == mx::Device::cpu);
     hooks.is_constant = [&](size_t i) { return i < io.in.size() && is_constant_slot(p, io.in[i]); };
     hooks.index_checks = opt_.index_check;
-    hooks.gpu_kernels = opt_.gpu_kernels;
     hooks.index_diagnose = index_check::diagnosing();
     hooks.index_flag = [&](const mx::array& bad) { run.index_flags.push_back(bad); };
     hooks.constant_value = [&](size_t i) -> std::optional<mx::array> {

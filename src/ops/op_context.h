@@ -120,8 +120,6 @@ struct EngineHooks {
   bool emulate_int8_activations = true;
   // Index tensors (OpContext::checked_indices). Off: indices are only clipped (no error).
   bool index_checks = true;
-  // The EP's own GPU kernels where a translator has one (kernels/cuda): off, MLX's ops only.
-  bool gpu_kernels = true;
   // Set while the engine re-translates a run whose flag came back set: check on the host now.
   bool index_diagnose = false;
   // Takes a scalar bool, true when some run-time index is out of range; the engine evaluates
@@ -169,7 +167,6 @@ class OpContext {
                                        const std::function<std::vector<mx::array>()>& make) const;
   bool is_constant(size_t i) const { return hooks_ && hooks_->is_constant && hooks_->is_constant(i); }
   bool emulate_int8_activations() const { return !hooks_ || hooks_->emulate_int8_activations; }
-  bool gpu_kernels() const { return !hooks_ || hooks_->gpu_kernels; }
 
   // Sequences and optionals. `given(i)`: input i is there, of any kind (has(i) is true only
   // for tensors). A translator producing a non-tensor output j calls set_output(j, v); the

@@ -1,5 +1,5 @@
 // Engine options that choose between two exact translations of the same nodes (README
-// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv), as translators and their helpers
+// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels), as translators and their helpers
 // read them. The engine sets them for each translation (Program::run_steps, a SwitchesScope);
 // outside one (a C++ test calling a translator directly) every switch is on, the default.
 // Thread-local rather than an EngineHooks field: the rotary rotation and the CPU kernels are
@@ -15,6 +15,7 @@ struct TranslationSwitches {
   bool zero_bias = true;     // attention leaves out a bias known to be all zeros (known_all_zero)
   bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
   bool cpu_kernels = true;   // the EP's CPU kernels (kernels/cpu/kernels.h)
+  bool gpu_kernels = true;   // the EP's CUDA kernels where an op has one (kernels/cuda)
 };
 
 // The calling thread's current switches.

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/decode_attention.h"
 #include "ops/contrib/attention_core.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -225,7 +226,7 @@ Outputs translate_gqa(OpContext& c) {
   // A decode step into the shared buffer on a CUDA GPU: the one-row kernel attends to the
   // buffer's first seqlens_k rows plus the step's own key, so no mask array is built.
   std::optional<mx::array> buffer_out;
-  if (buffer_step && c.gpu_kernels() && softcap <= 0.f && !c.has(10) && !c.has(11) &&
+  if (buffer_step && translation_switches().gpu_kernels && softcap <= 0.f && !c.has(10) && !c.has(11) &&
       n.attr_int("smooth_softmax", -1) != 1 && Q.dtype() == past_k->dtype())
     buffer_out = kernels::cuda::decode_attention(
         mx::reshape(Q, {B, N, H}, c.s), mx::reshape(K, {B, Nkv, H}, c.s), mx::reshape(V, {B, Nkv, H}, c.s),
