@@ -1,5 +1,8 @@
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -190,6 +193,13 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
     *ep = nullptr;
     // session_options is valid only during this call: parse everything now.
     EpOptions opts = parse_options(provider_options(session_options));
+    if (!opts.report_path.empty()) {
+      // Fail now, naming the path, rather than drop every report line later.
+      std::ofstream probe(opts.report_path, std::ios::app);
+      if (!probe)
+        throw std::invalid_argument("option report_path: '" + opts.report_path +
+                                    "' cannot be opened for appending (" + std::strerror(errno) + ")");
+    }
     bool any_gpu = false;
     for (size_t i = 0; i < num_devices; ++i)
       any_gpu |= g_ort->HardwareDevice_Type(devices[i]) == OrtHardwareDeviceType_GPU;

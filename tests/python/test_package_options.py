@@ -187,3 +187,19 @@ def test_old_onnxruntime_is_refused_at_import(tmp_path):
     assert r.returncode != 0
     assert "onnxruntime_mlx needs onnxruntime >= 1.23" in r.stderr
     assert "onnxruntime 1.20.1 is installed" in r.stderr
+
+
+def test_unwritable_report_path_fails_session_creation(tmp_path):
+    """A report_path the EP cannot append to fails the session, naming the path (instead of the
+    report lines being dropped silently at the end)."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    bad = tmp_path / "no such folder" / "report.jsonl"
+    with pytest.raises(Exception, match="report_path.*no such folder"):
+        om.InferenceSession(model.SerializeToString(), "cpu", report_path=str(bad))
+    good = tmp_path / "report.jsonl"
+    sess = om.InferenceSession(model.SerializeToString(), "cpu", report_path=str(good))
+    assert sess.run(None, {"x": np.array([-1.0, 2.0], np.float32)})[0].tolist() == [0.0, 2.0]
