@@ -343,14 +343,42 @@ def InferenceSession(model, device: str = "auto", *, fallback: bool = True,  # n
     return check_session(ort.InferenceSession(model, sess_options=so, enable_fallback=0))
 
 
-def placement(session: ort.InferenceSession) -> dict[str, list[tuple[str, str]]]:
+def placement(session: ort.InferenceSession, model=None) -> dict[str, list[tuple[str, str]]]:
     """Node placement as ORT itself reports it: {ep_name: [(node_name, op_type), ...]}.
 
     The session must have been created with
-    session.record_ep_graph_assignment_info=1 (see assignment_options())."""
+    session.record_ep_graph_assignment_info=1 (see assignment_options()). ORT reports the nodes
+    of the main graph only; given the model (a path, bytes or an onnx.ModelProto), the nodes
+    inside If/Loop/Scan bodies are listed too, under their control-flow node's EP (an EP that
+    claims such a node runs its bodies as part of it), named "parent/attribute/node"."""
     out: dict[str, list[tuple[str, str]]] = {}
     for sub in session.get_provider_graph_assignment_info():
         out.setdefault(sub.ep_name, []).extend((n.name, n.op_type) for n in sub.get_nodes())
+    if model is None:
+        return out
+    import onnx
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, (bytes, bytearray)):
+        proto = onnx.load_from_string(bytes(model))
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
+    ep_of = {name: ep for ep, nodes in out.items() for name, _ in nodes}
+
+    def bodies(node, prefix):
+        for attr in node.attribute:
+            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for g in graphs:
+                for inner in g.node:
+                    name = f"{prefix}/{attr.name}/{inner.name or inner.op_type}"
+                    yield name, inner
+                    yield from bodies(inner, name)
+
+    for node in proto.graph.node:
+        ep = ep_of.get(node.name)
+        if ep is None:
+            continue
+        out[ep].extend((name, inner.op_type) for name, inner in bodies(node, node.name))
     return out
 
 

@@ -381,3 +381,18 @@ def test_loop_without_m_and_cond_is_declined():
     so = om.record_assignment(om.session_options(DEVICE, fallback=True))
     s = ort.InferenceSession(m.SerializeToString(), sess_options=so)
     assert om.EP_NAME not in om.placement(s)
+
+
+def test_placement_accounts_for_body_nodes():
+    """placement(session, model) lists the nodes inside an If's branches under the EP that claimed
+    the If: here MLX, with fallback off, so they ran there."""
+    m = if_on_int64_model()
+    m.graph.node[-1].name = "branch"
+    s = mlx_session(m)
+    plain = om.placement(s)
+    full = om.placement(s, m)
+    body = sorted(n for n, _ in full[om.EP_NAME] if n not in {x for x, _ in plain[om.EP_NAME]})
+    assert body == ["branch/else_branch/Constant", "branch/else_branch/Mul",
+                    "branch/then_branch/Add", "branch/then_branch/Constant",
+                    "branch/then_branch/Mul"], body
+    assert set(full) == {om.EP_NAME}
