@@ -2,9 +2,8 @@
 //
 // Why: MLX's CPU Matmul always calls sgemm. For a single row (every decode step of an LLM) the
 // BLAS we link (Debian's OpenBLAS 0.3.21) packs the whole weight matrix on every sgemm call, and
-// sgemv does not: measured on this 2-core machine, x[1,512] @ W[512,1536] took 269 us through
-// sgemm and 73 us through sgemv; [1,512] @ [512,32000] 6.2 ms vs 3.2 ms. Weight reads are the
-// decode step, so this is most of its time.
+// sgemv does not (several times faster for decode-sized rows; the A/B is in
+// docs/performance.md). Weight reads are the decode step, so this is most of its time.
 #pragma once
 
 #include <cstdint>
