@@ -60,8 +60,7 @@ std::string device_memory_line() {
     << ",\"outputs_rows_in_place\":" << c.outputs_rows_in_place
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
     << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
-    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d
-    << ",\"decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes() << "}}\n";
+    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
   return f.str();
 }
 
