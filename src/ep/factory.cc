@@ -337,7 +337,7 @@ __attribute__((visibility("default"))) OrtStatus* CreateEpFactories(
   g_ort = api;
   g_ep_api = api->GetEpApi();
   return guard("CreateEpFactories", [&] {
-    // MLX's CUDA caches (graphs, kernels) throw "Cache thrashing" after 2x their capacity of
+    // MLX's CUDA LRU caches (its CUDA graph cache among them) throw "Cache thrashing" after 2x their capacity of
     // misses in a row, which fails a run over a stream of new shapes (long decode, varied
     // batches); an eviction is only slower. Set before MLX's GPU device exists; a value the
     // user exported wins (overwrite=0).

@@ -51,7 +51,8 @@ print("runs", runs)
 
 def run_stream(shapes_per_batch, **env):
     full = dict(os.environ, MLX_CUDA_GRAPH_CACHE_SIZE="4",
-                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "python"),
+                                                     os.environ.get("PYTHONPATH")])))
     full.pop("MLX_ENABLE_CACHE_THRASHING_CHECK", None)
     full.update(env)
     return subprocess.run([sys.executable, "-c", WORKER, str(shapes_per_batch)], env=full,
