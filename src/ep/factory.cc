@@ -337,9 +337,9 @@ __attribute__((visibility("default"))) OrtStatus* CreateEpFactories(
   g_ort = api;
   g_ep_api = api->GetEpApi();
   return guard("CreateEpFactories", [&] {
-    // MLX's CUDA LRU caches (its CUDA graph cache among them) throw "Cache thrashing" after 2x their capacity of
-    // misses in a row, which fails a run over a stream of new shapes (long decode, varied
-    // batches); an eviction is only slower. Set before MLX's GPU device exists; a value the
+    // MLX's shape-keyed CUDA LRU caches (convolution plans, cuDNN attention graphs) throw
+    // "Cache thrashing" after 2x their capacity of misses in a row, which fails a run over a
+    // stream of new shapes (varied image or batch sizes); an eviction is only slower. Set before MLX's GPU device exists; a value the
     // user exported wins (overwrite=0).
     ::setenv("MLX_ENABLE_CACHE_THRASHING_CHECK", "0", /*overwrite=*/0);
     if (max_factories < 1) throw std::invalid_argument("no room for a factory");
