@@ -82,6 +82,7 @@ OPTIONS: dict[str, tuple] = {
     "device_memory": (0, 2),
     "tf32": (0, 1),
     "int8_emulation": (0, 1, "auto"),
+    "profile_ops": (0, 1),
 }
 
 

@@ -16,6 +16,7 @@ COMMANDS = {
     "conformance": ("conformance", "run ONNX's backend node tests through the MLX EP"),
     "ops-doc": ("opsdoc", "print the supported-ops table (docs/ops.md) from the op registry"),
     "run": ("runner", "run a model on the MLX EP and ORT's CPU EP: placement, accuracy, latency"),
+    "trace": ("trace", "run a model with the EP's trace on: a Chrome/Perfetto trace file and a summary"),
     "doctor": ("doctor", "versions, EP devices, and the sgemm GFLOP/s the EP gets"),
     "generate": ("generate", "greedy decoding of a genai-format LLM, KV cache kept between steps"),
     "bench": ("bench", "benchmarks: the EP vs ORT's CPU EP, mlx-lm and PyTorch, as ratios"),

@@ -29,6 +29,9 @@ struct Options {
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
+  // Each ONNX node evaluated on its own and timed (trace "op" spans): no compile, no fusion
+  // across nodes, so slower; a tool for finding slow nodes.
+  bool profile_ops = false;
   // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
   int int8_emulation = -1;
   // Choices between two exact translations, kept for comparisons (README "Options"; off = the
@@ -97,6 +100,9 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
 
 // Whether the calling thread's last run() went through a compiled function.
 bool last_run_compiled();
+// The way the calling thread's last run() went (trace and profile events): "compiled",
+// "compiled (new trace)", "shape family", "eager (new signature)", "eager", ...
+const char* last_run_path();
 
 // An output the calling thread's last run() left unevaluated because it is one of its inputs in
 // EP memory with rows updated (a shared past/present KV buffer: slice_update(past, rows, start)).

@@ -18,6 +18,7 @@
 #include "engine/program_run.h"
 #include "engine/host_fold/host_fold.h"
 #include "ops/lowp.h"
+#include "trace/trace.h"
 
 namespace ortmlx::engine {
 
@@ -26,10 +27,12 @@ namespace {
 // for the ABI layer's overhead figure; per thread because runs of a program may interleave).
 thread_local bool tl_last_run_compiled = false;
 thread_local uint64_t tl_last_eval_ns = 0;
+thread_local const char* tl_last_run_path = "";
 }  // namespace
 
 bool Program::last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_compiled() { return tl_last_run_compiled; }
+const char* last_run_path() { return tl_last_run_path; }
 
 namespace {
 thread_local std::vector<RowUpdate> tl_row_updates;
@@ -62,6 +65,8 @@ std::vector<RowUpdate> take_row_updates() { return std::exchange(tl_row_updates,
 std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph& g,
                                            std::vector<std::string> input_names,
                                            std::vector<std::string> output_names, Options opt) {
+  // Timing nodes one by one needs eager runs: a compiled function evaluates as one.
+  if (opt.profile_ops) opt.compile = opt.shape_family = false;
   return std::make_unique<Program>(std::move(name), g, std::move(input_names),
                                    std::move(output_names), std::move(opt));
 }
@@ -306,6 +311,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.runs;
   tl_last_run_compiled = false;
+  tl_last_run_path = "eager";
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
   tl_row_updates.clear();
@@ -328,7 +334,11 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
-    mx::eval(todo);
+    {
+      trace::Span span("phase", "evaluate");
+      if (span.active()) span.arg("arrays", std::to_string(todo.size()));
+      mx::eval(todo);
+    }
     tl_last_eval_ns = elapsed_ns(t0);
     stats_.eval_ns += tl_last_eval_ns;
     if (index_check::take_flag(outs, num_outputs())) {
@@ -392,6 +402,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       // The family is gone when no segment has matched for a while: look for another.
       family_.after_run();
       if (!opt_.gpu || !touches_empty(outs)) {  // otherwise run again below, on the CPU stream
+        tl_last_run_path = "shape family";
         ++stats_.piecewise_runs;
         ++stats_.eager_runs;
         return eval_all(std::move(outs));
@@ -403,6 +414,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     StepInfos steps;
     StepInfos* look =
         opt_.compile && opt_.shape_family && !compile_broken_ && family_.looking() ? &steps : nullptr;
+    tl_last_run_path = "eager (new signature)";
     if (probed_once_ && opt_.compile) {
       // A new signature of a program already probed: most are seen once (every decode step
       // has a new length), so it runs eagerly without the probe's bookkeeping (~40% of the
@@ -425,6 +437,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     if (touches_empty(outs)) {
       ++stats_.empty_operand_runs;
       if (opt_.gpu) {
+        tl_last_run_path = "eager (CPU stream: zero-size operand)";
         entry.on_cpu = entry.eager_only = true;
         outs = translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu));
       }
@@ -441,6 +454,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   Entry& e = *found;
   ++e.hits;
   if (e.on_cpu) {
+    tl_last_run_path = "eager (CPU stream: zero-size operand)";
     ++stats_.eager_runs;
     ++stats_.empty_operand_runs;
     return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, mx::default_stream(mx::Device::cpu)));
@@ -465,8 +479,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         },
         /*shapeless=*/false);
     ++stats_.traces;
+    tl_last_run_path = "compiled (new trace)";
   }
   if (e.fn && !compile_broken_) {
+    if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
     try {
       auto outs = eval_all(e.fn(args));
       ++stats_.compiled_runs;
@@ -481,6 +497,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       // Some graphs cannot be traced (an op that reads data while tracing, an MLX primitive
       // without compile support): fall back to eager for this program, and say so once.
       compile_broken_ = true;
+      tl_last_run_path = "eager (compile failed)";
       ++stats_.compile_fallbacks;
       e.fn = nullptr;
       if (opt_.log_level >= 1)

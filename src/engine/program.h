@@ -25,6 +25,7 @@
 #include "engine/signature_cache.h"
 #include "graph/view.h"
 #include "ops/registry.h"
+#include "trace/trace.h"
 
 namespace ortmlx::engine {
 
@@ -146,6 +147,8 @@ class Program final : public FusedProgram {
   // traces included, translate under it).
   mutable std::unordered_map<std::string, mx::array> prepared_;
   bool is_constant_slot(const Plan& p, int slot) const;
+  void describe_step(trace::Span& span, const graph::Node& node, const StepIO& io,
+                     const Slots& slots, Mode mode, bool folded) const;
 
   std::mutex mu_;
   SignatureCache<Entry> cache_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/program.h"
+#include "trace/trace.h"
 
 namespace ortmlx::engine {
 
@@ -129,7 +130,10 @@ struct Program::Run {
     // Already on the host (a Shape, a folded value, a borrowed input): no evaluation, no sync.
     const bool ready = v.is_available() && v.flags().row_contiguous;
     mx::array a = ready ? v : mx::contiguous(v, false, s);
-    if (!ready) a.eval();
+    if (!ready) {
+      trace::Span span("phase", "host read");
+      a.eval();
+    }
     if (stats && !ready) {
       stats->host_reads++;
       stats->host_read_ns += elapsed_ns(t0);

@@ -10,6 +10,7 @@
 #include "engine/index_check.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
+#include "trace/trace.h"
 
 namespace ortmlx::engine {
 
@@ -213,6 +214,8 @@ Program::SegmentFn Program::segment_function(const Segment& seg, const std::vect
 std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
                                               const Layout& layout, mx::Stream s) {
   const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("phase", "build graph");
+  if (span.active()) span.arg("mode", "shape family");
   const Plan& p = *top_;
   Run run(Mode::Eager, nullptr, nullptr, s, &stats_);
   run.direct_constants = true;

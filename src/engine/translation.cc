@@ -21,6 +21,7 @@
 #include "engine/program_run.h"
 #include "ops/lowp.h"
 #include "ops/switches.h"
+#include "trace/trace.h"
 
 namespace ortmlx::engine {
 
@@ -49,7 +50,50 @@ std::string value_str(const ops::Value& v) {
   return "none";
 }
 
+// "float32[2,16]": trace arguments lead with the dtype (ORT's profile writes a value that
+// starts with '[' unquoted, as JSON).
+std::string trace_str(const ops::Value& v) {
+  if (v.is_tensor())
+    return graph::dtype_name(ops::from_mlx_dtype(v.tensor->dtype())) + shape_str(*v.tensor);
+  return value_str(v);
+}
+
+std::string values_str(const std::vector<std::optional<ops::Value>>& vs) {
+  std::string s;
+  for (const auto& v : vs) s += (s.empty() ? "" : "; ") + (v ? trace_str(*v) : std::string("-"));
+  return s;
+}
+
 }  // namespace
+
+// The "op" span's arguments: the node, its outputs and their bytes, how it ran. With
+// profile_ops an eager step's outputs are evaluated here, so the span times the node itself.
+void Program::describe_step(trace::Span& span, const graph::Node& node, const StepIO& io,
+                            const Slots& slots, Mode mode, bool folded) const {
+  span.arg("node", node.name.empty() ? node.op_type : node.name);
+  if (!node.domain.empty()) span.arg("domain", node.domain);
+  std::vector<mx::array> arrays;
+  std::string outs;
+  size_t bytes = 0;
+  for (int sl : io.out) {
+    if (sl < 0 || !slots[sl]) continue;
+    const ops::Value& v = *slots[sl];
+    outs += (outs.empty() ? "" : "; ") + trace_str(v);
+    if (v.is_tensor()) arrays.push_back(*v.tensor);
+    arrays.insert(arrays.end(), v.items.begin(), v.items.end());
+  }
+  for (const auto& a : arrays) bytes += a.nbytes();
+  span.arg("outputs", outs);
+  span.arg("output_bytes", std::to_string(bytes));
+  span.arg("step", folded ? "folded on the host"
+                          : mode == Mode::Replay ? "compile trace" : mode == Mode::Probe ? "probe" : "eager");
+  if (opt_.profile_ops && mode == Mode::Eager && !folded) {
+    const auto t0 = std::chrono::steady_clock::now();
+    mx::eval(arrays);
+    span.arg("eval_us", std::to_string(elapsed_ns(t0) / 1000));
+    span.arg("evaluated", "1");
+  }
+}
 
 bool Program::is_constant_slot(const Plan& p, int slot) const {
   if (slot < 0) return false;
@@ -115,6 +159,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     const auto& node = p.graph->nodes[k];
     const auto& io = p.steps[k];
     const size_t reads_before = run.read_calls, constant_reads_before = run.constant_reads;
+    trace::Span op_span("op", node.op_type.c_str());
     std::vector<std::optional<ops::Value>> node_inputs;
     node_inputs.reserve(io.in.size());
     Taint node_taint;
@@ -230,6 +275,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     // them, as Reshape's shape or Range's bounds).
     const bool host_step = folded || (opt_.host_fold && shape_only_op(node));
     if (folded) ++stats_.host_folds;
+    if (op_span.active()) op_span.arg("inputs", values_str(node_inputs));
     ops::OpContext ctx(node, *p.graph, std::move(node_inputs), run.s, &hooks);
     ops::Outputs outs;
     try {
@@ -272,6 +318,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       if (top) run.note(v, taint[io.out[j]]);
       if (v.is_tensor() && (folded || shape_only_op(node))) run.host_known.try_emplace(v.tensor->id(), *v.tensor);
     }
+    if (op_span.active()) describe_step(op_span, node, io, slots, run.mode, folded.has_value());
     // Reads of constant initializers (a Reshape's shape) do not make a step depend on data.
     if (top && run.steps)
       ShapeFamily::record_step(k, io, slots, host_step,
@@ -395,6 +442,9 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
                                           std::vector<int>* host_deps, mx::Stream s,
                                           StepInfos* info) const {
   const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("phase", "build graph");
+  if (span.active())
+    span.arg("mode", mode == Mode::Probe ? "probe" : mode == Mode::Eager ? "eager" : "compile trace");
   Run run(mode, record, host_deps, s, &stats_);
   run.steps = info;
   // The fused inputs back from the arguments (see arguments()), then the constants.

@@ -9,12 +9,24 @@
 #include "ep/error_wall.h"
 #include "ep/graph_reader.h"
 #include "ep/node_compute.h"
+#include "ep/profiler.h"
 #include "ep/report.h"
 #include "partition/partition.h"
+#include "trace/trace.h"
 
 namespace ortmlx::ep {
 
 namespace mx = mlx::core;
+
+namespace {
+// The nodes inside a node's If/Loop/Scan bodies, nested bodies included.
+size_t body_node_count(const graph::Node& n) {
+  size_t count = 0;
+  for (const auto& [attr, body] : n.subgraphs())
+    for (const auto& inner : body->nodes) count += 1 + body_node_count(inner);
+  return count;
+}
+}  // namespace
 
 MlxEp::MlxEp(MlxEpFactory& factory, EpOptions options, bool gpu, const OrtLogger* logger)
     : OrtEp{}, factory_(factory), options_(std::move(options)), gpu_(gpu), logger_(logger) {
@@ -36,13 +48,15 @@ MlxEp::MlxEp(MlxEpFactory& factory, EpOptions options, bool gpu, const OrtLogger
     GetKernelRegistry = GetKernelRegistryImpl;
     IsConcurrentRunSupported = IsConcurrentRunSupportedImpl;
   }
-  if (g_api_version >= 25) Sync = SyncImpl;
+  if (g_api_version >= 25) {
+    Sync = SyncImpl;
+    CreateProfiler = CreateProfilerImpl;
+  }
   if (g_api_version >= 27) {
     OnSessionInitializationEnd = OnSessionInitializationEndImpl;
     GetDefaultMemoryDevice = GetDefaultMemoryDeviceImpl;
   }
-  // Left null (optional, ORT checks): CreateProfiler, graph capture, GetAvailableResource,
-  // ReleaseCapturedGraph.
+  // Left null (optional, ORT checks): graph capture, GetAvailableResource, ReleaseCapturedGraph.
   compat_info_ = std::string(kEpName) + ";version=" + kEpVersion + ";mlx=" + mx::version() +
                  ";device=" + (gpu_ ? "gpu" : "cpu");
 }
@@ -55,36 +69,54 @@ OrtStatus* MlxEp::GetCapabilityImpl(OrtEp* self, const OrtGraph* graph,
 }
 
 void MlxEp::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
+  const trace::ScopedOwner owner(this);
+  trace::Span span("session", "claim nodes");
   GraphRead read = read_graph(graph);
   const auto& g = read.graph;
   partition::Result result;
   if (g.is_subgraph) {
     // Control-flow bodies are not claimed node by node: a fused node inside a nested body
     // breaks ORT ("no opset import for domain"). An If/Loop/Scan is claimed whole, bodies
-    // included, at its parent level (partition::check_node checks every node inside).
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      result.declined.push_back(
-          {i, "inside a control-flow subgraph (claimed only whole, with its If/Loop/Scan)"});
-  } else {
-    result = partition::partition(g, partition::Options{gpu_});
+    // included, at its parent level (partition::check_node checks every node inside), and
+    // reported there: ORT shows a body to the EP before its parent.
+    if (options_.engine.log_level >= 2)
+      std::cerr << "[MLX EP] GetCapability: a control-flow body of " << g.nodes.size()
+                << " node(s), claimed only whole with its If/Loop/Scan (see its line)\n";
+    return;
   }
+  result = partition::partition(g, partition::Options{gpu_});
   OrtNodeFusionOptions fusion{};
   fusion.ort_version_supported = g_api_version;
   // Constant initializers are copied into MLX arrays at Compile, so ORT need not feed them.
   fusion.drop_constant_initializers = true;
-  size_t claimed = 0;
+  size_t claimed = 0, in_bodies = 0, with_bodies = 0;
+  std::vector<size_t> control_flow;  // claimed nodes that carry bodies
   for (const auto& group : result.groups) {
     std::vector<const OrtNode*> nodes;
-    for (size_t i : group) nodes.push_back(read.ort_nodes[i]);
+    for (size_t i : group) {
+      nodes.push_back(read.ort_nodes[i]);
+      if (const size_t n = body_node_count(g.nodes[i])) {
+        in_bodies += n;
+        ++with_bodies;
+        control_flow.push_back(i);
+      }
+    }
     check(g_ep_api->EpGraphSupportInfo_AddNodesToFuse(info, nodes.data(), nodes.size(), &fusion));
     claimed += nodes.size();
   }
   if (options_.engine.log_level >= 1) {
-    std::cerr << "[MLX EP] GetCapability: claimed " << claimed << " of " << g.nodes.size()
-              << " nodes in " << result.groups.size() << " group(s)\n";
-    if (options_.engine.log_level >= 2)
+    std::cerr << "[MLX EP] GetCapability: claimed " << claimed << " of " << g.nodes.size() << " nodes";
+    if (with_bodies)
+      std::cerr << " (and the " << in_bodies << " inside the bodies of " << with_bodies
+                << " control-flow node(s), run as part of them)";
+    std::cerr << " in " << result.groups.size() << " group(s)\n";
+    if (options_.engine.log_level >= 2) {
+      for (size_t i : control_flow)
+        std::cerr << "[MLX EP]   claimed " << g.nodes[i].describe() << " whole: its bodies' "
+                  << body_node_count(g.nodes[i]) << " node(s) run on MLX inside it\n";
       for (const auto& d : result.declined)
         std::cerr << "[MLX EP]   declined " << g.nodes[d.node].describe() << ": " << d.reason << "\n";
+    }
   }
   if (!options_.report_path.empty()) {
     std::lock_guard<std::mutex> lock(report_mu_);
@@ -118,13 +150,16 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
     const char* name = nullptr;
     check(g_ort->Node_GetName(fused_nodes[i], &name));
     std::string fused_name = name ? name : "";
+    const trace::ScopedOwner owner(this);
+    trace::Span span("session", "prepare fused node");
+    span.arg("fused_node", fused_name);
     // The OrtGraph is valid only during Compile: the view's constants are copied into MLX
     // arrays by the Program constructor, before we return.
     GraphRead read = read_graph(graphs[i]);
     auto program = engine::make_program(
         fused_name, read.graph, node_input_names(fused_nodes[i]),
         node_output_names(fused_nodes[i]), options_.engine);
-    infos[i] = new FusedNodeCompute(std::move(program));  // freed in ReleaseNodeComputeInfos
+    infos[i] = new FusedNodeCompute(std::move(program), this);  // freed in ReleaseNodeComputeInfos
   }
 }
 
@@ -201,6 +236,10 @@ OrtStatus* MlxEp::IsConcurrentRunSupportedImpl(OrtEp*, bool* out) noexcept {
 }
 OrtStatus* MlxEp::SyncImpl(OrtEp*) noexcept {
   return guard("Sync", [] { mx::synchronize(); });
+}
+OrtStatus* MlxEp::CreateProfilerImpl(OrtEp* self, OrtEpProfilerImpl** profiler) noexcept {
+  *profiler = nullptr;
+  return guard("CreateProfiler", [&] { *profiler = make_profiler(self); });
 }
 OrtStatus* MlxEp::OnSessionInitializationEndImpl(OrtEp*) noexcept { return nullptr; }
 OrtStatus* MlxEp::GetDefaultMemoryDeviceImpl(const OrtEp*, const OrtMemoryDevice** d) noexcept {

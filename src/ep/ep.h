@@ -12,6 +12,7 @@
 #include "ep/options.h"
 #include "ep/ort_api.h"
 #include "ep/schema_domains.h"
+#include "trace/trace_file.h"
 
 namespace ortmlx::ep {
 
@@ -25,6 +26,7 @@ class MlxEp : public OrtEp {
   MlxEp& operator=(const MlxEp&) = delete;
 
   const EpOptions& options() const { return options_; }
+  MlxEpFactory& factory() const { return factory_; }
   bool gpu() const { return gpu_; }
   // With report_path: one JSON line of the process-wide device-memory counters (at release).
   void report_device_memory();
@@ -65,6 +67,8 @@ class MlxEp : public OrtEp {
   static OrtStatus* ORT_API_CALL OnSessionInitializationEndImpl(OrtEp* self) noexcept;
   static OrtStatus* ORT_API_CALL GetDefaultMemoryDeviceImpl(const OrtEp* self,
                                                             const OrtMemoryDevice** device) noexcept;
+  static OrtStatus* ORT_API_CALL CreateProfilerImpl(OrtEp* self,
+                                                    OrtEpProfilerImpl** profiler) noexcept;
 
   void get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info);
   void compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t count,
@@ -83,6 +87,8 @@ class MlxEpFactory : public OrtEpFactory {
   explicit MlxEpFactory(const OrtLogger* default_logger);
   ~MlxEpFactory();
   DeviceMemory* device_memory() const { return device_memory_.get(); }
+  // ORT_MLX_TRACE: writes the trace file and prints its slowest-ops summary (stderr).
+  void flush_trace() noexcept;
   MlxEpFactory(const MlxEpFactory&) = delete;
   MlxEpFactory& operator=(const MlxEpFactory&) = delete;
 
@@ -139,6 +145,8 @@ class MlxEpFactory : public OrtEpFactory {
   const OrtLogger* default_logger_;
   std::unique_ptr<DeviceMemory> device_memory_;  // null unless ORT_MLX_DEVICE_MEMORY=1
   std::unique_ptr<SchemaDomains> schema_domains_;  // schemas ORT's build lacks (GetCustomOpDomains)
+  std::unique_ptr<trace::TraceFile> trace_file_;   // null unless ORT_MLX_TRACE is set
+  std::mutex trace_mu_;
 };
 
 }  // namespace ortmlx::ep

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -13,6 +14,7 @@
 #include "ep/device_memory.h"
 #include "ep/ep.h"
 #include "ep/error_wall.h"
+#include "trace/trace_file.h"
 
 namespace ortmlx::ep {
 
@@ -135,11 +137,25 @@ MlxEpFactory::MlxEpFactory(const OrtLogger* default_logger)
   // So: ORT_MLX_DEVICE_MEMORY=1 at registration turns it on for this registration, and the
   // session option device_memory only states what the session expects (checked in CreateEp).
   schema_domains_ = std::make_unique<SchemaDomains>();
+  // The process's own trace (Chrome trace JSON), rewritten whole as each session ends.
+  if (const char* path = std::getenv("ORT_MLX_TRACE"); path && *path)
+    trace_file_ = std::make_unique<trace::TraceFile>(path);
   if (int mode = device_memory_from_env())
     device_memory_ = std::make_unique<DeviceMemory>(/*gpu_type_everywhere=*/mode == 2);
 }
 
-MlxEpFactory::~MlxEpFactory() = default;
+MlxEpFactory::~MlxEpFactory() { flush_trace(); }
+
+void MlxEpFactory::flush_trace() noexcept {
+  if (!trace_file_) return;
+  try {
+    const std::string summary = trace_file_->flush();
+    std::lock_guard<std::mutex> lock(trace_mu_);
+    std::cerr << "[MLX EP] trace written to " << trace_file_->path() << "; " << summary;
+  } catch (const std::exception& e) {
+    std::cerr << "[MLX EP] " << e.what() << "\n";
+  }
+}
 
 const char* MlxEpFactory::GetNameImpl(const OrtEpFactory*) noexcept { return kEpName; }
 const char* MlxEpFactory::GetVendorImpl(const OrtEpFactory*) noexcept { return kEpVendor; }
@@ -241,8 +257,10 @@ void MlxEpFactory::ReleaseEpImpl(OrtEpFactory*, OrtEp* ep) noexcept {
   auto* mlx_ep = static_cast<MlxEp*>(ep);
   EpOptions opts = mlx_ep->options();
   mlx_ep->report_device_memory();
+  auto& factory = mlx_ep->factory();
   delete mlx_ep;
   Limits::get().release(opts);
+  factory.flush_trace();
 }
 
 OrtStatus* MlxEpFactory::ValidateCompiledModelCompatibilityInfoImpl(
@@ -339,8 +357,8 @@ __attribute__((visibility("default"))) OrtStatus* CreateEpFactories(
   return guard("CreateEpFactories", [&] {
     // MLX's shape-keyed CUDA LRU caches (convolution plans, cuDNN attention graphs) throw
     // "Cache thrashing" after 2x their capacity of misses in a row, which fails a run over a
-    // stream of new shapes (varied image or batch sizes); an eviction is only slower. Set before MLX's GPU device exists; a value the
-    // user exported wins (overwrite=0).
+    // stream of new shapes (varied image or batch sizes); an eviction is only slower. Set
+    // before MLX's GPU device exists; a value the user exported wins (overwrite=0).
     ::setenv("MLX_ENABLE_CACHE_THRASHING_CHECK", "0", /*overwrite=*/0);
     if (max_factories < 1) throw std::invalid_argument("no room for a factory");
     factories[0] = new MlxEpFactory(default_logger);  // deleted in ReleaseEpFactory

@@ -7,11 +7,12 @@
 
 #include "ep/error_wall.h"
 #include "ep/tensor_io.h"
+#include "trace/trace.h"
 
 namespace ortmlx::ep {
 
-FusedNodeCompute::FusedNodeCompute(std::unique_ptr<engine::FusedProgram> p)
-    : OrtNodeComputeInfo{}, program(std::move(p)) {
+FusedNodeCompute::FusedNodeCompute(std::unique_ptr<engine::FusedProgram> p, const void* owner)
+    : OrtNodeComputeInfo{}, program(std::move(p)), owner(owner) {
   ort_version_supported = g_api_version;
   CreateState = CreateStateImpl;
   Compute = ComputeImpl;
@@ -21,17 +22,47 @@ FusedNodeCompute::FusedNodeCompute(std::unique_ptr<engine::FusedProgram> p)
 OrtStatus* ORT_API_CALL FusedNodeCompute::CreateStateImpl(OrtNodeComputeInfo* self,
                                                           OrtNodeComputeContext*,
                                                           void** state) noexcept {
-  *state = static_cast<FusedNodeCompute*>(self)->program.get();  // state is not owned
+  *state = self;  // not owned: the compute info outlives its states
   return nullptr;
 }
 
 void ORT_API_CALL FusedNodeCompute::ReleaseStateImpl(OrtNodeComputeInfo*, void*) noexcept {}
 
+namespace {
+
+std::string shapes_of(const std::vector<engine::HostTensor>& ts) {
+  std::string s;
+  for (const auto& t : ts) {
+    // "float32[2,16]": ORT's profile writes a value that starts with '[' unquoted, as JSON.
+    s += (s.empty() ? "" : "; ") + std::string(graph::dtype_name(t.dtype)) + "[";
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
+    s += "]";
+  }
+  return s;
+}
+
+// MLX's allocator after the run, on the trace's memory tracks and in the run's event.
+void sample_memory(trace::Span& span) {
+  const auto active = mlx::core::get_active_memory(), peak = mlx::core::get_peak_memory(),
+             cache = mlx::core::get_cache_memory();
+  trace::counter("mlx_active_bytes", static_cast<double>(active));
+  trace::counter("mlx_peak_bytes", static_cast<double>(peak));
+  trace::counter("mlx_cache_bytes", static_cast<double>(cache));
+  span.arg("mlx_active_bytes", std::to_string(active));
+  span.arg("mlx_peak_bytes", std::to_string(peak));
+  span.arg("mlx_cache_bytes", std::to_string(cache));
+}
+
+}  // namespace
+
 OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void* state,
                                                       OrtKernelContext* ctx) noexcept {
-  auto* program = static_cast<engine::FusedProgram*>(state);
+  auto* self = static_cast<FusedNodeCompute*>(state);
+  auto* program = self->program.get();
   return guard("Compute of fused node '" + program->name() + "'", [&] {
     const auto t_start = std::chrono::steady_clock::now();
+    const trace::ScopedOwner owner(self->owner);
+    trace::Span span("fused_node", program->name().c_str());
     size_t n_in = 0, n_out = 0;
     check(g_ort->KernelContext_GetInputCount(ctx, &n_in));
     check(g_ort->KernelContext_GetOutputCount(ctx, &n_out));
@@ -41,14 +72,26 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
                                std::to_string(program->num_inputs()) + "/" +
                                std::to_string(program->num_outputs()));
     std::vector<ValuePtr> items;  // a sequence's tensors, copied out by ORT: alive until run
-    auto inputs = read_inputs(ctx, n_in, items);
+    std::vector<engine::HostTensor> inputs;
+    {
+      trace::Span copy_in("phase", "read inputs");
+      inputs = read_inputs(ctx, n_in, items);
+    }
+    if (span.active()) span.arg("inputs", shapes_of(inputs));
     auto outputs = program->run(inputs);
     const auto rows = engine::take_row_updates();
     const auto t_outputs = std::chrono::steady_clock::now();
-    // Outputs are allocated by the EP's allocator: try zero-copy outputs.
-    write_outputs(ctx, outputs, rows, program->device_memory(),
-                  mlx::core::default_stream(program->device()));
+    {
+      trace::Span copy_out("phase", "write outputs");
+      // Outputs are allocated by the EP's allocator: try zero-copy outputs.
+      write_outputs(ctx, outputs, rows, program->device_memory(),
+                    mlx::core::default_stream(program->device()));
+    }
     const auto t_end = std::chrono::steady_clock::now();
+    if (span.active()) {
+      span.arg("path", engine::last_run_path());
+      sample_memory(span);
+    }
     auto ns_between = [](auto a, auto b) {
       return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
     };

@@ -11,8 +11,9 @@ namespace ortmlx::ep {
 
 struct FusedNodeCompute : OrtNodeComputeInfo {
   std::unique_ptr<engine::FusedProgram> program;
+  const void* owner;  // the MlxEp that compiled it: trace events name their session by it
 
-  explicit FusedNodeCompute(std::unique_ptr<engine::FusedProgram> p);
+  FusedNodeCompute(std::unique_ptr<engine::FusedProgram> p, const void* owner);
 
   static OrtStatus* ORT_API_CALL CreateStateImpl(OrtNodeComputeInfo* self, OrtNodeComputeContext*,
                                                  void** state) noexcept;

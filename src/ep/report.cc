@@ -5,18 +5,11 @@
 #include "engine/device_buffers.h"
 #include "kernels/cuda/decode_attention.h"
 #include "ep/ort_api.h"
+#include "trace/trace.h"
 
 namespace ortmlx::ep {
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
-    o += c;
-  }
-  return o;
-}
+using trace::json_escape;
 
 std::string declined_lines(const graph::Graph& g, const partition::Result& result) {
   std::ostringstream f;

@@ -10,7 +10,6 @@
 
 namespace ortmlx::ep {
 
-std::string json_escape(const std::string& s);
 // The declined nodes of one GetCapability pass (the EP's own fused nodes left out).
 std::string declined_lines(const graph::Graph& g, const partition::Result& result);
 std::string stats_line(const std::string& fused_node, const engine::Stats& st);

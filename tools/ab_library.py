@@ -1,0 +1,67 @@
+"""A/B of two builds of the EP library on the same models: each round runs every model once
+with library A and once with B (alternating, each in a fresh process: one process can register
+only one library under the EP's name) and prints the per-round medians of run latency and the
+B/A ratio of their medians.
+
+    python tools/ab_library.py --a OLD.so --b NEW.so MODEL.onnx... [--rounds 5] [--runs 500]
+        [--device cpu] [--dim name=value]
+
+Used for changes whose cost should be nil when unused, e.g. the trace spans with tracing off."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+WORKER = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime_mlx as om
+from onnxruntime_mlx import runner
+model, device, runs, dims = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+s = om.InferenceSession(model, device, fallback=False)
+feeds = runner.random_feeds(s, runner.dims_of(s, {}, dims), 0, {})
+for _ in range(20):
+    s.run(None, feeds)
+t = []
+for _ in range(runs):
+    t0 = time.perf_counter()
+    s.run(None, feeds)
+    t.append(time.perf_counter() - t0)
+print(json.dumps({"median_us": sorted(t)[len(t) // 2] * 1e6}))
+"""
+
+
+def one(lib, model, device, runs, dims):
+    env = dict(os.environ, ORT_MLX_EP_LIBRARY=lib)
+    r = subprocess.run([sys.executable, "-c", WORKER, model, device, str(runs), json.dumps(dims)],
+                       env=env, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])["median_us"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", required=True)
+    ap.add_argument("--b", required=True)
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=500)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dim", action="append", default=[])
+    args = ap.parse_args()
+    dims = {k: int(v) for k, v in (d.split("=") for d in args.dim)}
+    print(f"| model | A median µs (per round) | B median µs (per round) | B/A |")
+    print("|---|---|---|---:|")
+    for model in args.models:
+        a, b = [], []
+        for _ in range(args.rounds):
+            a.append(one(args.a, model, args.device, args.runs, dims))
+            b.append(one(args.b, model, args.device, args.runs, dims))
+        ratio = statistics.median(b) / statistics.median(a)
+        print(f"| {os.path.basename(model)} | {', '.join(f'{x:.1f}' for x in a)} | "
+              f"{', '.join(f'{x:.1f}' for x in b)} | {ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
