@@ -83,6 +83,7 @@ OPTIONS: dict[str, tuple] = {
     "tf32": (0, 1),
     "int8_emulation": (0, 1, "auto"),
     "profile_ops": (0, 1),
+    "device_copies": (0, 1),
 }
 
 

@@ -32,6 +32,9 @@ struct Options {
   // Each ONNX node evaluated on its own and timed (trace "op" spans): no compile, no fusion
   // across nodes, so slower; a tool for finding slow nodes.
   bool profile_ops = false;
+  // MLX's CUDA backend: outputs in device memory reach ORT's buffers by one cudaMemcpy each
+  // (kernels/cuda/device_copy.h) instead of MLX's host read; off = MLX's host read.
+  bool device_copies = true;
   // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
   int int8_emulation = -1;
   // Choices between two exact translations, kept for comparisons (README "Options"; off = the
@@ -89,6 +92,7 @@ class FusedProgram {
   virtual size_t num_outputs() const = 0;
   virtual Stats& stats() = 0;
   virtual bool device_memory() const = 0;
+  virtual bool device_copies() const = 0;
   virtual mx::Device device() const = 0;
 };
 
@@ -117,9 +121,13 @@ struct RowUpdate {
 };
 std::vector<RowUpdate> take_row_updates();
 // Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
-// storage is written in ORT's layout (4-bit values packed two per byte).
-void copy_out(const mx::array& a, void* dst, graph::DType t);
+// storage is written in ORT's layout (4-bit values packed two per byte). `device_copy`: one
+// cudaMemcpy when `a` is in CUDA device memory (Options::device_copies).
+void copy_out(const mx::array& a, void* dst, graph::DType t, bool device_copy = true);
 // The same, byte for byte (nbytes = size * itemsize).
-void copy_out(const mx::array& a, void* dst);
+void copy_out(const mx::array& a, void* dst, bool device_copy = true);
+// Whether `dst` already is `a`'s data (an output written in place), asked without moving a
+// device buffer to host memory (which array::data would).
+bool holds_data_at(const mx::array& a, const void* dst);
 
 }  // namespace ortmlx::engine

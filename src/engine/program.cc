@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
+#include "kernels/cuda/device_copy.h"
 #include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
@@ -71,8 +72,14 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
                                    std::move(output_names), std::move(opt));
 }
 
-void copy_out(const mx::array& a, void* dst, graph::DType t) { Program::copy_out(a, dst, t); }
-void copy_out(const mx::array& a, void* dst) { Program::copy_out(a, dst); }
+void copy_out(const mx::array& a, void* dst, graph::DType t, bool device_copy) {
+  Program::copy_out(a, dst, t, device_copy);
+}
+void copy_out(const mx::array& a, void* dst, bool device_copy) { Program::copy_out(a, dst, device_copy); }
+bool holds_data_at(const mx::array& a, const void* dst) {
+  // A device buffer is never ORT's host memory; EP memory outputs are host-visible buffers.
+  return a.size() && !kernels::cuda::in_device_memory(a) && dst == a.data<void>();
+}
 
 using graph::DType;
 
@@ -247,15 +254,16 @@ mx::array Program::to_array(const HostTensor& t) {
   return mx::array(std::move(data), std::move(shape), dtype);
 }
 
-void Program::copy_out(const mx::array& a, void* dst) {
+void Program::copy_out(const mx::array& a, void* dst, bool device_copy) {
   if (a.size() == 0 || !dst) return;
   if (!a.flags().row_contiguous) throw std::logic_error("[engine] output is not row-contiguous");
+  if (device_copy && kernels::cuda::copy_to_host(a, dst)) return;
   std::memcpy(dst, a.data<void>(), a.nbytes());
 }
 
-void Program::copy_out(const mx::array& a, void* dst, DType t) {
+void Program::copy_out(const mx::array& a, void* dst, DType t, bool device_copy) {
   if (ops::lowp::is_lowp(t)) return ops::lowp::to_host(a, t, dst);  // packs 4-bit pairs
-  copy_out(a, dst);
+  copy_out(a, dst, device_copy);
 }
 
 std::string Program::signature_of(const std::vector<HostTensor>& raw, std::string* shapes) const {

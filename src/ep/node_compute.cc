@@ -84,7 +84,7 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     {
       trace::Span copy_out("phase", "write outputs");
       // Outputs are allocated by the EP's allocator: try zero-copy outputs.
-      write_outputs(ctx, outputs, rows, program->device_memory(),
+      write_outputs(ctx, outputs, rows, program->device_memory(), program->device_copies(),
                     mlx::core::default_stream(program->device()));
     }
     const auto t_end = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 
 #include "engine/device_buffers.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device_copy.h"
 #include "ep/ort_api.h"
 #include "trace/trace.h"
 
@@ -37,7 +38,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
     << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled
-    << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes() << "}\n";
+    << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
+    << ",\"process_device_copies\":" << kernels::cuda::host_copies() << "}\n";
   return f.str();
 }
 

@@ -69,7 +69,8 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 }
 
 void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
-                   const std::vector<engine::RowUpdate>& rows, bool device_memory, mlx::core::Stream s) {
+                   const std::vector<engine::RowUpdate>& rows, bool device_memory, bool device_copies,
+                   mlx::core::Stream s) {
   namespace db = engine::device_buffers;
   // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written
   // there by MLX on the device, all in one evaluation, after the loop.
@@ -117,12 +118,12 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
       continue;
     }
     if (device_memory && db::owns(dst)) counters.outputs_copied++;
-    if (a.size() && dst == a.data<void>()) continue;  // already there
+    if (engine::holds_data_at(a, dst)) continue;  // already there
     if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && db::owns(dst)) {
       device_writes.emplace_back(dst, a);
       continue;
     }
-    engine::copy_out(a, dst, to_dtype(out_et));
+    engine::copy_out(a, dst, to_dtype(out_et), device_copies);
   }
   if (!row_writes.empty()) {
     auto written = db::write_rows_in_place(row_writes, s);

@@ -22,8 +22,10 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 // With `device_memory`, an output whose MLX buffer nothing else holds is adopted by ORT's
 // allocation instead of copied. Outputs bound to existing buffers in EP memory are written
 // there by MLX on stream `s`; an output in `rows` bound to the input buffer it updates gets
-// only its rows written (engine::RowUpdate), any other is evaluated first.
+// only its rows written (engine::RowUpdate), any other is evaluated first. `device_copies`:
+// engine::Options::device_copies.
 void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
-                   const std::vector<engine::RowUpdate>& rows, bool device_memory, mlx::core::Stream s);
+                   const std::vector<engine::RowUpdate>& rows, bool device_memory,
+                   bool device_copies, mlx::core::Stream s);
 
 }  // namespace ortmlx::ep

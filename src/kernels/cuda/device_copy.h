@@ -1,0 +1,27 @@
+// Device-to-host copies of MLX results on MLX's CUDA backend, without MLX's host read.
+//
+// Why: reading an MLX array that lives in CUDA device memory on the host (array::data) makes
+// MLX allocate fresh managed memory, copy the buffer into it and keep it there: an allocation
+// and a synchronous copy for every output of every run, then page faults as the host reads it.
+// A fused node's outputs only need their bytes in ORT's buffer, which one cudaMemcpy gives.
+#pragma once
+
+#include <mlx/mlx.h>
+
+namespace ortmlx::kernels::cuda {
+
+namespace mx = mlx::core;
+
+// Copies evaluated, row-contiguous `a` into host memory `dst` (a.nbytes() bytes) with one
+// device-to-host copy when its buffer is in CUDA device memory on the calling thread's device.
+// Returns false, having done nothing, otherwise (managed memory, the CPU or Metal backend, no
+// CUDA runtime loaded, a buffer layout this build does not know): the caller reads `a` as usual.
+bool copy_to_host(const mx::array& a, void* dst);
+
+// Whether `a`'s buffer is in CUDA device memory (so a.data() would move it to managed memory).
+bool in_device_memory(const mx::array& a);
+
+// Process totals, for tests and reports: copies made by copy_to_host.
+size_t host_copies();
+
+}  // namespace ortmlx::kernels::cuda

@@ -1,0 +1,53 @@
+"""Outputs of a run on MLX's CUDA backend reach ORT's buffers by one device-to-host copy each
+(option device_copies, kernels/cuda/device_copy.h), not through MLX's host read, and are the
+same values. On the CPU device nothing is in CUDA memory: no such copy is made."""
+import json
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto as TP, helper
+
+import onnxruntime_mlx as om
+from oracle import DEVICE
+
+
+def model():
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Tanh", ["t"], ["y"]),
+         helper.make_node("ReduceSum", ["t"], ["s"], keepdims=0)],
+        "copies", [helper.make_tensor_value_info("x", TP.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [4, 32]),
+         helper.make_tensor_value_info("s", TP.FLOAT, [])],
+        [helper.make_tensor("w", TP.FLOAT, [64, 32],
+                            np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+def copies_after(tmp_path, name, **options):
+    """Runs the model 5 times; returns the outputs of the last run and the process's count of
+    device copies when the session ended (from its report line)."""
+    report = tmp_path / f"{name}.jsonl"
+    s = om.InferenceSession(model(), DEVICE, fallback=False, report_path=str(report), **options)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    for _ in range(5):
+        outs = s.run(None, {"x": x})
+    del s
+    line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    return outs, line["process_device_copies"], x
+
+
+def test_outputs_copied_from_device_memory_equal_mlxs_host_read(tmp_path):
+    off, before, x = copies_after(tmp_path, "off", device_copies=0)
+    on, after, _ = copies_after(tmp_path, "on", device_copies=1)
+    ref = ort.InferenceSession(model(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for a, b, r in zip(on, off, ref):
+        np.testing.assert_array_equal(a, b)  # the same bytes either way
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
+    if DEVICE == "gpu":
+        # Every output of every run: 2 outputs x 5 runs (the 4-byte sum lives in MLX's managed
+        # small-buffer pool, so it may be read the usual way: at least the 5 tensors).
+        assert after - before >= 5, (before, after)
+    else:
+        assert before == after == 0
