@@ -19,29 +19,28 @@ struct CudaBufferView {
   int device;  // -1: managed or pinned host memory
 };
 
-using MemcpyFn = int (*)(void*, const void*, size_t, int);
-using GetDeviceFn = int (*)(int*);
-constexpr int kDefault = 4;  // cudaMemcpyDefault: the direction from the pointers (unified addressing)
+// The CUDA driver API: MLX links the runtime statically (its symbols are not exported), but
+// loads libcuda.so.1, whose entry points take the context MLX made current on this thread.
+using MemcpyDtoHFn = int (*)(void* dst, unsigned long long src, size_t bytes);
+using CtxGetDeviceFn = int (*)(int* device);
 
-struct Runtime {
-  MemcpyFn memcpy = nullptr;
-  GetDeviceFn get_device = nullptr;
+struct Driver {
+  MemcpyDtoHFn memcpy_dtoh = nullptr;
+  CtxGetDeviceFn ctx_get_device = nullptr;
 };
 
-// The CUDA runtime MLX already loaded (never loaded here: RTLD_NOLOAD), or nothing.
-const Runtime& runtime() {
-  static const Runtime rt = [] {
-    Runtime r;
-    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-      if (void* h = ::dlopen(name, RTLD_LAZY | RTLD_NOLOAD)) {
-        r.memcpy = reinterpret_cast<MemcpyFn>(::dlsym(h, "cudaMemcpy"));
-        r.get_device = reinterpret_cast<GetDeviceFn>(::dlsym(h, "cudaGetDevice"));
-        if (r.memcpy && r.get_device) return r;
-      }
+// The driver MLX already loaded (never loaded here: RTLD_NOLOAD), or nothing.
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    if (void* h = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+      r.memcpy_dtoh = reinterpret_cast<MemcpyDtoHFn>(::dlsym(h, "cuMemcpyDtoH_v2"));
+      r.ctx_get_device = reinterpret_cast<CtxGetDeviceFn>(::dlsym(h, "cuCtxGetDevice"));
+      if (!r.memcpy_dtoh || !r.ctx_get_device) r = Driver{};
     }
-    return Runtime{};
+    return r;
   }();
-  return rt;
+  return d;
 }
 
 std::atomic<bool> g_layout_ok{true};
@@ -49,7 +48,7 @@ std::atomic<size_t> g_copies{0};
 
 // The device buffer under `a`, or null when it is not one this code may copy from.
 const CudaBufferView* device_buffer(const mx::array& a) {
-  if (!g_layout_ok.load(std::memory_order_relaxed) || !runtime().memcpy) return nullptr;
+  if (!g_layout_ok.load(std::memory_order_relaxed) || !driver().memcpy_dtoh) return nullptr;
   if (!a.is_available() || a.nbytes() == 0) return nullptr;
   const auto& buffer = a.buffer();
   const auto* view = static_cast<const CudaBufferView*>(buffer.ptr());
@@ -60,8 +59,8 @@ const CudaBufferView* device_buffer(const mx::array& a) {
   }
   if (view->device < 0 || !view->data) return nullptr;
   if (a.offset() < 0 || static_cast<size_t>(a.offset()) + a.nbytes() > view->size) return nullptr;
-  int current = -1;
-  if (runtime().get_device(&current) != 0 || current != view->device) return nullptr;
+  int current = -1;  // no context current on this thread: an error, and MLX's own read
+  if (driver().ctx_get_device(&current) != 0 || current != view->device) return nullptr;
   return view;
 }
 
@@ -74,7 +73,7 @@ bool copy_to_host(const mx::array& a, void* dst) {
   const CudaBufferView* view = device_buffer(a);
   if (!view) return false;
   const auto* src = static_cast<const std::byte*>(view->data) + a.offset();
-  if (runtime().memcpy(dst, src, a.nbytes(), kDefault) != 0) return false;
+  if (driver().memcpy_dtoh(dst, reinterpret_cast<std::uintptr_t>(src), a.nbytes()) != 0) return false;
   g_copies.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

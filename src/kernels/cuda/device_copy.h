@@ -3,7 +3,7 @@
 // Why: reading an MLX array that lives in CUDA device memory on the host (array::data) makes
 // MLX allocate fresh managed memory, copy the buffer into it and keep it there: an allocation
 // and a synchronous copy for every output of every run, then page faults as the host reads it.
-// A fused node's outputs only need their bytes in ORT's buffer, which one cudaMemcpy gives.
+// A fused node's outputs only need their bytes in ORT's buffer, which one device-to-host copy gives.
 #pragma once
 
 #include <mlx/mlx.h>
