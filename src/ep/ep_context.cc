@@ -9,6 +9,11 @@
 #include <optional>
 #include <set>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "ep/graph_reader.h"
 #include "graph/serialize.h"
 
@@ -55,8 +60,8 @@ const OrtOpAttr* find_attr(const OrtNode* n, const char* name) {
   return a;
 }
 
-// The string attribute's bytes exactly as stored (binary-safe); nullopt when absent.
-std::optional<std::string> read_string_attr(const OrtNode* n, const char* name, bool strip_nul) {
+// A (short) string attribute, without the NUL ORT appends; nullopt when absent.
+std::optional<std::string> read_string_attr(const OrtNode* n, const char* name) {
   const OrtOpAttr* a = find_attr(n, name);
   if (!a) return std::nullopt;
   OrtOpAttrType type;
@@ -69,8 +74,7 @@ std::optional<std::string> read_string_attr(const OrtNode* n, const char* name, 
   size_t got = 0;
   if (need) check(g_ort->ReadOpAttr(a, type, s.data(), s.size(), &got));
   s.resize(std::min(got, s.size()));
-  if (strip_nul)
-    while (!s.empty() && s.back() == '\0') s.pop_back();
+  while (!s.empty() && s.back() == '\0') s.pop_back();
   return s;
 }
 
@@ -87,13 +91,29 @@ std::optional<int64_t> read_int_attr(const OrtNode* n, const char* name) {
   return v;
 }
 
+// The embedded payload, read once into memory the deserialized constants then point into.
+std::pair<std::string_view, std::shared_ptr<const void>> read_payload_attr(const OrtNode* n) {
+  const OrtOpAttr* a = find_attr(n, "ep_cache_context");
+  if (!a) return {};
+  OrtOpAttrType type;
+  check(g_ort->OpAttr_GetType(a, &type));
+  if (type != ORT_OP_ATTR_STRING)
+    throw std::invalid_argument("EPContext attribute 'ep_cache_context' is not a string");
+  size_t need = 0;
+  if (OrtStatus* st = g_ort->ReadOpAttr(a, type, nullptr, 0, &need)) g_ort->ReleaseStatus(st);
+  std::shared_ptr<char[]> buf(new char[need ? need : 1]);  // not zero-filled: ORT writes it all
+  size_t got = 0;
+  if (need) check(g_ort->ReadOpAttr(a, type, buf.get(), need, &got));
+  return {std::string_view(buf.get(), std::min(got, need)), buf};
+}
+
 bool is_own_context(const OrtNode* n) {
   const char* op = nullptr;
   const char* domain = nullptr;
   check(g_ort->Node_GetOperatorType(n, &op));
   check(g_ort->Node_GetDomain(n, &domain));
   if (str_of(op) != kContextOp || str_of(domain) != kContextDomain) return false;
-  auto source = read_string_attr(n, "source", /*strip_nul=*/true);
+  auto source = read_string_attr(n, "source");
   return source && *source == kEpName;
 }
 
@@ -146,39 +166,48 @@ void write_side_file(const fs::path& path, const std::string& graph_bytes, const
                              std::strerror(errno) + ")");
 }
 
+// A side file mapped read-only: the constants point into the mapping (no copy before the
+// engine's own), which they keep alive.
 struct SideFile {
-  std::string graph_bytes;
-  std::shared_ptr<std::vector<std::byte>> blob;
+  std::string_view graph_bytes, blob;
+  std::shared_ptr<const void> mapping;
 };
 
-SideFile read_side_file(const fs::path& path) {
+SideFile map_side_file(const fs::path& path) {
   auto bad = [&](const std::string& why) {
     return std::invalid_argument("EPContext side file '" + path.string() + "': " + why);
   };
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw bad(std::string("cannot be opened (") + std::strerror(errno) + ")");
-  std::error_code ec;
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) throw bad("cannot read its size (" + ec.message() + ")");
-  char magic[sizeof kFileMagic];
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw bad(std::string("cannot be opened (") + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw bad(std::string("cannot read its size (") + std::strerror(e) + ")");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
   uint64_t len = 0;
-  if (size < sizeof magic + sizeof len) throw bad("truncated (" + std::to_string(size) + " bytes)");
-  f.read(magic, sizeof magic);
-  f.read(reinterpret_cast<char*>(&len), sizeof len);
-  if (!f || std::memcmp(magic, kFileMagic, sizeof magic) != 0)
+  const size_t head = sizeof kFileMagic + sizeof len;
+  if (size < head) {
+    ::close(fd);
+    throw bad("truncated (" + std::to_string(size) + " bytes)");
+  }
+  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  ::close(fd);  // the mapping stays valid
+  if (addr == MAP_FAILED) throw bad(std::string("cannot be mapped (") + std::strerror(e) + ")");
+  std::shared_ptr<const void> mapping(addr, [size](const void* p) {
+    ::munmap(const_cast<void*>(p), size);
+  });
+  const char* base = static_cast<const char*>(addr);
+  if (std::memcmp(base, kFileMagic, sizeof kFileMagic) != 0)
     throw bad("not an MLX EP context file (bad magic)");
-  const uint64_t head = sizeof magic + sizeof len;
+  std::memcpy(&len, base + sizeof kFileMagic, sizeof len);
   if (len > size - head) throw bad("truncated: its graph needs " + std::to_string(len) + " bytes");
-  SideFile out;
-  out.graph_bytes.resize(len);
-  f.read(out.graph_bytes.data(), static_cast<std::streamsize>(len));
-  const uint64_t at = head + len;
-  const uint64_t blob_at = std::min<uint64_t>(size, (at + kFileAlign - 1) / kFileAlign * kFileAlign);
-  f.seekg(static_cast<std::streamoff>(blob_at));
-  out.blob = std::make_shared<std::vector<std::byte>>(size - blob_at);
-  f.read(reinterpret_cast<char*>(out.blob->data()), static_cast<std::streamsize>(out.blob->size()));
-  if (!f) throw bad("read failed");
-  return out;
+  const size_t at = head + static_cast<size_t>(len);
+  const size_t blob_at = std::min(size, (at + kFileAlign - 1) / kFileAlign * kFileAlign);
+  return {std::string_view(base + head, len), std::string_view(base + blob_at, size - blob_at),
+          std::move(mapping)};
 }
 
 void check_compat(const std::string& node, const std::string& found, const std::string& expected) {
@@ -275,13 +304,16 @@ graph::Graph load_context(const OrtGraph* graph, const OrtNode* ctx, const std::
   const std::string node = str_of(name);
   // The EPContext schema's default embed_mode is 1.
   const int64_t embed = read_int_attr(ctx, "embed_mode").value_or(1);
-  auto cache = read_string_attr(ctx, "ep_cache_context", /*strip_nul=*/embed != 1);
+  if (embed == 1) {
+    auto [bytes, keep] = read_payload_attr(ctx);
+    if (bytes.empty())
+      throw std::invalid_argument("EPContext node '" + node + "' has no ep_cache_context");
+    check_compat(node, graph::read_header(bytes).compat, compat);
+    return graph::deserialize(bytes, std::nullopt, std::move(keep));
+  }
+  auto cache = read_string_attr(ctx, "ep_cache_context");
   if (!cache || cache->empty())
     throw std::invalid_argument("EPContext node '" + node + "' has no ep_cache_context");
-  if (embed == 1) {
-    check_compat(node, graph::read_header(*cache).compat, compat);
-    return graph::deserialize(*cache);
-  }
   if (embed != 0)
     throw std::invalid_argument("EPContext node '" + node + "': embed_mode " +
                                 std::to_string(embed) + " is not 0 or 1");
@@ -294,9 +326,9 @@ graph::Graph load_context(const OrtGraph* graph, const OrtNode* ctx, const std::
                                   "from bytes: load it from its path");
     file = fs::path(model).parent_path() / file;
   }
-  SideFile side = read_side_file(file);
+  SideFile side = map_side_file(file);
   check_compat(node, graph::read_header(side.graph_bytes).compat, compat);
-  return graph::deserialize(side.graph_bytes, side.blob);
+  return graph::deserialize(side.graph_bytes, side.blob, std::move(side.mapping));
 }
 
 void check_context_signature(const std::string& node, const graph::Graph& g,

@@ -141,8 +141,8 @@ class Writer {
 
 class Reader {
  public:
-  Reader(std::string_view b, std::shared_ptr<std::vector<std::byte>> blob)
-      : b_(b), blob_(std::move(blob)) {}
+  Reader(std::string_view b, std::optional<std::string_view> blob, std::shared_ptr<const void> keep)
+      : b_(b), blob_(blob), keep_(std::move(keep)) {}
 
   [[noreturn]] void fail(const std::string& what) const {
     throw std::invalid_argument("MLX EP context data: " + what + " (at byte " +
@@ -228,13 +228,18 @@ class Reader {
       if (off > blob_->size() || nbytes > blob_->size() - off)
         fail("constant at offset " + std::to_string(off) + " (" + std::to_string(nbytes) +
              " bytes) lies outside the blob of " + std::to_string(blob_->size()) + " bytes");
-      t.owned = blob_;  // shared: the data points into it
-      t.data = blob_->data() + off;
-    } else {
-      need(nbytes, "tensor data");
-      t = ConstTensor::from_bytes(t.dtype, std::move(t.shape), b_.data() + pos_, t.nbytes);
-      pos_ += nbytes;
+      return place(std::move(t), blob_->data() + off);
     }
+    need(nbytes, "tensor data");
+    const char* at = b_.data() + pos_;
+    pos_ += nbytes;
+    return place(std::move(t), at);
+  }
+  // The tensor's data at `at`: shared with the buffer's owner when there is one, else copied.
+  ConstTensor place(ConstTensor t, const char* at) {
+    if (!keep_) return ConstTensor::from_bytes(t.dtype, std::move(t.shape), at, t.nbytes);
+    t.data = at;
+    t.owned = keep_;
     return t;
   }
   ValueInfo value_info() {
@@ -352,7 +357,8 @@ class Reader {
  private:
   std::string_view b_;
   size_t pos_ = 0;
-  std::shared_ptr<std::vector<std::byte>> blob_;
+  std::optional<std::string_view> blob_;
+  std::shared_ptr<const void> keep_;
   bool external_ = false;
 };
 
@@ -370,11 +376,12 @@ std::string serialize(const Graph& g, std::string_view compat, std::string* blob
 }
 
 SerializedHeader read_header(std::string_view bytes) {
-  return Reader(bytes, nullptr).header();
+  return Reader(bytes, std::nullopt, nullptr).header();
 }
 
-Graph deserialize(std::string_view bytes, std::shared_ptr<std::vector<std::byte>> blob) {
-  Reader r(bytes, std::move(blob));
+Graph deserialize(std::string_view bytes, std::optional<std::string_view> blob,
+                  std::shared_ptr<const void> keep) {
+  Reader r(bytes, blob, std::move(keep));
   r.header();
   Graph g = r.graph(0);
   r.end();

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,10 +36,12 @@ std::string serialize(const Graph& g, std::string_view compat, std::string* blob
 // Throws std::invalid_argument on bytes that are not this format or not this version.
 SerializedHeader read_header(std::string_view bytes);
 
-// Rebuilds the graph. Inline constants are copied (`owned`); external ones point into `blob`,
-// which they keep alive. Throws std::invalid_argument naming what is wrong (truncated, bad
-// magic, unknown version, out-of-range enum or offset, missing blob) -- never reads past `bytes`.
-Graph deserialize(std::string_view bytes,
-                  std::shared_ptr<std::vector<std::byte>> blob = nullptr);
+// Rebuilds the graph; `blob` is required when the constants are external. With `keep` (the
+// owner of the memory `bytes` and `blob` lie in: a mapped file, a read buffer) constants point
+// into that memory and hold it, so a big payload is not copied again; without it they are
+// copied. Throws std::invalid_argument naming what is wrong (truncated, bad magic, unknown
+// version, out-of-range enum or offset, missing blob) -- never reads outside `bytes`/`blob`.
+Graph deserialize(std::string_view bytes, std::optional<std::string_view> blob = std::nullopt,
+                  std::shared_ptr<const void> keep = nullptr);
 
 }  // namespace ortmlx::graph

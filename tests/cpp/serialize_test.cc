@@ -189,21 +189,37 @@ TEST(Serialize, RoundTripsWithConstantsInABlob) {
   // The weights went to the blob, not the graph bytes.
   EXPECT_GE(blob.size(), 4000u + 12u + 4u);
   EXPECT_LT(bytes.size(), 4000u);
-  auto shared = std::make_shared<std::vector<std::byte>>(blob.size());
-  std::memcpy(shared->data(), blob.data(), blob.size());
-  auto back = graph::deserialize(bytes, shared);
+  // Copied (no owner given): equal, and independent of the blob's memory.
+  auto back = graph::deserialize(bytes, blob);
   expect_graph_eq(g, back);
-  // Constants point into the blob and keep it alive.
-  EXPECT_EQ(back.constant("big")->owned, shared);
+  EXPECT_NE(back.constant("big")->data, static_cast<const void*>(blob.data()));
+  // With the owner of the memory: constants point into the blob and keep it alive.
+  auto keep = std::make_shared<std::string>(blob);
+  auto shared = graph::deserialize(bytes, std::string_view(*keep), keep);
+  expect_graph_eq(g, shared);
+  const auto* big = shared.constant("big");
+  EXPECT_EQ(big->owned, keep);
+  EXPECT_GE(static_cast<const char*>(big->data), keep->data());
+  EXPECT_LT(static_cast<const char*>(big->data), keep->data() + keep->size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data) % 64, reinterpret_cast<uintptr_t>(keep->data()) % 64);
   // Without the blob, or with a short one, it is refused.
   EXPECT_THROW(graph::deserialize(bytes), std::invalid_argument);
-  auto short_blob = std::make_shared<std::vector<std::byte>>(blob.size() / 2);
   try {
-    graph::deserialize(bytes, short_blob);
+    graph::deserialize(bytes, std::string_view(blob).substr(0, blob.size() / 2));
     FAIL() << "a short blob was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("outside the blob"), std::string::npos) << e.what();
   }
+}
+
+TEST(Serialize, InlineConstantsCanShareTheBuffer) {
+  auto g = sample();
+  auto keep = std::make_shared<std::string>(graph::serialize(g, "c"));
+  auto back = graph::deserialize(*keep, std::nullopt, keep);
+  expect_graph_eq(g, back);
+  EXPECT_EQ(back.constant("big")->owned, keep);
+  // Tensor attributes too (they point into the buffer as well).
+  EXPECT_EQ(back.nodes[1].attr("t")->t->owned, keep);
 }
 
 TEST(Serialize, EveryTruncationIsRejected) {

@@ -185,6 +185,42 @@ def test_context_model_runs_on_mlx_like_the_original(tmp_path, name, embed):
                 assert_close(g, r)
 
 
+def test_context_model_with_nodes_on_the_cpu_ep(tmp_path):
+    """Two MLX groups split by a node MLX declines (MaxRoiPool): two EPContext nodes, the
+    MaxRoiPool stays an ordinary node for the CPU EP, and the context model runs the same."""
+    rois = numpy_helper.from_array(np.array([[0, 0, 0, 3, 3], [0, 1, 1, 2, 3]], np.float32), "rois")
+    b = numpy_helper.from_array(rng.standard_normal((1, 2, 1, 1)).astype(np.float32), "B")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MaxRoiPool", ["r", "rois"], ["p"], name="pool",
+                              pooled_shape=[2, 2]),
+             helper.make_node("Add", ["p", "B"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "mixed", [vi("x", TP.FLOAT, [1, 2, 4, 4])],
+                          [vi("y", TP.FLOAT, [2, 2, 2, 2])], [rois, b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    src, ctx = tmp_path / "mixed.onnx", tmp_path / "mixed_ctx.onnx"
+    onnx.save(model, src)
+
+    def make(path, context=None):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so = om.record_assignment(om.session_options(DEVICE, so=so))
+        for k, v in (context or {}).items():
+            so.add_session_config_entry(k, str(v))
+        return ort.InferenceSession(str(path), sess_options=so, enable_fallback=0)
+
+    original = make(src, {"ep.context_enable": 1, "ep.context_file_path": ctx})
+    cm = onnx.load(ctx)
+    assert sorted(n.op_type for n in cm.graph.node) == ["EPContext", "EPContext", "MaxRoiPool"]
+    s = make(ctx)
+    placed = om.placement(s)
+    assert sorted(op for _, op in placed[om.EP_NAME]) == ["EPContext", "EPContext"], placed
+    assert [op for _, op in placed["CPUExecutionProvider"]] == ["MaxRoiPool"], placed
+    feeds = {"x": rng.standard_normal((1, 2, 4, 4)).astype(np.float32)}
+    np.testing.assert_array_equal(s.run(None, feeds)[0], original.run(None, feeds)[0])
+    assert_close(s.run(None, feeds)[0], run_cpu(model, feeds)[0])
+
+
 def test_side_file_is_found_relative_to_the_context_model(tmp_path):
     """embed_mode=0 names the side file relative to the context model's folder: the pair can be
     moved together."""
@@ -260,6 +296,22 @@ def test_tampered_compatibility_fails_session_creation(tmp_path, embed, key):
     msg = str(err.value)
     assert "[MLX EP]" in msg and "compiled for" in msg, msg
     assert f"{key} {new} (model) vs {fields[key]} (here)" in msg, msg
+
+
+@pytest.mark.parametrize("embed", [0, 1])
+def test_truncated_payload_fails_session_creation_cleanly(tmp_path, embed):
+    _, ctx, _ = compile_model(tmp_path, "mlp", embed)
+    cm = onnx.load(ctx)
+    a = next(a for a in context_nodes(cm)[0].attribute if a.name == "ep_cache_context")
+    if embed == 1:
+        a.s = a.s[: len(a.s) // 2]
+        onnx.save(cm, ctx)
+    else:
+        side = tmp_path / a.s.decode()
+        side.write_bytes(side.read_bytes()[:200])
+    with pytest.raises(Exception) as err:
+        ort.InferenceSession(str(ctx), sess_options=options(), enable_fallback=0)
+    assert "[MLX EP]" in str(err.value) and "truncated" in str(err.value), err.value
 
 
 def test_tampered_metadata_is_judged_by_the_factory(tmp_path):
