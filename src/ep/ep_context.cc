@@ -238,6 +238,15 @@ ContextOptions read_context_options(const OrtSessionOptions* so) {
   o.enable = flag("ep.context_enable", 0) == 1;
   o.embed_mode = flag("ep.context_embed_mode", 0);
   o.file_path = get("ep.context_file_path");
+  // ep.context_node_name_prefix is not applied: ORT 1.31 rejects an EPContext node whose name
+  // differs from its fused node's ("invalid node while compiling"), and a plugin EP cannot name
+  // the fused node. Those names already carry ORT's per-model hash.
+  // Weightless nodes take the weights as inputs; this EP's payload always carries them, so
+  // asking for them must not silently give a model with weights.
+  if (o.enable && flag("ep.enable_weightless_ep_context_nodes", 0) == 1)
+    throw std::invalid_argument(
+        "ep.enable_weightless_ep_context_nodes=1: the MLX EP writes its EPContext nodes with the "
+        "weights in their payload only (no weightless form)");
   return o;
 }
 
@@ -257,7 +266,7 @@ OrtNode* make_context_node(const ContextOptions& opt, const OrtGraph* graph, con
                            const graph::Graph& g, const std::string& compat) {
   const char* name = nullptr;
   check(g_ort->Node_GetName(fused, &name));
-  const std::string partition = str_of(name);
+  const std::string partition = str_of(name);  // ORT requires it as the EPContext node's name
   std::string cache;  // the ep_cache_context attribute
   if (opt.embed_mode == 1) {
     cache = graph::serialize(g, compat);

@@ -163,6 +163,16 @@ def test_no_context_written_without_the_session_key(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]
 
 
+def test_weightless_request_is_refused(tmp_path):
+    """The payload always carries the weights: a weightless request fails, by name, rather than
+    giving a model with weights."""
+    src = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), src)
+    with pytest.raises(Exception, match="enable_weightless_ep_context_nodes"):
+        session(src, {"ep.context_enable": 1, "ep.context_file_path": tmp_path / "w_ctx.onnx",
+                      "ep.enable_weightless_ep_context_nodes": 1})
+
+
 # ---- consuming ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("embed", [0, 1])
