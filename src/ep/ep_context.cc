@@ -241,6 +241,7 @@ ContextOptions read_context_options(const OrtSessionOptions* so) {
   // ep.context_node_name_prefix is not applied: ORT 1.31 rejects an EPContext node whose name
   // differs from its fused node's ("invalid node while compiling"), and a plugin EP cannot name
   // the fused node. Those names already carry ORT's per-model hash.
+
   // Weightless nodes take the weights as inputs; this EP's payload always carries them, so
   // asking for them must not silently give a model with weights.
   if (o.enable && flag("ep.enable_weightless_ep_context_nodes", 0) == 1)
