@@ -18,6 +18,16 @@ constexpr size_t kAlign = 64;
 // Control-flow nesting deeper than this is a corrupt file, not a model (bounds the recursion).
 constexpr int kMaxDepth = 64;
 
+// Bits per element; 0 for types a constant cannot have (string, undefined).
+uint64_t element_bits(DType t) {
+  switch (t) {
+    case DType::Int4: case DType::UInt4: case DType::Float4E2M1: return 4;
+    case DType::Int2: case DType::UInt2: return 2;
+    case DType::Float8E8M0: return 8;
+    default: return 8 * dtype_size(t);
+  }
+}
+
 class Writer {
  public:
   Writer(std::string* blob) : blob_(blob) {}
@@ -210,17 +220,18 @@ class Reader {
     for (auto d : t.shape)
       if (d < 0) fail("tensor dimension " + std::to_string(d) + " is negative");
     uint64_t nbytes = u64("tensor byte count");
-    // Whole-byte types: the byte count must agree with the shape (sub-byte ones are packed).
-    if (size_t es = dtype_size(t.dtype)) {
-      uint64_t numel = 1;
-      for (auto d : t.shape) {
-        if (d && numel > UINT64_MAX / static_cast<uint64_t>(d)) fail("tensor shape overflows");
-        numel *= static_cast<uint64_t>(d);
-      }
-      if (numel > UINT64_MAX / es || numel * es != nbytes)
-        fail("tensor of " + std::to_string(numel) + " " + dtype_name(t.dtype) + " elements says " +
-             std::to_string(nbytes) + " bytes");
+    // The byte count must be what the shape takes (the engine reads that many): packed for
+    // the sub-byte types. Strings are never constants of the view.
+    uint64_t bits = element_bits(t.dtype);
+    if (!bits) fail(std::string("a constant of element type ") + dtype_name(t.dtype));
+    uint64_t numel = 1;
+    for (auto d : t.shape) {
+      if (d && numel > UINT64_MAX / 128 / static_cast<uint64_t>(d)) fail("tensor shape overflows");
+      numel *= static_cast<uint64_t>(d);
     }
+    if ((numel * bits + 7) / 8 != nbytes)
+      fail("tensor of " + std::to_string(numel) + " " + dtype_name(t.dtype) + " elements says " +
+           std::to_string(nbytes) + " bytes");
     t.nbytes = static_cast<size_t>(nbytes);
     if (external) {
       uint64_t off = u64("constant offset");

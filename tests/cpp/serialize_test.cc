@@ -222,6 +222,20 @@ TEST(Serialize, InlineConstantsCanShareTheBuffer) {
   EXPECT_EQ(back.nodes[1].attr("t")->t->owned, keep);
 }
 
+TEST(Serialize, ConstantSizesMustMatchTheirShapes) {
+  // Packed 4-bit constants round-trip (ceil(numel / 2) bytes)...
+  graph::Graph g;
+  uint8_t packed[3] = {0x21, 0x43, 0x05};
+  g.constants["q"] = graph::ConstTensor::from_bytes(DType::Int4, {5}, packed, 3);
+  auto back = graph::deserialize(graph::serialize(g, "c"));
+  EXPECT_EQ(back.constant("q")->nbytes, 3u);
+  // ...and a byte count the shape does not take is refused: the engine would read past it.
+  g.constants["q"] = graph::ConstTensor::from_bytes(DType::Int4, {9}, packed, 3);
+  EXPECT_THROW(graph::deserialize(graph::serialize(g, "c")), std::invalid_argument);
+  g.constants["q"] = graph::ConstTensor::from_bytes(DType::Float32, {2}, packed, 3);
+  EXPECT_THROW(graph::deserialize(graph::serialize(g, "c")), std::invalid_argument);
+}
+
 TEST(Serialize, EveryTruncationIsRejected) {
   auto bytes = graph::serialize(sample(), "compat");
   for (size_t n = 0; n < bytes.size(); ++n) {
