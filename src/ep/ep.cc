@@ -6,6 +6,7 @@
 #include <mlx/mlx.h>
 
 #include "ep/device_memory.h"
+#include "ep/ep_context.h"
 #include "ep/error_wall.h"
 #include "ep/graph_reader.h"
 #include "ep/node_compute.h"
@@ -71,6 +72,18 @@ OrtStatus* MlxEp::GetCapabilityImpl(OrtEp* self, const OrtGraph* graph,
 void MlxEp::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
   const trace::ScopedOwner owner(this);
   trace::Span span("session", "claim nodes");
+  // A compiled model: each EPContext node of ours is one fused node (its payload is the group),
+  // claimed without reading the rest of the graph; other EPs' EPContext nodes are left alone.
+  if (auto ctx = own_context_nodes(graph); !ctx.empty()) {
+    OrtNodeFusionOptions fusion{};
+    fusion.ort_version_supported = g_api_version;
+    fusion.drop_constant_initializers = true;
+    for (const OrtNode* n : ctx)
+      check(g_ep_api->EpGraphSupportInfo_AddNodesToFuse(info, &n, 1, &fusion));
+    if (options_.engine.log_level >= 1)
+      std::cerr << "[MLX EP] GetCapability: claimed " << ctx.size() << " EPContext node(s)\n";
+    return;
+  }
   GraphRead read = read_graph(graph);
   const auto& g = read.graph;
   partition::Result result;
@@ -133,19 +146,23 @@ OrtStatus* MlxEp::CompileImpl(OrtEp* self, const OrtGraph** graphs, const OrtNod
     if (ep_context_nodes) ep_context_nodes[i] = nullptr;
   }
   OrtStatus* st = guard("Compile", [&] {
-    static_cast<MlxEp*>(self)->compile(graphs, fused_nodes, count, infos);
+    static_cast<MlxEp*>(self)->compile(graphs, fused_nodes, count, infos, ep_context_nodes);
   });
-  if (st) {  // free what was built before the failure
+  if (st) {  // free what was built before the failure (ORT takes no ownership then)
     for (size_t i = 0; i < count; ++i) {
       delete static_cast<FusedNodeCompute*>(infos[i]);
       infos[i] = nullptr;
+      if (ep_context_nodes && ep_context_nodes[i]) {
+        g_ort->ReleaseNode(ep_context_nodes[i]);
+        ep_context_nodes[i] = nullptr;
+      }
     }
   }
   return st;
 }
 
 void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t count,
-                    OrtNodeComputeInfo** infos) {
+                    OrtNodeComputeInfo** infos, OrtNode** ep_context_nodes) {
   for (size_t i = 0; i < count; ++i) {
     const char* name = nullptr;
     check(g_ort->Node_GetName(fused_nodes[i], &name));
@@ -153,13 +170,27 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
     const trace::ScopedOwner owner(this);
     trace::Span span("session", "prepare fused node");
     span.arg("fused_node", fused_name);
+    auto inputs = node_input_names(fused_nodes[i]);
+    auto outputs = node_output_names(fused_nodes[i]);
     // The OrtGraph is valid only during Compile: the view's constants are copied into MLX
     // arrays by the Program constructor, before we return.
-    GraphRead read = read_graph(graphs[i]);
-    auto program = engine::make_program(
-        fused_name, read.graph, node_input_names(fused_nodes[i]),
-        node_output_names(fused_nodes[i]), options_.engine);
+    graph::Graph g;
+    if (const OrtNode* ctx = own_context_graph(graphs[i])) {
+      g = load_context(graphs[i], ctx, compat_info_);  // the saved group, compatibility checked
+      check_context_signature(fused_name, g, inputs, outputs);
+    } else {
+      g = std::move(read_graph(graphs[i]).graph);
+    }
+    auto program = engine::make_program(fused_name, g, inputs, outputs, options_.engine);
     infos[i] = new FusedNodeCompute(std::move(program), this);  // freed in ReleaseNodeComputeInfos
+    // ORT passes the array even when no compiled model is asked for: the session key decides.
+    if (ep_context_nodes && options_.context.enable) {
+      // The saved graph's inputs and outputs are the program's signature: the fused node's.
+      g.inputs = inputs;
+      g.outputs = outputs;
+      ep_context_nodes[i] =
+          make_context_node(options_.context, graphs[i], fused_nodes[i], g, compat_info_);
+    }
   }
 }
 

@@ -72,7 +72,7 @@ class MlxEp : public OrtEp {
 
   void get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info);
   void compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t count,
-               OrtNodeComputeInfo** infos);
+               OrtNodeComputeInfo** infos, OrtNode** ep_context_nodes);
 
   MlxEpFactory& factory_;
   EpOptions options_;

@@ -13,6 +13,7 @@
 #include "engine/device_buffers.h"
 #include "ep/device_memory.h"
 #include "ep/ep.h"
+#include "ep/ep_context.h"
 #include "ep/error_wall.h"
 #include "trace/trace_file.h"
 
@@ -209,6 +210,7 @@ OrtStatus* MlxEpFactory::CreateEpImpl(OrtEpFactory* self, const OrtHardwareDevic
     *ep = nullptr;
     // session_options is valid only during this call: parse everything now.
     EpOptions opts = parse_options(provider_options(session_options));
+    opts.context = read_context_options(session_options);
     if (!opts.report_path.empty()) {
       // Fail now, naming the path, rather than drop every report line later.
       std::ofstream probe(opts.report_path, std::ios::app);
@@ -264,11 +266,38 @@ void MlxEpFactory::ReleaseEpImpl(OrtEpFactory*, OrtEp* ep) noexcept {
 }
 
 OrtStatus* MlxEpFactory::ValidateCompiledModelCompatibilityInfoImpl(
-    OrtEpFactory*, const OrtHardwareDevice* const*, size_t, const char*,
-    OrtCompiledModelCompatibility* out) noexcept {
-  // No EPContext models are produced yet, so nothing compiled can be judged.
-  *out = OrtCompiledModelCompatibility_EP_NOT_APPLICABLE;
-  return nullptr;
+    OrtEpFactory*, const OrtHardwareDevice* const* devices, size_t num_devices,
+    const char* compat_info, OrtCompiledModelCompatibility* out) noexcept {
+  return guard("ValidateCompiledModelCompatibilityInfo", [&] {
+    *out = OrtCompiledModelCompatibility_EP_NOT_APPLICABLE;
+    auto info = parse_compat(compat_info ? compat_info : "");
+    if (info[""] != kEpName) return;  // another EP's string
+    // Compile refuses any other EP or MLX version (the saved group is rebuilt by this build's
+    // translators), so those are unsupported, not merely suboptimal.
+    if (info["version"] != kEpVersion || info["mlx"] != mx::version()) {
+      *out = OrtCompiledModelCompatibility_EP_UNSUPPORTED;
+      return;
+    }
+    bool has_gpu = false, has_cpu = false;
+    for (size_t i = 0; i < num_devices; ++i) {
+      auto type = g_ort->HardwareDevice_Type(devices[i]);
+      has_gpu |= type == OrtHardwareDeviceType_GPU;
+      has_cpu |= type == OrtHardwareDeviceType_CPU;
+    }
+    has_gpu = has_gpu && mlx_has_gpu();
+    if (info["device"] == "gpu") {
+      *out = has_gpu ? OrtCompiledModelCompatibility_EP_SUPPORTED_OPTIMAL
+                     : OrtCompiledModelCompatibility_EP_UNSUPPORTED;
+    } else if (info["device"] == "cpu") {
+      // Runs with device=cpu; with a GPU offered, device=auto would pick it and need a
+      // recompile for it.
+      *out = !has_cpu ? OrtCompiledModelCompatibility_EP_UNSUPPORTED
+             : has_gpu ? OrtCompiledModelCompatibility_EP_SUPPORTED_PREFER_RECOMPILATION
+                       : OrtCompiledModelCompatibility_EP_SUPPORTED_OPTIMAL;
+    } else {
+      *out = OrtCompiledModelCompatibility_EP_UNSUPPORTED;
+    }
+  });
 }
 
 OrtStatus* MlxEpFactory::CreateAllocatorImpl(OrtEpFactory* self, const OrtMemoryInfo* info,

@@ -9,6 +9,14 @@
 
 namespace ortmlx::ep {
 
+// EPContext models: ORT's own session keys (ep.context_*), not provider options; read in CreateEp
+// (ep_context.cc). embed_mode 0 is ORT's documented default (a side file next to the model).
+struct ContextOptions {
+  bool enable = false;
+  int embed_mode = 0;
+  std::string file_path;  // the context model; "" = ORT's default, <model>_ctx.onnx
+};
+
 struct EpOptions {
   std::string device = "auto";     // auto | cpu | gpu
   engine::Options engine;
@@ -22,6 +30,7 @@ struct EpOptions {
   // MLX's GPU backend runs float32 matmuls as TF32 unless MLX_ENABLE_TF32=0 (~1e-3 relative
   // error; the conformance set had 5 wrong results from it). 0 (default) asks for full float32.
   int tf32 = 0;
+  ContextOptions context;
 };
 
 // `entries`: the session's provider options (keys without the "ep.<name>." prefix).

@@ -149,9 +149,10 @@ ConstTensor ConstTensor::from_bytes(DType dtype, std::vector<int64_t> shape, con
   ConstTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.owned = std::make_shared<std::vector<std::byte>>(nbytes);
-  if (nbytes) std::memcpy(t.owned->data(), src, nbytes);
-  t.data = t.owned->data();
+  auto bytes = std::make_shared<std::vector<std::byte>>(nbytes);
+  if (nbytes) std::memcpy(bytes->data(), src, nbytes);
+  t.data = bytes->data();
+  t.owned = std::move(bytes);
   t.nbytes = nbytes;
   return t;
 }

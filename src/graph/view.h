@@ -34,13 +34,13 @@ bool is_signed_integer(DType t);
 
 // A constant tensor: an initializer or a tensor attribute. `data` is only guaranteed valid
 // during the ORT callback that produced the view (ORT owns initializer memory) unless `owned`
-// holds the bytes (tensor attributes, tests).
+// keeps alive the memory it points into (tensor attributes, tests, a loaded EPContext payload).
 struct ConstTensor {
   DType dtype = DType::Undefined;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;
-  std::shared_ptr<std::vector<std::byte>> owned;
+  std::shared_ptr<const void> owned;
 
   int64_t numel() const;
   // Element i converted to int64/double (any numeric dtype). Throws on unsupported dtypes.
