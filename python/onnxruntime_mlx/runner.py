@@ -47,6 +47,17 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
     return dims
 
 
+def parse_options(items: list[str] | None) -> dict[str, str]:
+    """--option KEY=VALUE items as provider options."""
+    opts = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise om.UsageError(f"--option expects KEY=VALUE, got {item!r}")
+        opts[k] = v
+    return opts
+
+
 def parse_inputs(items: list[str] | None) -> dict[str, str]:
     """--input NAME=FILE.npy|VALUE items as {name: text}."""
     out: dict[str, str] = {}
@@ -439,12 +450,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = {}
-    for item in args.option:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise om.UsageError(f"--option expects KEY=VALUE, got {item!r}")
-        opts[k] = v
+    opts = parse_options(args.option)
     if args.runs < 1 or args.warmup < 0:
         raise om.UsageError("--runs must be >= 1 and --warmup >= 0")
     try:

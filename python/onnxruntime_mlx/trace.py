@@ -69,12 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxruntime_mlx import runner
     if args.runs < 1:
         raise om.UsageError("--runs must be >= 1")
-    opts = {}
-    for item in args.option:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise om.UsageError(f"--option expects KEY=VALUE, got {item!r}")
-        opts[k] = v
+    opts = runner.parse_options(args.option)
     if args.profile_ops:
         opts["profile_ops"] = "1"
     out = pathlib.Path(args.out).resolve()

@@ -213,7 +213,7 @@ SideFile map_side_file(const fs::path& path) {
 void check_compat(const std::string& node, const std::string& found, const std::string& expected) {
   if (found == expected) return;
   throw OrtError(ORT_FAIL, "EPContext node '" + node + "' was compiled for '" + found +
-                               "', this session is '" + expected + "' (" +
+                               "', the running EP is '" + expected + "' (" +
                                compat_mismatch(found, expected) +
                                "): recompile the original model (ep.context_enable=1)");
 }
