@@ -84,6 +84,8 @@ OPTIONS: dict[str, tuple] = {
     "int8_emulation": (0, 1, "auto"),
     "profile_ops": (0, 1),
     "device_copies": (0, 1),
+    "fuse_matmuls": (0, 1),
+    "fused_skip_norm": (0, 1),
 }
 
 

@@ -26,6 +26,7 @@ struct Options {
   bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
   bool gpu_kernels = true;      // the EP's own CUDA kernels where an op has one (kernels/cuda)
   bool inplace_rows = true;     // outputs that are an EP-memory input with rows updated: see RowUpdate
+  bool fuse_matmuls = true;     // products of one input by constant weights as one (graph/fuse_matmuls.h)
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
   int log_level = 0;            // 0 quiet, 1 info, 2 verbose (stderr)
@@ -44,6 +45,7 @@ struct Options {
   bool zero_bias = true;     // attention leaves out a bias known to be all zeros
   bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
   bool cpu_gemv = true;      // the EP's CPU kernels (kernels/cpu)
+  bool fused_skip_norm = true;  // SkipSimplifiedLayerNormalization as one CUDA kernel (with gpu_kernels)
 };
 
 struct Stats {

@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
+#include "graph/fuse_matmuls.h"
 #include "kernels/cuda/device_copy.h"
 #include "engine/index_check.h"
 #include "engine/memory_guard.h"
@@ -145,6 +146,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
     : name_(std::move(name)), where_("fused node '" + name_ + "'"), graph_(g),
       input_names_(std::move(input_names)), output_names_(std::move(output_names)), opt_(opt),
       cache_(opt.cache_capacity), family_(opt.step_order, opt.log_level, where_) {
+  if (opt_.fuse_matmuls) graph::fuse_sibling_matmuls(graph_);
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);

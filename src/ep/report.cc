@@ -5,6 +5,7 @@
 #include "engine/device_buffers.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/skip_rms_norm.h"
 #include "ep/ort_api.h"
 #include "trace/trace.h"
 
@@ -39,7 +40,14 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
     << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled
     << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
-    << ",\"process_device_copies\":" << kernels::cuda::host_copies() << "}\n";
+    << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()
+    << ",\"process_device_copies\":" << kernels::cuda::host_copies()
+    << ",\"process_device_copy_skips\":{";
+  for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
+    auto why = static_cast<kernels::cuda::CopySkip>(i);
+    f << (i ? "," : "") << '"' << kernels::cuda::copy_skip_name(why) << "\":" << kernels::cuda::copy_skips(why);
+  }
+  f << "}}\n";
   return f.str();
 }
 

@@ -16,6 +16,7 @@ struct TranslationSwitches {
   bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
   bool cpu_kernels = true;   // the EP's CPU kernels (kernels/cpu/kernels.h)
   bool gpu_kernels = true;   // the EP's CUDA kernels where an op has one (kernels/cuda)
+  bool skip_norm_kernel = true;  // ... SkipSimplifiedLayerNormalization's (kernels/cuda/skip_rms_norm.h)
 };
 
 // The calling thread's current switches.

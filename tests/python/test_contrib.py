@@ -500,6 +500,48 @@ def test_skip_layer_norm_half_and_unused_outputs(op):
         np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.skipif(oracle.DEVICE != "gpu", reason="the fused kernel exists on MLX's CUDA backend only")
+@pytest.mark.parametrize("dtype,bias", [(np.float16, False), (np.float32, True)])
+def test_skip_simplified_layer_norm_cuda_kernel(dtype, bias, tmp_path):
+    """On a CUDA GPU, SkipSimplifiedLayerNormalization's add and RMS normalization run as the
+    EP's one kernel (kernels/cuda/skip_rms_norm): the report counts its graph nodes, and both
+    outputs equal MLX's own ops (gpu_kernels=0) and ORT's CPU EP. Broken by a kernel that drops
+    the bias, rounds the sum otherwise, or a translator that no longer takes it."""
+    import json
+    from onnx import helper
+    B, S, D = 2, 5, 1000  # D not a multiple of the block's threads
+    feeds = {"x": rng.standard_normal((B, S, D)).astype(dtype),
+             "skip": rng.standard_normal((B, S, D)).astype(dtype),
+             "gamma": rng.standard_normal(D).astype(dtype)}
+    if bias:
+        feeds["bias"] = rng.standard_normal(D).astype(dtype)
+    t = oracle.tensor_type(feeds["x"])
+    node = helper.make_node("SkipSimplifiedLayerNormalization", list(feeds), ["y", "", "", "sum"],
+                            domain=MS, epsilon=1e-6)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, list(a.shape))
+                                            for n, a in feeds.items()],
+                              [helper.make_tensor_value_info(n, t, None) for n in ("y", "sum")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+
+    def run(kernels):
+        report = tmp_path / f"r{kernels}.jsonl"
+        outs, placed = run_mlx(m, feeds, gpu_kernels=kernels, report_path=str(report))
+        assert set(placed) == {om.EP_NAME}
+        import gc
+        gc.collect()
+        line = next(json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x)
+        return outs, line["process_skip_rms_norm_nodes"]
+
+    off, nodes_off = run(0)
+    on, nodes_on = run(1)
+    assert nodes_on > nodes_off, "the node did not take the kernel"
+    tol = 1e-2 if dtype == np.float16 else 1e-5
+    for a, b, r in zip(on, off, run_cpu(m, feeds)):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=tol, atol=tol)
+        np.testing.assert_allclose(a.astype(np.float32), r.astype(np.float32), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("domain", ["", MS])
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_simplified_layer_norm(domain, axis):
@@ -881,3 +923,47 @@ def test_matmul_nbits_int8_emulation_off(M):
     np.testing.assert_allclose(off[0], ref, rtol=1e-4, atol=1e-4)
     on, _ = oracle.run_mlx(model, {"A": a}, int8_emulation=1)
     assert np.max(np.abs(on[0] - ref)) > 10 * np.max(np.abs(off[0] - ref))  # the switch acts
+
+
+@pytest.mark.parametrize("op", ["MatMul", "MatMulNBits"])
+def test_sibling_products_fused(op, capfd):
+    """Products of one input by constant weights run as one product and a split (option
+    fuse_matmuls, graph/fuse_matmuls): each output equals ORT's CPU EP and the unfused run, and
+    the fused run evaluates fewer products. Broken by weights concatenated in the wrong order
+    or along the wrong axis, or by a rewrite that no longer happens."""
+    import re
+    from onnx import helper
+    K, Ns, block = 64, (24, 40, 8), 32
+    x = rng.standard_normal((1, 1, K)).astype(np.float32)
+    nodes, inits = [], []
+    for i, N in enumerate(Ns):
+        if op == "MatMul":
+            inits.append(numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), f"w{i}"))
+            nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]))
+        else:
+            B, scales, zp = nbits_weights(K, N, 4, block, "u8")
+            inits += [numpy_helper.from_array(B, f"b{i}"), numpy_helper.from_array(scales, f"s{i}"),
+                      numpy_helper.from_array(zp, f"z{i}")]
+            nodes.append(helper.make_node("MatMulNBits", ["x", f"b{i}", f"s{i}", f"z{i}"], [f"y{i}"], domain=MS,
+                                          K=K, N=N, bits=4, block_size=block))
+    graph = helper.make_graph(nodes, "siblings", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(3)],
+                              inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+
+    def products(fuse):
+        capfd.readouterr()
+        outs, placed = run_mlx(m, {"x": x}, fuse_matmuls=fuse, log_level=3)
+        assert set(placed) == {om.EP_NAME}, placed
+        line = [ln for ln in capfd.readouterr().err.splitlines() if " evaluates:" in ln][-1]
+        counts = dict(re.findall(r" (\w+)=(\d+)", line.split(" evaluates:")[1]))
+        return outs, sum(int(v) for k, v in counts.items() if re.search("Matmul|Gemv|Quantized", k))
+
+    fused, n_fused = products(1)
+    apart, n_apart = products(0)
+    assert n_fused < n_apart, (n_fused, n_apart)
+    for a, b, r in zip(fused, apart, run_cpu(m, {"x": x})):
+        assert a.shape == r.shape
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a, r, rtol=1e-3, atol=1e-3)

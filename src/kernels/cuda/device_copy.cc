@@ -1,5 +1,6 @@
 #include "kernels/cuda/device_copy.h"
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -45,39 +46,74 @@ const Driver& driver() {
 
 std::atomic<bool> g_layout_ok{true};
 std::atomic<size_t> g_copies{0};
+std::array<std::atomic<size_t>, kCopySkipReasons> g_skips{};
 
-// The device buffer under `a`, or null when it is not one this code may copy from.
-const CudaBufferView* device_buffer(const mx::array& a) {
-  if (!g_layout_ok.load(std::memory_order_relaxed) || !driver().memcpy_dtoh) return nullptr;
-  if (!a.is_available() || a.nbytes() == 0) return nullptr;
+// The device buffer under `a`, or null (with why) when it is not one this code may copy from.
+const CudaBufferView* device_buffer(const mx::array& a, CopySkip* why) {
+  auto skip = [why](CopySkip r) -> const CudaBufferView* {
+    *why = r;
+    return nullptr;
+  };
+  if (!driver().memcpy_dtoh) return skip(CopySkip::no_driver);
+  if (!g_layout_ok.load(std::memory_order_relaxed)) return skip(CopySkip::layout);
+  if (!a.is_available() || a.nbytes() == 0) return skip(CopySkip::empty);
   const auto& buffer = a.buffer();
   const auto* view = static_cast<const CudaBufferView*>(buffer.ptr());
-  if (!view) return nullptr;
+  if (!view) return skip(CopySkip::empty);
   if (view->size != mx::allocator::allocator().size(buffer) || view->device < -1) {
     g_layout_ok = false;  // not the layout this build assumes: MLX's own reads from now on
-    return nullptr;
+    return skip(CopySkip::layout);
   }
-  if (view->device < 0 || !view->data) return nullptr;
-  if (a.offset() < 0 || static_cast<size_t>(a.offset()) + a.nbytes() > view->size) return nullptr;
+  if (view->device < 0 || !view->data) return skip(CopySkip::unified_memory);
+  if (a.offset() < 0 || static_cast<size_t>(a.offset()) + a.nbytes() > view->size)
+    return skip(CopySkip::offset);
   int current = -1;  // no context current on this thread: an error, and MLX's own read
-  if (driver().ctx_get_device(&current) != 0 || current != view->device) return nullptr;
+  if (driver().ctx_get_device(&current) != 0 || current != view->device)
+    return skip(CopySkip::context_device);
   return view;
 }
 
+void count_skip(CopySkip why) { g_skips[static_cast<size_t>(why)].fetch_add(1, std::memory_order_relaxed); }
+
 }  // namespace
 
-bool in_device_memory(const mx::array& a) { return device_buffer(a) != nullptr; }
+bool in_device_memory(const mx::array& a) {
+  CopySkip why{};
+  return device_buffer(a, &why) != nullptr;
+}
 
 bool copy_to_host(const mx::array& a, void* dst) {
   if (!dst || !a.flags().row_contiguous) return false;
-  const CudaBufferView* view = device_buffer(a);
-  if (!view) return false;
+  CopySkip why{};
+  const CudaBufferView* view = device_buffer(a, &why);
+  if (!view) {
+    count_skip(why);
+    return false;
+  }
   const auto* src = static_cast<const std::byte*>(view->data) + a.offset();
-  if (driver().memcpy_dtoh(dst, reinterpret_cast<std::uintptr_t>(src), a.nbytes()) != 0) return false;
+  if (driver().memcpy_dtoh(dst, reinterpret_cast<std::uintptr_t>(src), a.nbytes()) != 0) {
+    count_skip(CopySkip::copy_failed);
+    return false;
+  }
   g_copies.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 size_t host_copies() { return g_copies.load(std::memory_order_relaxed); }
+
+size_t copy_skips(CopySkip why) { return g_skips[static_cast<size_t>(why)].load(std::memory_order_relaxed); }
+
+const char* copy_skip_name(CopySkip why) {
+  switch (why) {
+    case CopySkip::no_driver: return "no_driver";
+    case CopySkip::layout: return "layout";
+    case CopySkip::empty: return "empty";
+    case CopySkip::unified_memory: return "unified_memory";
+    case CopySkip::offset: return "offset";
+    case CopySkip::context_device: return "context_device";
+    case CopySkip::copy_failed: return "copy_failed";
+  }
+  return "?";
+}
 
 }  // namespace ortmlx::kernels::cuda

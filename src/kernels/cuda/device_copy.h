@@ -24,4 +24,15 @@ bool in_device_memory(const mx::array& a);
 // Process totals, for tests and reports: copies made by copy_to_host.
 size_t host_copies();
 
+// Why copy_to_host left an output to MLX's host read: no CUDA driver loaded (the CPU or Metal
+// backend), an unknown buffer layout, nothing to copy, a buffer in managed or pinned host memory
+// (where MLX's read costs no copy), a view past its buffer, another device's buffer, or the
+// driver's copy failing.
+enum class CopySkip : unsigned char {
+  no_driver, layout, empty, unified_memory, offset, context_device, copy_failed
+};
+inline constexpr size_t kCopySkipReasons = 7;
+size_t copy_skips(CopySkip why);
+const char* copy_skip_name(CopySkip why);
+
 }  // namespace ortmlx::kernels::cuda

@@ -8,7 +8,9 @@
 // axis; the statistics outputs (mean, inv_std_var) are composed and only evaluated when used.
 #include <cmath>
 
+#include "kernels/cuda/skip_rms_norm.h"
 #include "ops/contrib/contrib_internal.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -31,12 +33,20 @@ Outputs skip_norm(OpContext& c, bool simplified) {
   const float eps = c.node.attr_float("epsilon", 1e-12f);
   const mx::Dtype ct = compute_dtype(x, c.s);
   const int D = x.shape(-1);
-  auto sum = mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
   const size_t bias_i = simplified ? 3 : 4;
-  if (c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
+  // On a CUDA GPU the add and the RMS normalization are one kernel of the EP's (its sum rounded
+  // to x's dtype as the add below rounds it).
+  std::optional<std::pair<mx::array, mx::array>> fused;
+  if (simplified && translation_switches().skip_norm_kernel)
+    fused = kernels::cuda::skip_rms_norm(x, c.in(1), c.in(2), c.has(bias_i) ? std::optional(c.in(bias_i)) : std::nullopt,
+                                         eps, c.s);
+  auto sum = fused ? fused->second : mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
+  if (!fused && c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
   auto gamma = mx::reshape(in_as(c, 2, ct), {D}, c.s);
   mx::array y = sum;
-  if (simplified) {
+  if (fused) {
+    y = fused->first;
+  } else if (simplified) {
     y = mx::fast::rms_norm(sum, gamma, eps, c.s);
   } else {
     std::optional<mx::array> beta;
