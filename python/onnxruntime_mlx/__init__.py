@@ -86,6 +86,7 @@ OPTIONS: dict[str, tuple] = {
     "device_copies": (0, 1),
     "fuse_matmuls": (0, 1),
     "fused_skip_norm": (0, 1),
+    "step_row_writes": (0, 1),
 }
 
 

@@ -84,6 +84,7 @@ struct Counters {
   std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer
   std::atomic<uint64_t> outputs_written_on_device{0};  // ... of those, by MLX on the device
   std::atomic<uint64_t> outputs_rows_in_place{0};  // ... of those, only their new rows (RowWrite)
+  std::atomic<uint64_t> outputs_rows_in_step{0};   // ... of those, by the run's own evaluation
   std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
 };

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ struct Options {
   bool index_check = true;      // out-of-range indices fail the run (engine/index_check.h)
   bool gpu_kernels = true;      // the EP's own CUDA kernels where an op has one (kernels/cuda)
   bool inplace_rows = true;     // outputs that are an EP-memory input with rows updated: see RowUpdate
+  bool step_row_writes = true;  // with inplace_rows on a CUDA GPU: rows written by the run's own evaluation
   bool fuse_matmuls = true;     // products of one input by constant weights as one (graph/fuse_matmuls.h)
   bool gpu = false;             // run on MLX's GPU device
   bool device_memory = false;   // inputs may be the EP's own allocations (device_buffers.h)
@@ -120,8 +122,27 @@ struct RowUpdate {
   const void* input_data = nullptr;
   mx::array update, start;
   std::vector<int> axes;
+  // Already written into the bound buffer by the run's own evaluation (on a CUDA GPU, one
+  // kernel for all of a run's rows: kernels/cuda/write_rows.h); nothing is left to do.
+  bool written = false;
 };
 std::vector<RowUpdate> take_row_updates();
+
+// The buffer ORT will hand back for output `output` of the run in progress, given its value
+// (shape and dtype), or null when not known. Set by the ABI layer around FusedProgram::run on
+// the calling thread; with it a run can write rows into a bound output buffer in its own
+// evaluation.
+using OutputBufferQuery = std::function<const void*(size_t output, const mx::array& value)>;
+class OutputBufferScope {
+ public:
+  explicit OutputBufferScope(OutputBufferQuery q);
+  ~OutputBufferScope();
+  OutputBufferScope(const OutputBufferScope&) = delete;
+  OutputBufferScope& operator=(const OutputBufferScope&) = delete;
+
+ private:
+  OutputBufferQuery prev_;
+};
 // Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
 // storage is written in ORT's layout (4-bit values packed two per byte). `device_copy`: one
 // cudaMemcpy when `a` is in CUDA device memory (Options::device_copies).

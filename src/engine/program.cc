@@ -15,6 +15,7 @@
 #include "engine/device_buffers.h"
 #include "graph/fuse_matmuls.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/write_rows.h"
 #include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
@@ -38,10 +39,12 @@ const char* last_run_path() { return tl_last_run_path; }
 
 namespace {
 thread_local std::vector<RowUpdate> tl_row_updates;
+thread_local OutputBufferQuery tl_output_buffer;
 
 // Output `out` as slice_update(input, update, start) of a run input held in EP memory (see
 // RowUpdate), seen through the final row-contiguous copy, which is a view for it.
-std::optional<RowUpdate> row_update_of(const mx::array& out, size_t i, const std::vector<HostTensor>& raw) {
+std::optional<RowUpdate> row_update_of(const mx::array& out, size_t i, const std::vector<HostTensor>& raw,
+                                       std::optional<mx::array>* buffer) {
   const mx::array* a = &out;
   if (a->has_primitive() && std::string_view(a->primitive().name()) == "Contiguous" && a->inputs().size() == 1)
     a = &a->inputs()[0];
@@ -56,13 +59,18 @@ std::optional<RowUpdate> row_update_of(const mx::array& out, size_t i, const std
     return std::nullopt;
   for (const auto& t : raw)
     if (t.kind == HostTensor::Kind::Tensor && t.data && t.data == src.data<void>() &&
-        device_buffers::owns(t.data))
+        device_buffers::owns(t.data)) {
+      *buffer = src;
       return RowUpdate{i, t.data, a->inputs()[1], a->inputs()[2], dsu->state()};
+    }
   return std::nullopt;
 }
 }  // namespace
 
 std::vector<RowUpdate> take_row_updates() { return std::exchange(tl_row_updates, {}); }
+
+OutputBufferScope::OutputBufferScope(OutputBufferQuery q) : prev_(std::exchange(tl_output_buffer, std::move(q))) {}
+OutputBufferScope::~OutputBufferScope() { tl_output_buffer = std::move(prev_); }
 
 std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph& g,
                                            std::vector<std::string> input_names,
@@ -330,15 +338,39 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // the evaluation; their rows and positions are evaluated instead.
     std::vector<mx::array> todo;
     tl_row_updates.clear();
+    // Rows whose output ORT binds to the very buffer they update: on a CUDA GPU written by one
+    // kernel inside this evaluation (the attention reads only rows below the new ones).
+    std::vector<mx::array> row_buffers, row_updates, row_starts;
+    std::vector<size_t> merged;
     for (size_t i = 0; i < outs.size(); ++i) {
       std::optional<RowUpdate> r;
-      if (i < num_outputs() && opt_.inplace_rows && device_memory()) r = row_update_of(outs[i], i, raw);
+      std::optional<mx::array> buffer;
+      if (i < num_outputs() && opt_.inplace_rows && device_memory()) r = row_update_of(outs[i], i, raw, &buffer);
       if (r) {
-        todo.push_back(r->update);
-        todo.push_back(r->start);
+        if (opt_.gpu && opt_.gpu_kernels && opt_.step_row_writes && tl_output_buffer && r->axes == std::vector<int>{2} &&
+            tl_output_buffer(i, outs[i]) == r->input_data) {
+          row_buffers.push_back(*buffer);
+          row_updates.push_back(r->update);
+          row_starts.push_back(r->start);
+          merged.push_back(tl_row_updates.size());
+        } else {
+          todo.push_back(r->update);
+          todo.push_back(r->start);
+        }
         tl_row_updates.push_back(std::move(*r));
       } else {
         todo.push_back(outs[i]);
+      }
+    }
+    if (!merged.empty()) {
+      if (auto done = kernels::cuda::write_rows(row_buffers, row_updates, row_starts, s)) {
+        todo.push_back(*done);
+        for (auto k : merged) tl_row_updates[k].written = true;
+      } else {
+        for (auto k : merged) {
+          todo.push_back(tl_row_updates[k].update);
+          todo.push_back(tl_row_updates[k].start);
+        }
       }
     }
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)

@@ -78,6 +78,16 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
       inputs = read_inputs(ctx, n_in, items);
     }
     if (span.active()) span.arg("inputs", shapes_of(inputs));
+    // Which buffer an output goes to, asked before the evaluation (rows of a bound KV buffer
+    // are then written by it); ORT hands back the same buffer when write_outputs asks again.
+    const engine::OutputBufferScope bound([ctx](size_t i, const mlx::core::array& v) -> const void* {
+      std::vector<int64_t> dims(v.shape().begin(), v.shape().end());
+      OrtValue* out = nullptr;
+      check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
+      void* dst = nullptr;
+      check(g_ort->GetTensorMutableData(out, &dst));
+      return dst;
+    });
     auto outputs = program->run(inputs);
     const auto rows = engine::take_row_updates();
     const auto t_outputs = std::chrono::steady_clock::now();

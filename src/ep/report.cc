@@ -61,6 +61,7 @@ std::string device_memory_line() {
     << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
     << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
     << ",\"outputs_rows_in_place\":" << c.outputs_rows_in_place
+    << ",\"outputs_rows_in_step\":" << c.outputs_rows_in_step
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
     << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
     << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
