@@ -96,7 +96,9 @@ def _fused_node_totals(report: pathlib.Path) -> dict:
     released), summed over the fused nodes."""
     from onnxruntime_mlx.runner import read_fused_node_stats
     lines = read_fused_node_stats(report)
-    return {k: sum(x[k] for x in lines) for k in (lines[0] if lines else {}) if k != "fused_node"}
+    # Numbers only: the process-wide tallies by reason (e.g. process_device_copy_skips) are dicts.
+    return {k: sum(x[k] for x in lines) for k, v in (lines[0].items() if lines else ())
+            if k != "fused_node" and isinstance(v, (int, float))}
 
 
 def _session(path: str, provider: str, device: str, **opts):
