@@ -339,7 +339,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     std::vector<mx::array> todo;
     tl_row_updates.clear();
     // Rows whose output ORT binds to the very buffer they update: on a CUDA GPU written by one
-    // kernel inside this evaluation (the attention reads only rows below the new ones).
+    // kernel inside this evaluation (the attention reads only rows below the new ones, and a run
+    // that then fails, e.g. an index check, leaves those valid rows as they were).
     std::vector<mx::array> row_buffers, row_updates, row_starts;
     std::vector<size_t> merged;
     for (size_t i = 0; i < outs.size(); ++i) {
