@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include <mlx/backend/cuda/cuda.h>
 #include <mlx/fast.h>
 
 namespace ortmlx::kernels::cuda {
@@ -126,11 +125,6 @@ std::atomic<uint64_t> nodes_built{0};
 }  // namespace
 
 uint64_t decode_attention_nodes() { return nodes_built.load(); }
-
-bool available() {
-  static const bool cuda = mx::cu::is_available();
-  return cuda;
-}
 
 std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k_new,
                                           const mx::array& v_new, const mx::array& k_buf,

@@ -13,6 +13,8 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cuda/backend.h"
+
 namespace ortmlx::kernels::cuda {
 
 namespace mx = mlx::core;
@@ -23,9 +25,6 @@ struct DecodeAttention {
   float scale = 1.f;     // applied to Q K^T
   int window = -1;       // > 0: only the last `window` keys up to pos (local attention)
 };
-
-// Whether this process runs MLX's CUDA backend (the kernel exists only there).
-bool available();
 
 // How many graph nodes this process has built with the kernel (the report's evidence that a
 // decode step took it).

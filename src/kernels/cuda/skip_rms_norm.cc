@@ -6,7 +6,7 @@
 
 #include <mlx/fast.h>
 
-#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/backend.h"
 
 namespace ortmlx::kernels::cuda {
 
