@@ -11,7 +11,14 @@ MatMul model: its figure includes ORT's per-run cost, about 10 us). Each is opti
 not given (or not loadable) is left out. Shapes (M x K x N): LLM decode rows and prompts of a
 60M-parameter Llama (hidden 512, MLP 1536, vocabulary 32000), MiniLM-L3's products at batch 1 x
 16 and 8 x 128, convolutions as im2col products (squeezenet's and resnet50's), and 1024^3.
-Prints GFLOP/s, median of repeated calls, per library and thread count."""
+Prints GFLOP/s, median of repeated calls, per library and thread count.
+
+The candidates are not project dependencies; to fetch them into a scratch folder D:
+    python -m pip install --target D/site scipy-openblas32      # D/site/scipy_openblas32/lib/
+    (cd D && apt-get download libdnnl2 ocl-icd-libopencl1 && for f in *.deb; do dpkg-deb -x $f deb; done)
+    LD_LIBRARY_PATH=D/deb/usr/lib/x86_64-linux-gnu python tools/blas_candidates.py \
+        --scipy-openblas D/site/scipy_openblas32/lib/libscipy_openblas.so \
+        --onednn D/deb/usr/lib/x86_64-linux-gnu/libdnnl.so.2"""
 import argparse
 import ctypes
 import os
