@@ -87,6 +87,8 @@ OPTIONS: dict[str, tuple] = {
     "fuse_matmuls": (0, 1),
     "fused_skip_norm": (0, 1),
     "step_row_writes": (0, 1),
+    "fused_gqa_step": (0, 1),
+    "flat_products": (0, 1),
 }
 
 

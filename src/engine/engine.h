@@ -48,6 +48,9 @@ struct Options {
   bool grouped_kv = true;    // MultiHeadAttention reads the grouped cache under a repeated K/V
   bool cpu_gemv = true;      // the EP's CPU kernels (kernels/cpu)
   bool fused_skip_norm = true;  // SkipSimplifiedLayerNormalization as one CUDA kernel (with gpu_kernels)
+  bool fused_gqa_step = true;   // a shared-buffer decode step's GroupQueryAttention as one CUDA kernel
+                                // from its projections, rotary included (with gpu_kernels)
+  bool flat_products = true;    // products by a matrix read their rows flat, without reshape views
 };
 
 struct Stats {

@@ -38,7 +38,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                                 "device_memory", "tf32", "int8_emulation", "shape_family", "host_fold",
                                 "index_check", "step_order", "fused_rotary", "zero_bias",
                                 "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows",
-                                "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes"};
+                                "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes",
+                                "fused_gqa_step", "flat_products"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -72,7 +73,9 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"device_copies", &o.engine.device_copies},
                            std::pair{"fuse_matmuls", &o.engine.fuse_matmuls},
                            std::pair{"fused_skip_norm", &o.engine.fused_skip_norm},
-                           std::pair{"step_row_writes", &o.engine.step_row_writes}})
+                           std::pair{"step_row_writes", &o.engine.step_row_writes},
+                           std::pair{"fused_gqa_step", &o.engine.fused_gqa_step},
+                           std::pair{"flat_products", &o.engine.flat_products}})
     if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -122,6 +123,44 @@ std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank) {
   return out;
 }
 
+namespace {
+mx::Shape rows_shape(const mx::array& a) {
+  if (a.ndim() == 0) throw std::invalid_argument("rows of a scalar");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < a.ndim(); ++i) rows *= a.shape(static_cast<int>(i));
+  if (rows > INT32_MAX) throw std::invalid_argument("more rows than MLX's int32 shapes hold");
+  return {static_cast<int>(rows), a.shape(-1)};
+}
+}  // namespace
+
+std::optional<mx::array> rows_source(const mx::array& a) {
+  const mx::Shape want = rows_shape(a);
+  if (a.shape() == want) return a;
+  if (!translation_switches().flat_products) return std::nullopt;
+  static const char* const kReshapes[] = {"Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze"};
+  const mx::array* x = &a;
+  for (int depth = 0; depth < 8; ++depth) {
+    if (x->is_available() || !x->has_primitive() || x->inputs().size() != 1) break;
+    const std::string name = x->primitive().name();
+    if (std::none_of(std::begin(kReshapes), std::end(kReshapes), [&](const char* n) { return name == n; })) break;
+    const auto& in = x->inputs()[0];
+    if (in.size() != a.size() || in.dtype() != a.dtype()) break;
+    if (in.shape() == want) return in;
+    x = &in;
+  }
+  return std::nullopt;
+}
+
+mx::array as_rows(const mx::array& a, mx::Stream s) {
+  if (auto r = rows_source(a)) return *r;
+  return mx::reshape(a, rows_shape(a), s);
+}
+
+mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s) {
+  mx::Shape shape = like.shape();
+  shape.back() = y.shape(-1);
+  return y.shape() == shape ? y : mx::reshape(y, std::move(shape), s);
+}
 
 mx::array erf_of(const mx::array& x, mx::Stream s) {
   if (auto y = cpu_erf(x, s)) return *y;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "ops/registry.h"
@@ -54,6 +55,17 @@ mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s);
 // backend sdpa_vector takes none; with one MLX falls back to ~10 unfused ops a layer).
 bool known_all_zero(const mx::array& a);
 std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
+// `a` (rank >= 1, last axis K) as the 2-D [rows, K] array of the same row-major data: the array
+// it was reshaped from, where unevaluated reshapes (Reshape, Flatten, Unflatten, ExpandDims,
+// Squeeze) lead back to one of that shape (rows_source; nullopt if none, or with the option
+// flat_products off), else a reshape of it (as_rows). Why: a view is an array MLX's evaluation
+// walks and dispatches from the host like a kernel, and MLX wraps a product of a batch of rows by
+// a matrix in Flatten/Unflatten views. Consumers that read rows take them flat and shape their
+// results back last (rows_to), so the views between two such consumers are never evaluated.
+std::optional<mx::array> rows_source(const mx::array& a);
+mx::array as_rows(const mx::array& a, mx::Stream s);
+// `y` ([rows, N]) reshaped to `like`'s leading dimensions and N (y itself when that is its shape).
+mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s);
 
 
 // exp / logsumexp / softmax that stay accurate for float64: MLX's CPU exp evaluates float64 with

@@ -306,6 +306,12 @@ def test_gqa_token_shared_buffer_grouped_heads(window, packed):
     gqa_check(B=2, S=1, N=4, Nkv=4, H=24, past=16, seqlens=[0, 11], window=window, packed=packed)
     gqa_check(B=2, S=1, N=4, Nkv=1, H=32, past=24, seqlens=[9, 3], window=window, packed=packed,
               dtype=np.float16, rtol=1e-2, atol=1e-2)
+    # The rotation the projections kernel applies itself (kernels/cuda decode_attention_qkv):
+    # interleaved pairs and a partial rotary width.
+    gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=40, seqlens=[17, 39], window=window, packed=packed,
+              rotary=True, interleaved=True)
+    gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=40, seqlens=[5, 30], window=window, packed=packed,
+              rotary=True, rot_dim=32)
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -170,6 +170,55 @@ def test_shared_buffer_decode_attention_kernel_on_gpu(family, precision, tmp_pat
         assert sum(a == b for a, b in zip(toks_on, ref)) >= 0.9 * steps
 
 
+@pytest.mark.skipif(os.environ.get("ORT_MLX_TEST_DEVICE") != "gpu",
+                    reason="the decode-step kernels exist on MLX's CUDA backend only")
+@pytest.mark.parametrize("family,precision", [("llama", "fp32"), ("qwen2", "int4"), ("phi3", "int4")])
+def test_shared_buffer_decode_step_from_projections_on_gpu(family, precision, tmp_path):
+    """With fused_gqa_step a shared-buffer decode step's GroupQueryAttention is one EP kernel on
+    the QKV product as it comes (rotary inside, the new key and value rows as outputs), and with
+    flat_products the products and the EP's row kernels read rows flat: the step evaluates fewer
+    arrays, with no Flatten/Unflatten/Transpose left, gives the tokens and logits of the
+    one-row kernel's path (fused_gqa_step=0, flat_products=0), and stays one compiled step.
+    Broken by a kernel that rotates or places the rows wrongly, by a look-back through a view
+    that is not a reshape, or by the kernel not being taken."""
+    import gc
+    import re
+    import subprocess
+    import sys
+    model = MODELS / f"{family}-{precision}"
+    steps = 16
+
+    def decode(**opts):
+        report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.jsonl"
+        code = (
+            "import sys, numpy as np\n"
+            "from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder\n"
+            f"d = Decoder({str(model)!r}, 'mlx', 'gpu', share_buffer=True, max_length=48, log_level=3,"
+            f" report_path={str(report)!r}, **{opts!r})\n"
+            f"toks, logits, _ = d.generate(DEFAULT_PROMPT, {steps})\n"
+            f"np.save({str(report) + '.npy'!r}, np.stack(logits)); print('TOKENS', toks)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        last = [x for x in r.stderr.splitlines() if " evaluates:" in x][-1]
+        counts = {k: int(v) for k, v in re.findall(r" (\w+)=(\d+)", last.split(" evaluates:")[1])}
+        toks = eval(r.stdout.split("TOKENS", 1)[1])
+        (st,) = runner.read_fused_node_stats(report)
+        return toks, np.load(str(report) + ".npy"), counts, st
+
+    toks_on, logits_on, counts_on, st_on = decode()
+    toks_off, logits_off, counts_off, st_off = decode(fused_gqa_step=0, flat_products=0)
+    assert st_on["process_decode_attention_qkv_nodes"] > 0, "no step went through the projections kernel"
+    assert st_off["process_decode_attention_qkv_nodes"] == 0, st_off
+    assert st_on["compiled_runs"] == steps - 2 and st_on["traces"] == 1, st_on
+    assert sum(counts_on.values()) < sum(counts_off.values()), (counts_on, counts_off)
+    for view in ("Flatten", "Unflatten", "Transpose"):
+        assert counts_on.get(view, 0) == 0, counts_on
+    tol = 1e-3 if precision == "fp32" else 2e-2
+    equal = sum(a == b for a, b in zip(toks_on, toks_off))
+    assert equal >= 0.95 * steps, f"{equal}/{steps} tokens equal to the one-row kernel's path"
+    np.testing.assert_allclose(logits_on[:equal], logits_off[:equal], rtol=tol, atol=tol)
+
+
 def test_shared_buffer_needs_group_query_attention():
     with pytest.raises(ValueError, match="GroupQueryAttention"):
         Decoder(MODELS / "llama-fp16", "cpu", share_buffer=True, max_length=32)

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include <mlx/fast.h>
 
@@ -22,8 +23,10 @@ constexpr int kMaxHead = 256;
 //   2. softmax: block-wide max and sum;
 //   3. output: each warp accumulates value rows (lane l the dims l, l + 32, ...), then the
 //      warps' partial sums are added.
+// The source is a head (the block's indices and row range), a prologue that fills qs (the scaled
+// query) and points kn / vn at the step's own key and value, and the attention body.
 // Template constants (set per call): T, D, NH, NKV, P, WIN, SCALE_BITS (the scale's float bits).
-constexpr const char* kSource = R"(
+constexpr const char* kHead = R"(
   constexpr int NT = 256;
   constexpr int NW = NT / 32;
   constexpr int DPL = (D + 31) / 32;  // dims per lane: lane, lane + 32, ...
@@ -42,13 +45,66 @@ constexpr const char* kSource = R"(
   p = p < 0 ? 0 : (p > P - 1 ? P - 1 : p);
   const int lo = (WIN > 0 && p + 1 - WIN > 0) ? p + 1 - WIN : 0;
   const int n_keys = p - lo + 1;
-  for (int d = tid; d < D; d += NT) qs[d] = static_cast<float>(q[(size_t)bn * D + d]) * scale;
-  __syncthreads();
   const size_t head = (size_t)b * NKV + g;
-  const T* kb = k_buf + head * P * D;
-  const T* vb = v_buf + head * P * D;
+)";
+
+// The step's q, k_new and v_new as separate [B, N|Nkv, D] arrays.
+constexpr const char* kPrologueRows = R"(
+  for (int d = tid; d < D; d += NT) qs[d] = static_cast<float>(q[(size_t)bn * D + d]) * scale;
   const T* kn = k_new + head * D;
   const T* vn = v_new + head * D;
+  __syncthreads();
+)";
+
+// The step's projections as the QKV product gives them (row b of q at Q_OFF + n * D, of k at
+// K_OFF + g * D, of v at V_OFF + g * D, rows Q_STRIDE / K_STRIDE / V_STRIDE apart), q and k
+// rotated here at position p (RD > 0: the first RD dims, halves or INTERLEAVED pairs, cos / sin
+// rows of RD / 2 values). The rotated key is rounded to T, as the buffer holds it; the head's
+// first query head writes the key and value rows out (k_row, v_row: [B, NKV, 1, D]).
+constexpr const char* kPrologueProjections = R"(
+  __shared__ __align__(16) T kn_s[D];
+  __shared__ __align__(16) T vn_s[D];
+  const int n = bn % NH;
+  const T* qsrc = q + (size_t)b * Q_STRIDE + Q_OFF + (size_t)n * D;
+  const T* ksrc = k + (size_t)b * K_STRIDE + K_OFF + (size_t)g * D;
+  const T* vsrc = v + (size_t)b * V_STRIDE + V_OFF + (size_t)g * D;
+  auto rotated = [&](const T* src, int d) -> float {
+    const float x = static_cast<float>(src[d]);
+    if (RD == 0 || d >= RD) return x;
+    constexpr int HALF = RD / 2;
+    if (INTERLEAVED) {
+      const int i = d >> 1;
+      const float c = static_cast<float>(cos_t[(size_t)p * HALF + i]);
+      const float sn = static_cast<float>(sin_t[(size_t)p * HALF + i]);
+      const float y = static_cast<float>(src[d ^ 1]);
+      return (d & 1) ? x * c + y * sn : x * c - y * sn;
+    }
+    const int i = d < HALF ? d : d - HALF;
+    const float c = static_cast<float>(cos_t[(size_t)p * HALF + i]);
+    const float sn = static_cast<float>(sin_t[(size_t)p * HALF + i]);
+    return d < HALF ? x * c - static_cast<float>(src[d + HALF]) * sn
+                    : x * c + static_cast<float>(src[d - HALF]) * sn;
+  };
+  const bool writer = n % (NH / NKV) == 0;
+  for (int d = tid; d < D; d += NT) {
+    qs[d] = rotated(qsrc, d) * scale;
+    const T kr = static_cast<T>(rotated(ksrc, d));
+    const T vr = vsrc[d];
+    kn_s[d] = kr;
+    vn_s[d] = vr;
+    if (writer) {
+      k_row[head * D + d] = kr;
+      v_row[head * D + d] = vr;
+    }
+  }
+  const T* kn = kn_s;
+  const T* vn = vn_s;
+  __syncthreads();
+)";
+
+constexpr const char* kBody = R"(
+  const T* kb = k_buf + head * P * D;
+  const T* vb = v_buf + head * P * D;
   // 16-byte loads where every row starts 16-byte aligned.
   const bool vec_ok = D % VEC == 0 &&
                       ((reinterpret_cast<uintptr_t>(kb) | reinterpret_cast<uintptr_t>(kn)) & 15) == 0;
@@ -115,16 +171,25 @@ constexpr const char* kSource = R"(
 
 const mx::fast::CustomKernelFunction& kernel() {
   static const mx::fast::CustomKernelFunction k = mx::fast::cuda_kernel(
-      "ortmlx_decode_attention", {"q", "k_new", "v_new", "k_buf", "v_buf", "pos"}, {"out"}, kSource,
-      /*header=*/"", /*ensure_row_contiguous=*/true);
+      "ortmlx_decode_attention", {"q", "k_new", "v_new", "k_buf", "v_buf", "pos"}, {"out"},
+      std::string(kHead) + kPrologueRows + kBody, /*header=*/"", /*ensure_row_contiguous=*/true);
   return k;
 }
 
-std::atomic<uint64_t> nodes_built{0};
+const mx::fast::CustomKernelFunction& projections_kernel() {
+  static const mx::fast::CustomKernelFunction k = mx::fast::cuda_kernel(
+      "ortmlx_decode_attention_qkv", {"q", "k", "v", "cos_t", "sin_t", "k_buf", "v_buf", "pos"},
+      {"out", "k_row", "v_row"}, std::string(kHead) + kPrologueProjections + kBody, /*header=*/"",
+      /*ensure_row_contiguous=*/true);
+  return k;
+}
+
+std::atomic<uint64_t> nodes_built{0}, projection_nodes_built{0};
 
 }  // namespace
 
 uint64_t decode_attention_nodes() { return nodes_built.load(); }
+uint64_t decode_attention_qkv_nodes() { return projection_nodes_built.load(); }
 
 std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k_new,
                                           const mx::array& v_new, const mx::array& k_buf,
@@ -158,6 +223,66 @@ std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k
                        std::nullopt, false, s);
   nodes_built++;
   return outs[0];
+}
+
+std::optional<DecodeAttentionStep> decode_attention_qkv(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                        const std::optional<mx::array>& cos,
+                                                        const std::optional<mx::array>& sin, const mx::array& k_buf,
+                                                        const mx::array& v_buf, const mx::array& pos,
+                                                        const DecodeAttention& p, const ProjectionLayout& layout,
+                                                        mx::Stream s) {
+  if (s.device != mx::Device::gpu || !available()) return std::nullopt;
+  if (k_buf.ndim() != 4 || v_buf.shape() != k_buf.shape()) return std::nullopt;
+  const int B = k_buf.shape(0), Nkv = k_buf.shape(1), P = k_buf.shape(2), H = k_buf.shape(3);
+  const int N = p.num_heads;
+  const auto t = k_buf.dtype();
+  if (t != mx::float16 && t != mx::bfloat16 && t != mx::float32) return std::nullopt;
+  for (const auto* a : {&q, &k, &v, &v_buf})
+    if (a->dtype() != t) return std::nullopt;
+  if (Nkv != p.kv_heads || Nkv <= 0 || N <= 0 || N % Nkv != 0) return std::nullopt;
+  if (H < 1 || H > kMaxHead || P < 1 || P > kMaxRows || B < 1) return std::nullopt;
+  if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return std::nullopt;
+  // Each projection holds B rows of its stride, and every head's row lies inside its row.
+  const auto fits = [&](const mx::array& a, int stride, int offset, int heads) {
+    return stride > 0 && offset >= 0 && a.size() == static_cast<size_t>(B) * stride &&
+           static_cast<int64_t>(offset) + static_cast<int64_t>(heads) * H <= stride;
+  };
+  if (!fits(q, layout.q_stride, layout.q_offset, N) || !fits(k, layout.k_stride, layout.k_offset, Nkv) ||
+      !fits(v, layout.v_stride, layout.v_offset, Nkv) || pos.size() != static_cast<size_t>(B))
+    return std::nullopt;
+  // Rotary tables [rows, RD / 2]: every position the buffer can hold has its row.
+  const int rd = cos ? 2 * cos->shape(-1) : 0;
+  if (cos) {
+    if (!sin || cos->ndim() != 2 || sin->shape() != cos->shape() || sin->dtype() != cos->dtype() ||
+        cos->shape(0) < P || rd < 2 || rd > H)
+      return std::nullopt;
+    const auto ct = cos->dtype();
+    if (ct != mx::float16 && ct != mx::bfloat16 && ct != mx::float32) return std::nullopt;
+  }
+  auto pos32 = pos.dtype() == mx::int32 ? pos : mx::astype(pos, mx::int32, s);
+  const auto& cos_t = cos ? *cos : q;  // unread without rotary (RD = 0)
+  const auto& sin_t = sin ? *sin : q;
+  auto outs = projections_kernel()(
+      {q, k, v, cos_t, sin_t, k_buf, v_buf, pos32}, {{B, N * H}, {B, Nkv, 1, H}, {B, Nkv, 1, H}}, {t, t, t},
+      {B * N * kThreads, 1, 1}, {kThreads, 1, 1},
+      {{"T", t},
+       {"D", H},
+       {"NH", N},
+       {"NKV", Nkv},
+       {"P", P},
+       {"WIN", std::max(p.window, 0)},
+       {"SCALE_BITS", std::bit_cast<int>(p.scale)},
+       {"RD", rd},
+       {"INTERLEAVED", layout.interleaved ? 1 : 0},
+       {"Q_STRIDE", layout.q_stride},
+       {"Q_OFF", layout.q_offset},
+       {"K_STRIDE", layout.k_stride},
+       {"K_OFF", layout.k_offset},
+       {"V_STRIDE", layout.v_stride},
+       {"V_OFF", layout.v_offset}},
+      std::nullopt, false, s);
+  projection_nodes_built++;
+  return DecodeAttentionStep{outs[0], outs[1], outs[2]};
 }
 
 }  // namespace ortmlx::kernels::cuda

@@ -43,4 +43,29 @@ std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k
                                           const mx::array& v_buf, const mx::array& pos,
                                           const DecodeAttention& p, mx::Stream s);
 
+// The same attention for a step whose projections come as the QKV product gives them, with the
+// rotary embedding applied inside (GroupQueryAttention's do_rotary): one kernel where the general
+// form takes slices, reshapes, a rotary kernel and copies, each an array MLX dispatches.
+struct ProjectionLayout {
+  // Head h's row of batch b in q starts at b * q_stride + q_offset + h * head_size (k, v alike):
+  // a packed QKV row is one array three times over, with the offsets 0, N H and (N + Nkv) H.
+  int q_stride = 0, q_offset = 0, k_stride = 0, k_offset = 0, v_stride = 0, v_offset = 0;
+  bool interleaved = false;  // rotary pairs (2i, 2i + 1) instead of halves (i, i + RD / 2)
+};
+struct DecodeAttentionStep {
+  mx::array out;    // [B, N * H]
+  mx::array k_row;  // [B, Nkv, 1, H]: the step's key, rotated, for the buffer's row pos[b]
+  mx::array v_row;  // [B, Nkv, 1, H]
+};
+uint64_t decode_attention_qkv_nodes();
+// q, k, v: B rows of their strides (any shape of that size, T = k_buf's dtype); cos / sin:
+// [rows >= P, RD / 2] tables, the rotation at position pos[b] (clipped as above), or none.
+// std::nullopt where the kernel does not apply (as decode_attention, or tables short of P rows).
+std::optional<DecodeAttentionStep> decode_attention_qkv(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                        const std::optional<mx::array>& cos,
+                                                        const std::optional<mx::array>& sin, const mx::array& k_buf,
+                                                        const mx::array& v_buf, const mx::array& pos,
+                                                        const DecodeAttention& p, const ProjectionLayout& layout,
+                                                        mx::Stream s);
+
 }  // namespace ortmlx::kernels::cuda

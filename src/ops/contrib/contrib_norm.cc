@@ -37,9 +37,14 @@ Outputs skip_norm(OpContext& c, bool simplified) {
   // On a CUDA GPU the add and the RMS normalization are one kernel of the EP's (its sum rounded
   // to x's dtype as the add below rounds it).
   std::optional<std::pair<mx::array, mx::array>> fused;
-  if (simplified && translation_switches().skip_norm_kernel)
-    fused = kernels::cuda::skip_rms_norm(x, c.in(1), c.in(2), c.has(bias_i) ? std::optional(c.in(bias_i)) : std::nullopt,
-                                         eps, c.s);
+  if (simplified && translation_switches().skip_norm_kernel) {
+    // Rows taken flat where the kernel reads them so (see as_rows), the outputs shaped back last.
+    const auto& skip = c.in(1);
+    const bool flat = translation_switches().flat_products && x.ndim() > 2 && skip.shape() == x.shape();
+    fused = kernels::cuda::skip_rms_norm(flat ? as_rows(x, c.s) : x, flat ? as_rows(skip, c.s) : skip, c.in(2),
+                                         c.has(bias_i) ? std::optional(c.in(bias_i)) : std::nullopt, eps, c.s);
+    if (fused && flat) fused = std::pair{rows_to(fused->first, x, c.s), rows_to(fused->second, x, c.s)};
+  }
   auto sum = fused ? fused->second : mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
   if (!fused && c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
   auto gamma = mx::reshape(in_as(c, 2, ct), {D}, c.s);

@@ -2,6 +2,7 @@
 // (a growing past or a shared past/present buffer) and grouped-head attention through the
 // shared core (attention_core.h), or on a CUDA GPU the one-row decode kernel (kernels/cuda).
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -45,6 +46,52 @@ mx::array gqa_present(const std::optional<mx::array>& past, const mx::array& fre
   auto in_new = mx::logical_and(mx::greater_equal(rel, mx::array(0), s), mx::less(rel, mx::array(S), s), s);
   mx::array base = past_t ? mx::where(mx::less(rel, mx::array(0), s), *past_t, zero, s) : zero;
   return mx::where(in_new, fresh_rows, base, s);
+}
+
+// A shared-buffer decode step (S = 1, the past buffer at least total_sequence_length long) through
+// kernels::cuda::decode_attention_qkv: the projections read flat (as_rows), no slices, reshapes,
+// transposes or rotary kernel. The present buffers are slice updates at seqlens_k of the past
+// ones, which the engine writes as rows in place (RowUpdate). std::nullopt: the general path.
+std::optional<Outputs> gqa_step(OpContext& c, bool packed, int N, int Nkv, int H, float scale, int window,
+                                float softcap, const mx::array& past_k, const mx::array& past_v) {
+  const auto& n = c.node;
+  const auto& query = c.in(0);
+  if (c.s.device != mx::Device::gpu || softcap > 0.f || c.has(9) || c.has(10) || c.has(11) || n.attr_int("smooth_softmax", -1) == 1 ||
+      query.dtype() != past_k.dtype())
+    return std::nullopt;
+  const int B = query.shape(0), T = past_k.shape(2);
+  kernels::cuda::ProjectionLayout layout;
+  const auto q = as_rows(query, c.s);
+  mx::array k = q, v = q;
+  if (packed) {
+    const int W = query.shape(2);
+    layout = {W, 0, W, N * H, W, (N + Nkv) * H};
+  } else {
+    k = as_rows(c.in(1), c.s);
+    v = as_rows(c.in(2), c.s);
+    layout = {N * H, 0, Nkv * H, 0, Nkv * H, 0};
+  }
+  std::optional<mx::array> cos, sin;
+  if (n.attr_int("do_rotary", 0) == 1) {
+    cos = c.in(7);
+    sin = c.in(8);
+    layout.interleaved = n.attr_int("rotary_interleaved", 0) == 1;
+  }
+  const auto& seqlens = c.in(5);
+  auto step = kernels::cuda::decode_attention_qkv(q, k, v, cos, sin, past_k, past_v, seqlens,
+                                                  {N, Nkv, scale, window}, layout, c.s);
+  if (!step) return std::nullopt;
+  // The row each sequence writes: its past length (seqlens_k for one new token), clipped to the
+  // buffer as the kernel clips it; one array for every layer of the step.
+  auto start = c.shared_result("gqa_step_row:" + std::to_string(B) + ":" + std::to_string(T), {seqlens},
+                               [&]() -> std::vector<mx::array> {
+                                 auto p = mx::reshape(mx::astype(seqlens, mx::int32, c.s), {B}, c.s);
+                                 return {mx::clip(p, mx::array(0), mx::array(T - 1), c.s)};
+                               })[0];
+  auto present = [&](const mx::array& past, const mx::array& row) {
+    return B == 1 ? mx::slice_update(past, row, start, {2}, c.s) : gqa_present(past, row, start, T, c.s);
+  };
+  return Outputs{rows_to(step->out, query, c.s), present(past_k, step->k_row), present(past_v, step->v_row)};
 }
 
 }  // namespace
@@ -165,6 +212,12 @@ Outputs translate_gqa(OpContext& c) {
                          !c.has(10);
     }
   }
+  // A decode step into the shared buffer on a CUDA GPU, from the projections as they come: one
+  // EP kernel rotates q and k, attends (as the one-row kernel below) and gives the step's key and
+  // value rows, which the present buffers take at the step's position (see gqa_step).
+  if (buffer_step && translation_switches().gqa_step_kernel)
+    if (auto out = gqa_step(c, packed, N, Nkv, H, scale, window, softcap, *past_k, *past_v)) return *out;
+
   auto seqlens = mx::reshape(mx::astype(c.in(5), mx::int32, c.s), {B}, c.s);
   auto total_b = mx::add(seqlens, mx::array(1), c.s);
   auto past_len = known_past ? mx::full({1}, *known_past, mx::int32, c.s)

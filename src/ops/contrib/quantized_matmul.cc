@@ -13,6 +13,7 @@
 
 #include "ops/contrib/contrib_internal.h"
 #include "kernels/cpu/kernels.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops::contrib {
 
@@ -136,6 +137,13 @@ Outputs translate_matmul_nbits(OpContext& c) {
     c.fail("scales must have N * k_blocks elements");
 
   const mx::Dtype ct = contrib::compute_dtype(x, c.s);
+  // A batch of rows already at hand flat (rows_source): the product of those, the result
+  // reshaped back last (as translate_matmul does). MLX's quantized matmul takes a batch as it is,
+  // so a reshape made here would only add a view.
+  const mx::array batched = x;
+  const auto flat_rows = x.ndim() > 2 ? rows_source(x) : std::nullopt;
+  const bool flat = flat_rows.has_value();
+  if (flat) x = *flat_rows;
   x = mx::astype(x, ct, c.s);
   // Weight views (free, but each is an MLX primitive every eager run evaluates: ~1/3 of a GPU
   // decode step's primitives) are prepared once when the weights are initializers.
@@ -239,7 +247,8 @@ Outputs translate_matmul_nbits(OpContext& c) {
                                  weight_inputs, dequantized), c.s);
   }
   if (c.has(5)) y = mx::add(y, mx::astype(c.in(5), ct, c.s), c.s);
-  return {mx::astype(y, out_t, c.s)};
+  y = mx::astype(y, out_t, c.s);
+  return {flat ? rows_to(y, batched, c.s) : y};
 }
 
 // ---- GatherBlockQuantized ----------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 #include "ops/int_matmul.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops {
 
@@ -160,6 +161,17 @@ static std::optional<mx::array> f32_constant(OpContext& c, size_t i) {
 Outputs translate_matmul(OpContext& c) {
   mx::array a = c.in(0), b = c.in(1);
   const auto dt = a.dtype();
+  // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
+  // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
+  // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
+  // so there only a flat source already at hand pays.
+  const mx::array batched = a;
+  std::optional<mx::array> rows;
+  if (!is_int(a) && a.ndim() > 2 && b.ndim() == 2 && translation_switches().flat_products)
+    rows = c.s.device == mx::Device::cpu && a.size() == static_cast<size_t>(a.shape(-1)) ? rows_source(a)
+                                                                                          : as_rows(a, c.s);
+  const bool flat = rows.has_value();
+  if (flat) a = *rows;
   const auto b32 = is_int(a) ? std::nullopt : f32_constant(c, 1);
   if (b32) {  // the same arithmetic as float_matmul's, with the conversion of B hoisted
     a = mx::astype(a, mx::float32, c.s);
@@ -168,7 +180,8 @@ Outputs translate_matmul(OpContext& c) {
   auto p = promote(a, b, c.s);
   auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s);
   y = unpromote(y, p, c.s);
-  return {b32 ? mx::astype(y, dt, c.s) : y};
+  if (b32) y = mx::astype(y, dt, c.s);
+  return {flat ? rows_to(y, batched, c.s) : y};
 }
 
 // ---- Gemm ----------------------------------------------------------------------------------
