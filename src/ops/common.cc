@@ -156,6 +156,18 @@ mx::array as_rows(const mx::array& a, mx::Stream s) {
   return mx::reshape(a, rows_shape(a), s);
 }
 
+std::optional<std::vector<mx::array>> same_rows(std::initializer_list<mx::array> xs) {
+  if (xs.size() == 0 || xs.begin()->ndim() <= 2) return std::nullopt;
+  std::vector<mx::array> rows;
+  for (const auto& x : xs) {
+    if (x.shape() != xs.begin()->shape()) return std::nullopt;
+    auto r = rows_source(x);
+    if (!r) return std::nullopt;
+    rows.push_back(std::move(*r));
+  }
+  return rows;
+}
+
 mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s) {
   mx::Shape shape = like.shape();
   shape.back() = y.shape(-1);

@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ops/registry.h"
 
@@ -64,6 +65,10 @@ std::vector<int> to_axes(const std::vector<int64_t>& axes, int rank);
 // results back last (rows_to), so the views between two such consumers are never evaluated.
 std::optional<mx::array> rows_source(const mx::array& a);
 mx::array as_rows(const mx::array& a, mx::Stream s);
+// The inputs' flat rows when all have one shape of rank > 2 and their rows at hand (rows_source):
+// an elementwise op over those, its result shaped back (rows_to), keeps a chain of row consumers
+// (a product, its activation, the next product) free of views. std::nullopt otherwise.
+std::optional<std::vector<mx::array>> same_rows(std::initializer_list<mx::array> xs);
 // `y` ([rows, N]) reshaped to `like`'s leading dimensions and N (y itself when that is its shape).
 mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s);
 

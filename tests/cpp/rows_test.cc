@@ -64,3 +64,17 @@ TEST(Rows, ResultsShapedBackToTheBatch) {
   EXPECT_EQ(rows_to(y, like, cpu()).shape(), (mx::Shape{2, 3, 5}));
   EXPECT_TRUE(same(rows_to(y, mx::zeros({6, 8}), cpu()), y));
 }
+
+TEST(Rows, ElementwiseInputsOfOneShapeAllFlat) {
+  auto a = mx::add(mx::ones({6, 8}), mx::ones({6, 8}));
+  auto b = mx::multiply(mx::ones({6, 8}), mx::ones({6, 8}));
+  auto a3 = mx::reshape(a, {2, 3, 8}, cpu()), b3 = mx::reshape(b, {2, 3, 8}, cpu());
+  auto r = ortmlx::ops::same_rows({a3, b3});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(same((*r)[0], a) && same((*r)[1], b));
+  // One input without rows at hand, or shapes that broadcast: the op runs as it is.
+  EXPECT_FALSE(ortmlx::ops::same_rows({a3, mx::ones({2, 3, 8})}).has_value());
+  EXPECT_FALSE(ortmlx::ops::same_rows({a3, mx::reshape(b, {1, 6, 8}, cpu())}).has_value());
+  // Rank 2 is already flat.
+  EXPECT_FALSE(ortmlx::ops::same_rows({a, b}).has_value());
+}

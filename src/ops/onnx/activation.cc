@@ -17,6 +17,7 @@ Outputs act(OpContext& c) {
   const mx::array& x = c.in(0);
   if (compute_half_in_f32(x, c.s))
     return {mx::astype(F(c, mx::astype(x, mx::float32, c.s)), x.dtype(), c.s)};
+  if (auto r = same_rows({x})) return {rows_to(F(c, (*r)[0]), x, c.s)};
   return {F(c, x)};
 }
 

@@ -13,11 +13,13 @@ using UnaryFn = mx::array (*)(const mx::array&, mx::StreamOrDevice);
 
 template <BinaryFn F>
 Outputs binary(OpContext& c) {
+  if (auto r = same_rows({c.in(0), c.in(1)})) return {rows_to(F((*r)[0], (*r)[1], c.s), c.in(0), c.s)};
   return {F(c.in(0), c.in(1), c.s)};
 }
 
 template <UnaryFn F>
 Outputs unary(OpContext& c) {
+  if (auto r = same_rows({c.in(0)})) return {rows_to(F((*r)[0], c.s), c.in(0), c.s)};
   return {F(c.in(0), c.s)};
 }
 

@@ -120,13 +120,20 @@ Outputs translate_split(OpContext& c) {
   if (sizes.size() != n_out) c.fail("split has " + std::to_string(sizes.size()) + " sizes for " +
                                     std::to_string(n_out) + " outputs");
   Outputs outs;
+  // Along the last axis of rows at hand flat (rows_source): slices of those, shaped back.
+  const auto rows = axis == rank_of(x) - 1 && rank_of(x) > 2 ? rows_source(x) : std::nullopt;
   mx::Shape start(rank_of(x), 0), stop = x.shape();
   int64_t at = 0;
   for (auto sz : sizes) {
     if (sz < 0 || at + sz > dim) c.fail("split sizes do not add up to the axis length");
-    start[axis] = static_cast<int>(at);
-    stop[axis] = static_cast<int>(at + sz);
-    outs.push_back(mx::slice(x, start, stop, c.s));
+    const int lo = static_cast<int>(at), hi = static_cast<int>(at + sz);
+    if (rows) {
+      outs.push_back(rows_to(mx::slice(*rows, {0, lo}, {rows->shape(0), hi}, c.s), x, c.s));
+    } else {
+      start[axis] = lo;
+      stop[axis] = hi;
+      outs.push_back(mx::slice(x, start, stop, c.s));
+    }
     at += sz;
   }
   if (at != dim) c.fail("split sizes do not add up to the axis length");
