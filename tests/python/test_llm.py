@@ -149,8 +149,9 @@ def test_shared_buffer_decode_attention_kernel_on_gpu(family, precision, tmp_pat
 
     def decode(kernels: int):
         report = tmp_path / f"report-{kernels}.jsonl"
+        # (fused_gqa_step=0: the one-row kernel itself, not the step kernel that replaces it)
         dec = Decoder(model, "mlx", "gpu", share_buffer=True, max_length=48, gpu_kernels=kernels,
-                      report_path=str(report))
+                      fused_gqa_step=0, report_path=str(report))
         toks, logits, _ = dec.generate(DEFAULT_PROMPT, steps)
         del dec
         gc.collect()  # the report's lines are written when the session goes
