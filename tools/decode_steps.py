@@ -119,7 +119,9 @@ def main() -> int:
                   f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms,"
                   f" compiled runs: Compute {st.get('compute_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f} ms"
                   f" (MLX eval {st.get('eval_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
-                  f" outputs {st.get('outputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f});"
+                  f" outputs {st.get('outputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
+                  f" inputs {st.get('inputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
+                  f" compiled call {st.get('call_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f});"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
     return 0
 

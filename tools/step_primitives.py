@@ -17,6 +17,7 @@ ap.add_argument("--steps", type=int, default=6)
 a = ap.parse_args()
 opts = dict(p.split("=", 1) for p in a.settings.split(",") if p)
 share = opts.pop("share_buffer", "0") == "1"
+opts.setdefault("device_memory", "1")  # KV in EP memory, as the decode loop keeps it
 code = (
     "from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder\n"
     f"d = Decoder({a.model!r}, 'mlx', {a.device!r}, share_buffer={share}, max_length=256, log_level=3, **{opts!r})\n"

@@ -89,6 +89,7 @@ OPTIONS: dict[str, tuple] = {
     "step_row_writes": (0, 1),
     "fused_gqa_step": (0, 1),
     "flat_products": (0, 1),
+    "transposed_weights": (0, 1),
 }
 
 

@@ -51,6 +51,7 @@ struct Options {
   bool fused_gqa_step = true;   // a shared-buffer decode step's GroupQueryAttention as one CUDA kernel
                                 // from its projections, rotary included (with gpu_kernels)
   bool flat_products = true;    // products by a matrix read their rows flat, without reshape views
+  bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
 };
 
 struct Stats {
@@ -60,8 +61,9 @@ struct Stats {
   std::atomic<uint64_t> compute_ns{0}, eval_ns{0};
   // The same for compiled runs only (the steady state, without probes and traces).
   std::atomic<uint64_t> compute_ns_compiled{0}, eval_ns_compiled{0};
-  // ... and of those, handing the outputs to ORT (copies to host or EP memory).
-  std::atomic<uint64_t> outputs_ns_compiled{0};
+  // ... and of those, handing the outputs to ORT (copies to host or EP memory), reading ORT's
+  // inputs, and calling the compiled function (MLX replays its trace into new arrays).
+  std::atomic<uint64_t> outputs_ns_compiled{0}, inputs_ns_compiled{0}, call_ns_compiled{0};
   // Where the rest goes: translating the graph (probes, eager runs, compile traces; host reads
   // included) and the host reads themselves (count and time: each is a device sync).
   std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};

@@ -57,6 +57,8 @@ class Program final : public FusedProgram {
 
   // Builds an MLX array that owns a copy of `t`.
   static mx::array to_array(const HostTensor& t);
+  // A constant stored transposed (graph/transpose_weights.h) as an array of its own shape.
+  mx::array transposed_view(const graph::ConstTensor& c) const;
   // Copies an evaluated array into `dst` (nbytes = size * itemsize).
   static void copy_out(const mx::array& a, void* dst, bool device_copy = true);
   // The same for an output of ONNX type `t`: float8/float4/int4/uint4 storage is written in

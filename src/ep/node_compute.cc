@@ -77,6 +77,7 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
       trace::Span copy_in("phase", "read inputs");
       inputs = read_inputs(ctx, n_in, items);
     }
+    const auto t_inputs = std::chrono::steady_clock::now();
     if (span.active()) span.arg("inputs", shapes_of(inputs));
     // Which buffer an output goes to, asked before the evaluation (rows of a bound KV buffer
     // are then written by it); ORT hands back the same buffer when write_outputs asks again.
@@ -110,6 +111,7 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     if (engine::last_run_compiled()) {
       program->stats().compute_ns_compiled += ns;
       program->stats().outputs_ns_compiled += ns_between(t_outputs, t_end);
+      program->stats().inputs_ns_compiled += ns_between(t_start, t_inputs);
     }
   });
 }

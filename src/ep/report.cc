@@ -39,6 +39,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
     << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled
+    << ",\"inputs_ns_compiled\":" << st.inputs_ns_compiled << ",\"call_ns_compiled\":" << st.call_ns_compiled
     << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()
     << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()

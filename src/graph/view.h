@@ -41,6 +41,9 @@ struct ConstTensor {
   const void* data = nullptr;
   size_t nbytes = 0;
   std::shared_ptr<const void> owned;
+  // The data holds the 2-D constant's transpose ([shape[1], shape[0]] row-major); `shape` stays
+  // the constant's own (graph/transpose_weights.h).
+  bool transposed = false;
 
   int64_t numel() const;
   // Element i converted to int64/double (any numeric dtype). Throws on unsupported dtypes.

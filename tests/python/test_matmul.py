@@ -94,8 +94,28 @@ def test_matmul_dtypes(dtype, shapes):
 # reuses it. check_node runs each model several times.
 @pytest.mark.parametrize("shapes", [((1, 64), (64, 48)), ((1, 1, 64), (64, 48)), ((9, 64), (64, 48)),
                                     ((2, 3, 64), (64,)), ((64,), (2, 64, 5))])
-def test_matmul_f16_constant_weight(shapes):
-    check_node("MatMul", {"a": rand(shapes[0], np.float16)}, initializers={"b": rand(shapes[1], np.float16)})
+@pytest.mark.parametrize("transposed", ["0", "1"])
+def test_matmul_f16_constant_weight(shapes, transposed):
+    # transposed_weights (GPU): a 2-D weight is stored [N, K] and read through a view.
+    check_node("MatMul", {"a": rand(shapes[0], np.float16)}, initializers={"b": rand(shapes[1], np.float16)},
+               transposed_weights=transposed)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_matmul_weights_shared_and_read_elsewhere(dtype, rows):
+    # Two products share w (stored transposed on the GPU); v is also added to itself and u is a
+    # graph output (both keep ONNX's layout): every output must match the CPU EP.
+    x = helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [1, rows, 32])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["x", "w"], ["b"]),
+             helper.make_node("MatMul", ["x", "v"], ["c"]), helper.make_node("Add", ["v", "v"], ["d"]),
+             helper.make_node("MatMul", ["x", "u"], ["e"]), helper.make_node("Identity", ["u"], ["f"])]
+    inits = [onnx.numpy_helper.from_array(rand((32, n), dtype), name) for name, n in (("w", 24), ("v", 16), ("u", 8))]
+    outs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None) for n in "abcdef"]
+    m = helper.make_model(helper.make_graph(nodes, "shared", [x], outs, inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    oracle.check_model(m, {"x": rand((1, rows, 32), dtype)})
 
 
 @pytest.mark.parametrize("trans_b", [0, 1])
