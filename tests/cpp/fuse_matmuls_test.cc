@@ -12,11 +12,7 @@ using graph::DType;
 
 namespace {
 
-graph::ConstTensor weights(int64_t K, int64_t N, float base) {
-  std::vector<float> v(static_cast<size_t>(K * N));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.25f * static_cast<float>(i % 7) - 0.1f * static_cast<float>(i % 3);
-  return graph::ConstTensor::from_bytes(DType::Float32, {K, N}, v.data(), v.size() * sizeof(float));
-}
+using test::float_weights;
 
 // x [2, 4] times three weights [4, 3], [4, 5], [4, 2]; a fourth product of x by a weight that
 // another node also reads; a fifth by a [3, 2] weight of another K (over the first's output).
@@ -30,11 +26,11 @@ graph::Graph sample() {
   g.nodes.push_back(test::node("MatMul", {"x", "shared"}, {"d"}));
   g.nodes.push_back(test::node("Add", {"shared", "shared"}, {"e"}));
   g.nodes.push_back(test::node("MatMul", {"a", "w4"}, {"f"}));
-  g.constants["w1"] = weights(4, 3, 0.5f);
-  g.constants["w2"] = weights(4, 5, -1.f);
-  g.constants["w3"] = weights(4, 2, 2.f);
-  g.constants["shared"] = weights(4, 4, 1.f);
-  g.constants["w4"] = weights(3, 2, 0.f);
+  g.constants["w1"] = float_weights(4, 3, 0.5f);
+  g.constants["w2"] = float_weights(4, 5, -1.f);
+  g.constants["w3"] = float_weights(4, 2, 2.f);
+  g.constants["shared"] = float_weights(4, 4, 1.f);
+  g.constants["w4"] = float_weights(3, 2, 0.f);
   g.outputs = {"ra", "b", "c", "d", "e", "f"};
   return g;
 }
@@ -91,10 +87,10 @@ TEST(FuseMatmuls, ALoneProductOrAConstantLeftOperandStays) {
   g.nodes.push_back(test::node("MatMul", {"x", "w1"}, {"a"}));
   g.nodes.push_back(test::node("MatMul", {"k", "w2"}, {"b"}));
   g.nodes.push_back(test::node("MatMul", {"k", "w3"}, {"c"}));
-  g.constants["w1"] = weights(4, 3, 0.f);
-  g.constants["w2"] = weights(4, 3, 0.f);
-  g.constants["w3"] = weights(4, 3, 0.f);
-  g.constants["k"] = weights(2, 4, 0.f);
+  g.constants["w1"] = float_weights(4, 3, 0.f);
+  g.constants["w2"] = float_weights(4, 3, 0.f);
+  g.constants["w3"] = float_weights(4, 3, 0.f);
+  g.constants["k"] = float_weights(2, 4, 0.f);
   EXPECT_EQ(graph::fuse_sibling_matmuls(g), 0);
   EXPECT_EQ(g.nodes.size(), 3u);
 }

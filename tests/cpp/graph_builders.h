@@ -37,6 +37,13 @@ engine::HostTensor host(graph::DType t, const std::vector<T>& v, std::vector<int
   return {t, std::move(shape), v.data()};
 }
 
+// A float32 [K, N] weight of varied values (no two neighbours alike) around `base`.
+inline graph::ConstTensor float_weights(int64_t K, int64_t N, float base) {
+  std::vector<float> v(static_cast<size_t>(K * N));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.25f * static_cast<float>(i % 7) - 0.1f * static_cast<float>(i % 3);
+  return graph::ConstTensor::from_bytes(graph::DType::Float32, {K, N}, v.data(), v.size() * sizeof(float));
+}
+
 inline std::vector<float> floats(const mlx::core::array& a) {
   auto f = mlx::core::astype(a, mlx::core::float32);
   f.eval();

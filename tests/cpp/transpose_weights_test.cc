@@ -14,11 +14,7 @@ using graph::DType;
 
 namespace {
 
-graph::ConstTensor weights(int64_t K, int64_t N, float base) {
-  std::vector<float> v(static_cast<size_t>(K * N));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.25f * static_cast<float>(i % 7) - 0.1f * static_cast<float>(i % 3);
-  return graph::ConstTensor::from_bytes(DType::Float32, {K, N}, v.data(), v.size() * sizeof(float));
-}
+using test::float_weights;
 
 // x [2, 4] by w1 [4, 3] (twice: two products share it), by w2 [4, 5] that an Add also reads,
 // by w3 [4, 2] that is also a graph output; k (constant) by w4.
@@ -32,11 +28,11 @@ graph::Graph sample() {
   g.nodes.push_back(test::node("MatMul", {"x", "w3"}, {"c"}));
   g.nodes.push_back(test::node("MatMul", {"k", "w4"}, {"d"}));
   g.nodes.push_back(test::node("Relu", {"a"}, {"ra"}));
-  g.constants["w1"] = weights(4, 3, 0.5f);
-  g.constants["w2"] = weights(4, 5, -1.f);
-  g.constants["w3"] = weights(4, 2, 2.f);
-  g.constants["w4"] = weights(4, 3, 1.f);
-  g.constants["k"] = weights(2, 4, 0.f);
+  g.constants["w1"] = float_weights(4, 3, 0.5f);
+  g.constants["w2"] = float_weights(4, 5, -1.f);
+  g.constants["w3"] = float_weights(4, 2, 2.f);
+  g.constants["w4"] = float_weights(4, 3, 1.f);
+  g.constants["k"] = float_weights(2, 4, 0.f);
   g.outputs = {"ra", "a2", "b", "e", "c", "d", "w3"};
   return g;
 }

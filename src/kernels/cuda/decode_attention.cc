@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <mlx/fast.h>
 
@@ -186,6 +188,18 @@ const mx::fast::CustomKernelFunction& projections_kernel() {
 
 std::atomic<uint64_t> nodes_built{0}, projection_nodes_built{0};
 
+// The template constants both kernels share (their kBody reads them).
+std::vector<std::pair<std::string, mx::fast::TemplateArg>> body_constants(mx::Dtype t, int H, int P,
+                                                                          const DecodeAttention& p) {
+  return {{"T", t},
+          {"D", H},
+          {"NH", p.num_heads},
+          {"NKV", p.kv_heads},
+          {"P", P},
+          {"WIN", std::max(p.window, 0)},
+          {"SCALE_BITS", std::bit_cast<int>(p.scale)}};
+}
+
 }  // namespace
 
 uint64_t decode_attention_nodes() { return nodes_built.load(); }
@@ -212,15 +226,8 @@ std::optional<mx::array> decode_attention(const mx::array& q, const mx::array& k
     return std::nullopt;
   auto pos32 = mx::reshape(mx::astype(pos, mx::int32, s), {B}, s);
   auto outs = kernel()({q, k_new, v_new, k_buf, v_buf, pos32}, {q.shape()}, {t},
-                       {B * N * kThreads, 1, 1}, {kThreads, 1, 1},
-                       {{"T", t},
-                        {"D", H},
-                        {"NH", N},
-                        {"NKV", Nkv},
-                        {"P", P},
-                        {"WIN", std::max(p.window, 0)},
-                        {"SCALE_BITS", std::bit_cast<int>(p.scale)}},
-                       std::nullopt, false, s);
+                       {B * N * kThreads, 1, 1}, {kThreads, 1, 1}, body_constants(t, H, P, p), std::nullopt,
+                       false, s);
   nodes_built++;
   return outs[0];
 }
@@ -262,25 +269,18 @@ std::optional<DecodeAttentionStep> decode_attention_qkv(const mx::array& q, cons
   auto pos32 = pos.dtype() == mx::int32 ? pos : mx::astype(pos, mx::int32, s);
   const auto& cos_t = cos ? *cos : q;  // unread without rotary (RD = 0)
   const auto& sin_t = sin ? *sin : q;
-  auto outs = projections_kernel()(
-      {q, k, v, cos_t, sin_t, k_buf, v_buf, pos32}, {{B, N * H}, {B, Nkv, 1, H}, {B, Nkv, 1, H}}, {t, t, t},
-      {B * N * kThreads, 1, 1}, {kThreads, 1, 1},
-      {{"T", t},
-       {"D", H},
-       {"NH", N},
-       {"NKV", Nkv},
-       {"P", P},
-       {"WIN", std::max(p.window, 0)},
-       {"SCALE_BITS", std::bit_cast<int>(p.scale)},
-       {"RD", rd},
-       {"INTERLEAVED", layout.interleaved ? 1 : 0},
-       {"Q_STRIDE", layout.q_stride},
-       {"Q_OFF", layout.q_offset},
-       {"K_STRIDE", layout.k_stride},
-       {"K_OFF", layout.k_offset},
-       {"V_STRIDE", layout.v_stride},
-       {"V_OFF", layout.v_offset}},
-      std::nullopt, false, s);
+  auto constants = body_constants(t, H, P, p);
+  constants.insert(constants.end(), {{"RD", rd},
+                                     {"INTERLEAVED", layout.interleaved ? 1 : 0},
+                                     {"Q_STRIDE", layout.q_stride},
+                                     {"Q_OFF", layout.q_offset},
+                                     {"K_STRIDE", layout.k_stride},
+                                     {"K_OFF", layout.k_offset},
+                                     {"V_STRIDE", layout.v_stride},
+                                     {"V_OFF", layout.v_offset}});
+  auto outs = projections_kernel()({q, k, v, cos_t, sin_t, k_buf, v_buf, pos32},
+                                   {{B, N * H}, {B, Nkv, 1, H}, {B, Nkv, 1, H}}, {t, t, t},
+                                   {B * N * kThreads, 1, 1}, {kThreads, 1, 1}, constants, std::nullopt, false, s);
   projection_nodes_built++;
   return DecodeAttentionStep{outs[0], outs[1], outs[2]};
 }
