@@ -72,6 +72,11 @@ def run_setting(model, device, opts, env, context, steps, report, teacher_forced
     return float(np.median(times[8:] or times)) * 1e3, prompt_s, st, last
 
 
+def ms_per_compiled(st: dict, key: str) -> float:
+    """A report time field (ns, summed over compiled runs) per compiled run, in ms."""
+    return st.get(key, 0) / max(st["compiled_runs"], 1) / 1e6
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model")
@@ -113,15 +118,14 @@ def main() -> int:
                       flush=True)
                 continue
             runs = max(st["runs"], 1)
+            per_compiled = lambda key: ms_per_compiled(st, key)  # noqa: E731
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
                   f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f},"
                   f" MLX arrays evaluated {st.get('eval_arrays', 0) / runs:.0f}, segment calls"
                   f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms,"
-                  f" compiled runs: Compute {st.get('compute_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f} ms"
-                  f" (MLX eval {st.get('eval_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
-                  f" outputs {st.get('outputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
-                  f" inputs {st.get('inputs_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f},"
-                  f" compiled call {st.get('call_ns_compiled', 0) / max(st['compiled_runs'], 1) / 1e6:.2f});"
+                  f" compiled runs: Compute {per_compiled('compute_ns_compiled'):.2f} ms"
+                  f" (MLX eval {per_compiled('eval_ns_compiled'):.2f}, outputs {per_compiled('outputs_ns_compiled'):.2f},"
+                  f" inputs {per_compiled('inputs_ns_compiled'):.2f}, compiled call {per_compiled('call_ns_compiled'):.2f});"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
     return 0
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -51,7 +50,7 @@ int transpose_matmul_weights(Graph& g, const std::vector<std::string>& graph_out
                          n.has_input(0) && !g.constant(n.inputs[0]);
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (!n.has_input(i)) continue;
-      auto [it, fresh] = only_as_b.try_emplace(n.inputs[i], true);
+      auto it = only_as_b.try_emplace(n.inputs[i], true).first;
       it->second = it->second && product && i == 1;
     }
     for (const auto& [attr, body] : n.subgraphs())

@@ -38,11 +38,7 @@ graph::Graph sample() {
 std::vector<std::vector<float>> run(const graph::Graph& g, bool fuse) {
   engine::Options o;
   o.fuse_matmuls = fuse;
-  auto p = engine::make_program("fuse", g, g.inputs, g.outputs, o);
-  std::vector<float> x = {1, 2, 3, 4, -1, 0.5f, 2, -3};
-  std::vector<std::vector<float>> outs;
-  for (const auto& a : p->run({test::host(DType::Float32, x, {2, 4})})) outs.push_back(test::floats(a));
-  return outs;
+  return test::run_floats(g, o, {1, 2, 3, 4, -1, 0.5f, 2, -3}, {2, 4});
 }
 
 }  // namespace

@@ -50,4 +50,13 @@ inline std::vector<float> floats(const mlx::core::array& a) {
   return std::vector<float>(f.data<float>(), f.data<float>() + f.size());
 }
 
+// A program of `g` (one float32 input) run once on `x`: every output as floats.
+inline std::vector<std::vector<float>> run_floats(const graph::Graph& g, const engine::Options& o,
+                                                  const std::vector<float>& x, std::vector<int64_t> shape) {
+  auto p = engine::make_program("test", g, g.inputs, g.outputs, o);
+  std::vector<std::vector<float>> outs;
+  for (const auto& a : p->run({host(graph::DType::Float32, x, std::move(shape))})) outs.push_back(floats(a));
+  return outs;
+}
+
 }  // namespace ortmlx::test
