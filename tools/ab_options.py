@@ -7,7 +7,7 @@ Prints per-round medians of run latency and each setting's median over rounds.
 
 A setting is `,`-separated key=value provider options; settings are `;`-separated.
 `--cuda-ep` adds ORT's CUDA EP (its defaults, host inputs and outputs, as the MLX EP's sessions
-here) to the alternation, as the last column."""
+here) to the alternation, as the last column; `--cpu-ep` adds ORT's CPU EP the same way."""
 import argparse
 import statistics
 import time
@@ -25,17 +25,20 @@ def main():
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--dim", action="append", default=[])
     ap.add_argument("--cuda-ep", action="store_true")
+    ap.add_argument("--cpu-ep", action="store_true")
     args = ap.parse_args()
     dims = runner.parse_dims(args.dim)
     settings = [dict(kv.split("=", 1) for kv in s.split(",") if kv) for s in args.settings.split(";")]
-    names = [s or "defaults" for s in args.settings.split(";")] + (["ORT CUDA EP"] if args.cuda_ep else [])
+    baselines = [("CUDAExecutionProvider", "ORT CUDA EP")] if args.cuda_ep else []
+    baselines += [("CPUExecutionProvider", "ORT CPU EP")] if args.cpu_ep else []
+    names = [s or "defaults" for s in args.settings.split(";")] + [label for _, label in baselines]
     print("| model | " + " | ".join(f"{n} (ms per round)" for n in names) + " | ratio 2nd/1st |")
     print("|---|" + "---|" * len(names) + "---:|")
     for model in args.models:
         sessions = [om.InferenceSession(model, args.device, fallback=False, **s) for s in settings]
-        if args.cuda_ep:
+        for provider, _ in baselines:
             import onnxruntime as ort
-            sessions.append(ort.InferenceSession(model, providers=["CUDAExecutionProvider"]))
+            sessions.append(ort.InferenceSession(model, providers=[provider]))
         feeds = runner.random_feeds(sessions[0], runner.dims_of(sessions[0], {}, dims), 0, {})
         for s in sessions:
             for _ in range(20):

@@ -90,6 +90,7 @@ OPTIONS: dict[str, tuple] = {
     "fused_gqa_step": (0, 1),
     "flat_products": (0, 1),
     "transposed_weights": (0, 1),
+    "cpu_dnnl": (0, 1),
 }
 
 

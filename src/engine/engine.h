@@ -52,6 +52,7 @@ struct Options {
                                 // from its projections, rotary included (with gpu_kernels)
   bool flat_products = true;    // products by a matrix read their rows flat, without reshape views
   bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
+  bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
 };
 
 struct Stats {

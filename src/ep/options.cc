@@ -39,7 +39,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                                 "index_check", "step_order", "fused_rotary", "zero_bias",
                                 "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows",
                                 "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes",
-                                "fused_gqa_step", "flat_products", "transposed_weights"};
+                                "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -76,7 +76,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"step_row_writes", &o.engine.step_row_writes},
                            std::pair{"fused_gqa_step", &o.engine.fused_gqa_step},
                            std::pair{"flat_products", &o.engine.flat_products},
-                           std::pair{"transposed_weights", &o.engine.transposed_weights}})
+                           std::pair{"transposed_weights", &o.engine.transposed_weights},
+                           std::pair{"cpu_dnnl", &o.engine.cpu_dnnl}})
     if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "engine/device_buffers.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/skip_rms_norm.h"
@@ -44,6 +45,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()
     << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()
     << ",\"process_device_copies\":" << kernels::cuda::host_copies()
+    << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
+    << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

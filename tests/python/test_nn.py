@@ -1,9 +1,12 @@
 """Conv, ConvTranspose, pooling, Resize and Upsample against ORT's CPU EP."""
+import json
+
 import numpy as np
 import pytest
 
 import onnxruntime_mlx as om
-from oracle import check_node, make_node_model, placement_of, run_cpu
+from onnx import TensorProto as TP, helper, numpy_helper
+from oracle import DEVICE, check_node, make_node_model, placement_of, run_cpu
 
 rng = np.random.default_rng(0)
 
@@ -59,11 +62,51 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("xs,ws,attrs", CONV_CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_conv(xs, ws, attrs, bias):
+@pytest.mark.parametrize("cpu_dnnl", [1, 0])
+def test_conv(xs, ws, attrs, bias, cpu_dnnl):
+    """cpu_dnnl=1 (the default): on the CPU device oneDNN runs the float32 convolutions."""
     inits = {"w": rand(ws)}
     if bias:
         inits["b"] = rand((ws[0],))
-    check_node("Conv", {"x": rand(xs)}, attrs, initializers=inits)
+    check_node("Conv", {"x": rand(xs)}, attrs, initializers=inits, cpu_dnnl=cpu_dnnl)
+
+
+def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
+    """A Conv-Relu-Conv chain (strided, grouped, dilated, 1x1) gives ORT's CPU EP's outputs with
+    cpu_dnnl on and off, and on MLX's CPU device the report counts a oneDNN convolution per Conv
+    and run only when it is on (none fail); on the GPU, never."""
+    rng = np.random.default_rng(3)
+    w1, b1 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
+    w3 = rng.standard_normal((8, 16, 1, 1)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["c"], group=4, dilations=[2, 2], pads=[2, 2, 2, 2]),
+         helper.make_node("Conv", ["c", "w3"], ["y"])],
+        "chain", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4, 15, 15])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2), ("w3", w3))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal((2, 4, 15, 15)).astype(np.float32)
+    ref = run_cpu(m, {"x": x})[0]
+    counts = {}
+    for on in (1, 0):
+        report = tmp_path / f"r{on}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), cpu_dnnl=on)
+        for _ in range(4):
+            y = s.run(None, {"x": x})[0]
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        counts[on] = line["process_dnnl_convs"]
+        assert line["process_dnnl_failures"] == 0
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    if DEVICE == "cpu":
+        assert counts[1] >= 3 * 4, counts  # 3 convolutions x 4 runs (the first run's probe too)
+        assert counts[0] == counts[1], counts  # cpu_dnnl=0 ran none
+    else:
+        assert counts[1] == counts[0] == 0, counts
 
 
 def test_conv_weight_as_input_and_f64():

@@ -112,6 +112,39 @@ def test_fresh_venv_gets_openblas_for_libmlx(venv):
     assert "mlx_cpu.libs" in blas, r.stdout
 
 
+def test_fresh_venv_runs_convolutions_through_the_bundled_onednn(venv):
+    """The wheel carries oneDNN (and the OpenCL loader it links against) next to the EP
+    library: a Conv in a fresh venv runs through it (the report counts it), from the wheel's
+    folder, and equals ORT's CPU EP."""
+    d, py = venv
+    with zipfile.ZipFile(_wheel()) as z:
+        names = set(z.namelist())
+    assert {"onnxruntime_mlx/libdnnl.so.2", "onnxruntime_mlx/libOpenCL.so.1"} <= names, names
+    script = (
+        "import json, numpy as np, onnxruntime as ort, onnxruntime_mlx as om\n"
+        "from onnx import TensorProto as TP, helper, numpy_helper\n"
+        "w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), 'w')\n"
+        "g = helper.make_graph([helper.make_node('Conv', ['x', 'w'], ['y'], pads=[1, 1, 1, 1])], 'c',\n"
+        "    [helper.make_tensor_value_info('x', TP.FLOAT, [1, 3, 16, 16])],\n"
+        "    [helper.make_tensor_value_info('y', TP.FLOAT, None)], [w])\n"
+        "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)]); m.ir_version = 9\n"
+        "x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)\n"
+        "s = om.InferenceSession(m.SerializeToString(), 'cpu', fallback=False, report_path='r.jsonl')\n"
+        "y = s.run(None, {'x': x})[0]\n"
+        "del s\n"
+        "ref = ort.InferenceSession(m.SerializeToString(), providers=['CPUExecutionProvider']).run(None, {'x': x})[0]\n"
+        "line = next(json.loads(l) for l in open('r.jsonl') if 'fused_node' in l)\n"
+        "print(line['process_dnnl_convs'], float(np.abs(y - ref).max()))\n"
+        "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libdnnl' in l}))\n")
+    r = subprocess.run([str(py), "-c", script], cwd=d, env=_clean_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    counts, lib = r.stdout.splitlines()[-2:]
+    runs, err = counts.split()
+    assert int(runs) >= 1 and float(err) <= 1e-4, r.stdout
+    assert pathlib.Path(lib).is_relative_to(d / "venv/lib") and lib.endswith("libdnnl.so.2"), lib
+
+
 def test_cli_in_the_fresh_venv_fails_in_one_line(venv):
     d, py = venv
     r = subprocess.run([str(py), "-m", "onnxruntime_mlx", "run", "missing.onnx"], cwd=d,

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -76,6 +78,34 @@ std::optional<mx::array> cpu_erf(const mx::array& x, mx::Stream s, bool gelu = f
 // copy; appending a decode step to a 60M model's KV cache at context 1024 (16 MB a step) took
 // ~7 ms of the step that way. std::nullopt off the CPU or when the shapes do not fit.
 std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
+
+// Float32 convolutions through oneDNN (kernels/cpu/dnnl_conv.cc), in ONNX's layout: x [N, C, D..],
+// w [M, C/groups, K..], y [N, M, out..]. Why: MLX's CPU convolution runs at a third of what
+// oneDNN's blocked-layout kernels reach on the same cores (docs/performance.md); oneDNN takes the
+// plain layouts in and out itself, so no NCHW<->NHWC transposes are added around it either.
+// The library is loaded at run time (libdnnl.so.2, this library's folder first).
+struct DnnlConvShape {
+  mx::Shape x, w, y;
+  std::vector<int> stride, pad_lo, pad_hi, dilation;  // per spatial dim; padding non-negative
+  int groups = 1;
+  bool bias = false;
+  std::string key() const;  // the geometry, for caches
+};
+struct DnnlConvPlan;  // oneDNN's objects for one geometry, shared by every program of the process
+// The plan for a geometry on MLX's CPU stream `s`; null when oneDNN is not loaded, `s` is not a
+// CPU stream, or oneDNN has no implementation for it.
+std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape& g, mx::Stream s);
+// The weight w (as in DnnlConvShape, any float dtype) in the plan's own layout: a 1-D array to
+// compute once per program and hand to every run's cpu_dnnl_conv.
+mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan, const mx::array& w, mx::Stream s);
+// y = conv(x, w) + bias (bias [M] or none; the plan says which), float32.
+mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
+                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s);
+bool cpu_dnnl_available();
+// Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
+// outputs are NaN).
+uint64_t cpu_dnnl_conv_runs();
+uint64_t cpu_dnnl_conv_failures();
 
 // Whether this CPU runs the kernels' AVX2+FMA paths (false off x86-64); detected once.
 bool cpu_has_avx2_fma();

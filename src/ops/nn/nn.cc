@@ -7,7 +7,9 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops::nn {
 
@@ -209,6 +211,25 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
   return mx::concatenate(parts, -1, s);
 }
 
+// A float32 convolution on MLX's CPU device through oneDNN (kernels/cpu/dnnl_conv.cc), in ONNX's
+// own layout, with the weight laid out for it once per program; std::nullopt when that path is
+// off or unavailable for this geometry (a cropped SAME padding, a non-float32 compute dtype).
+std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0, const mx::array& w0,
+                                              const mx::Shape& out_shape, const std::vector<int64_t>& strides,
+                                              const std::vector<int>& lo, const std::vector<int>& hi,
+                                              const std::vector<int64_t>& dil, int groups, bool crop) {
+  if (crop || c.s.device != mx::Device::cpu || !translation_switches().cpu_conv_library ||
+      compute_dtype(x0, c.s) != mx::float32 || (c.has(2) && (c.in(2).ndim() != 1 || c.in(2).shape(0) != w0.shape(0))))
+    return std::nullopt;
+  DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2)};
+  auto plan = cpu_dnnl_conv_plan(g, c.s);
+  if (!plan) return std::nullopt;
+  auto w = c.prepared("dnnl_conv_w/" + g.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
+  std::optional<mx::array> bias;
+  if (c.has(2)) bias = c.in(2);
+  return mx::astype(cpu_dnnl_conv(plan, g, x0, w, bias, c.s), x0.dtype(), c.s);
+}
+
 // Shared claim-time checks for Conv / ConvTranspose.
 Support check_conv_common(const NodeQuery& q) {
   if (auto s = float_input(q, 0); !s) return s;
@@ -325,8 +346,9 @@ Outputs translate_conv(OpContext& c) {
     hi[d] = static_cast<int>(e);
     out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
   }
-  if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
   if (x0.size() == 0 || w0.size() == 0) return {mx::zeros(out_shape, x0.dtype(), c.s)};
+  if (auto y = conv_through_library(c, x0, w0, out_shape, strides, lo, hi, dil, groups, crop)) return {*y};
+  if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
 
   mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
   if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);  // (M,) on the channel axis

@@ -1,0 +1,456 @@
+// The CPU device's float32 convolutions through oneDNN (kernels.h: cpu_dnnl_conv_plan and
+// the two primitives below).
+//
+// oneDNN is loaded at run time (dlopen of libdnnl.so.2, next to this library first): its headers
+// give the types at build time, every call goes through a pointer looked up once. Without the
+// headers at build time, or the library at run time, every entry point says "not available" and
+// the translators keep MLX's convolution.
+#include "kernels/cpu/kernels.h"
+
+#ifdef ORTMLX_HAVE_DNNL
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include <dlfcn.h>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+#include <oneapi/dnnl/dnnl.h>
+
+namespace ortmlx::ops {
+
+namespace {
+
+#define ORTMLX_DNNL_FUNCTIONS(X)                                                                   \
+  X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy) X(memory_desc_init_by_tag) \
+  X(dilated_convolution_forward_desc_init) X(primitive_desc_create) X(primitive_desc_destroy)       \
+  X(primitive_desc_query_md) X(memory_desc_get_size) X(memory_desc_equal) X(primitive_create)       \
+  X(primitive_destroy) X(primitive_execute) X(memory_create) X(memory_destroy)                     \
+  X(reorder_primitive_desc_create) X(primitive_attr_create) X(primitive_attr_destroy)            \
+  X(primitive_attr_set_scratchpad_mode)
+
+// The library, its functions and the one CPU engine every plan uses.
+struct Library {
+#define ORTMLX_DNNL_MEMBER(f) decltype(&::dnnl_##f) f = nullptr;
+  ORTMLX_DNNL_FUNCTIONS(ORTMLX_DNNL_MEMBER)
+#undef ORTMLX_DNNL_MEMBER
+  dnnl_engine_t engine = nullptr;
+  // Primitives take their scratch memory from the caller: oneDNN's own is per creating thread,
+  // and plans are made on ORT's thread but run on MLX's stream thread.
+  dnnl_primitive_attr_t user_scratchpad = nullptr;
+
+  Library() {
+    void* h = open();
+    if (!h) return;
+    bool all = true;
+#define ORTMLX_DNNL_LOOKUP(f) \
+  f = reinterpret_cast<decltype(f)>(::dlsym(h, "dnnl_" #f)); \
+  all = all && f;
+    ORTMLX_DNNL_FUNCTIONS(ORTMLX_DNNL_LOOKUP)
+#undef ORTMLX_DNNL_LOOKUP
+    if (!all || engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+      engine = nullptr;
+      return;
+    }
+    if (primitive_attr_create(&user_scratchpad) != dnnl_success ||
+        primitive_attr_set_scratchpad_mode(user_scratchpad, dnnl_scratchpad_mode_user) != dnnl_success) {
+      engine_destroy(engine);
+      engine = nullptr;
+    }
+  }
+  ~Library() {
+    if (user_scratchpad) primitive_attr_destroy(user_scratchpad);
+    if (engine) engine_destroy(engine);
+  }
+
+  // This library's own folder first (the wheel and the build tree put oneDNN there, with the
+  // OpenCL loader it links against), then the system's search path.
+  static void* open() {
+    // libgomp reads this once, when it loads: OpenMP's workers then sleep after a convolution
+    // instead of spinning beside the MLX stream thread and BLAS's threads. A user's value wins.
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&Library::open), &info) && info.dli_fname) {
+      std::string dir = info.dli_fname;
+      dir.erase(dir.rfind('/') + 1);
+      if (!dir.empty()) {
+        ::dlopen((dir + "libOpenCL.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);  // absent: the system's
+        if (void* h = ::dlopen((dir + "libdnnl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+      }
+    }
+    return ::dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+  }
+};
+
+// Never destroyed: MLX's stream threads release their oneDNN streams when they end, which may
+// be after this library's static objects are gone.
+const Library& lib() {
+  static const Library* l = new Library;
+  return *l;
+}
+
+std::atomic<uint64_t> g_runs{0};
+
+dnnl_format_tag_t plain_tag(int ndims) {
+  switch (ndims) {
+    case 1: return dnnl_a;
+    case 3: return dnnl_abc;
+    case 4: return dnnl_abcd;
+    case 5: return dnnl_abcde;
+    case 6: return dnnl_abcdef;
+    default: return dnnl_format_tag_undef;
+  }
+}
+
+dnnl_memory_desc_t plain_md(const std::vector<int64_t>& dims, dnnl_format_tag_t tag) {
+  dnnl_memory_desc_t md{};
+  dnnl_dims_t d{};
+  for (size_t i = 0; i < dims.size(); ++i) d[i] = dims[i];
+  if (lib().memory_desc_init_by_tag(&md, static_cast<int>(dims.size()), d, dnnl_f32, tag) != dnnl_success)
+    throw std::runtime_error("oneDNN: memory_desc_init_by_tag failed");
+  return md;
+}
+
+}  // namespace
+
+// A primitive with the scratch memory it needs per execution.
+struct Step {
+  dnnl_primitive_t p = nullptr;
+  dnnl_memory_desc_t scratch_md{};
+  size_t scratch_bytes = 0;
+};
+
+// One convolution geometry's oneDNN objects: the convolution in the layouts oneDNN picks for it
+// (blocked, e.g. nChw8c), and the reorders between those and ONNX's plain layouts.
+struct DnnlConvPlan {
+  dnnl_memory_desc_t src_plain{}, w_plain{}, dst_plain{}, bias_md{};
+  dnnl_memory_desc_t src_md{}, w_md{}, dst_md{};  // as the convolution takes them
+  Step conv, src_in, w_in, dst_out;  // the reorders' p is null where the layouts agree
+  size_t w_bytes = 0;
+  bool bias = false;
+
+  DnnlConvPlan() = default;
+  DnnlConvPlan(const DnnlConvPlan&) = delete;
+  DnnlConvPlan& operator=(const DnnlConvPlan&) = delete;
+  ~DnnlConvPlan() {
+    for (const Step* st : {&conv, &src_in, &w_in, &dst_out})
+      if (st->p) lib().primitive_destroy(st->p);
+  }
+};
+
+namespace {
+
+// The primitive of `pd` (which it releases) and its scratch memory.
+Step make_step(dnnl_primitive_desc_t pd) {
+  const auto& l = lib();
+  Step st;
+  st.scratch_md = *l.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  st.scratch_bytes = l.memory_desc_get_size(&st.scratch_md);
+  const auto status = l.primitive_create(&st.p, pd);
+  l.primitive_desc_destroy(pd);
+  if (status != dnnl_success) throw std::runtime_error("oneDNN: primitive creation failed");
+  return st;
+}
+
+// A reorder between two layouts of the same tensor; no primitive when they are the same layout.
+Step make_reorder(const dnnl_memory_desc_t& from, const dnnl_memory_desc_t& to) {
+  const auto& l = lib();
+  if (l.memory_desc_equal(&from, &to)) return {};
+  dnnl_primitive_desc_t pd = nullptr;
+  if (l.reorder_primitive_desc_create(&pd, &from, l.engine, &to, l.engine, l.user_scratchpad) != dnnl_success)
+    throw std::runtime_error("oneDNN: no reorder between the plain and the blocked layout");
+  return make_step(pd);
+}
+
+std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
+  const auto& l = lib();
+  const int nd = static_cast<int>(g.x.size()) - 2;
+  auto p = std::make_shared<DnnlConvPlan>();
+  std::vector<int64_t> x(g.x.begin(), g.x.end()), w(g.w.begin(), g.w.end()), y(g.y.begin(), g.y.end());
+  p->src_plain = plain_md(x, plain_tag(nd + 2));
+  p->dst_plain = plain_md(y, plain_tag(nd + 2));
+  if (g.groups > 1) {  // [M, C/g, K..] -> [g, M/g, C/g, K..]
+    w.insert(w.begin(), g.groups);
+    w[1] /= g.groups;
+  }
+  p->w_plain = plain_md(w, plain_tag(static_cast<int>(w.size())));
+  p->bias = g.bias;
+  if (g.bias) p->bias_md = plain_md({g.w[0]}, dnnl_a);
+  dnnl_memory_desc_t any_src = plain_md(x, dnnl_format_tag_any), any_w = plain_md(w, dnnl_format_tag_any),
+                     any_dst = plain_md(y, dnnl_format_tag_any);
+  dnnl_dims_t stride{}, dil{}, lo{}, hi{};
+  for (int d = 0; d < nd; ++d) {
+    stride[d] = g.stride[d];
+    dil[d] = g.dilation[d] - 1;  // oneDNN counts the gaps between taps
+    lo[d] = g.pad_lo[d];
+    hi[d] = g.pad_hi[d];
+  }
+  dnnl_convolution_desc_t cd{};
+  if (l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &any_src, &any_w,
+                                              g.bias ? &p->bias_md : nullptr, &any_dst, stride, dil, lo, hi) != dnnl_success)
+    throw std::runtime_error("oneDNN: convolution descriptor rejected");
+  dnnl_primitive_desc_t pd = nullptr;
+  if (l.primitive_desc_create(&pd, &cd, l.user_scratchpad, l.engine, nullptr) != dnnl_success)
+    throw std::runtime_error("oneDNN: no convolution implementation");
+  p->src_md = *l.primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  p->w_md = *l.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  p->dst_md = *l.primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+  p->w_bytes = l.memory_desc_get_size(&p->w_md);
+  p->conv = make_step(pd);
+  p->src_in = make_reorder(p->src_plain, p->src_md);
+  p->w_in = make_reorder(p->w_plain, p->w_md);
+  p->dst_out = make_reorder(p->dst_md, p->dst_plain);
+  return p;
+}
+
+// A memory object over `data` (owned by the caller) for one execution.
+struct Memory {
+  dnnl_memory_t m = nullptr;
+  Memory(const dnnl_memory_desc_t& md, void* data) {
+    if (lib().memory_create(&m, &md, lib().engine, data) != dnnl_success) m = nullptr;
+  }
+  ~Memory() {
+    if (m) lib().memory_destroy(m);
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+};
+
+// A buffer oneDNN's kernels may read with aligned vector loads.
+struct Scratch {
+  float* p = nullptr;
+  explicit Scratch(size_t bytes) : p(static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+// The calling thread's stream on the engine (a stream is not for two threads at once; MLX's
+// CPU stream runs its tasks on one thread).
+dnnl_stream_t thread_stream() {
+  struct Stream {
+    dnnl_stream_t s = nullptr;
+    Stream() { lib().stream_create(&s, lib().engine, dnnl_stream_default_flags); }
+    ~Stream() {
+      if (s) lib().stream_destroy(s);
+    }
+  };
+  thread_local Stream st;
+  return st.s;
+}
+
+// Runs a step with the calling thread's scratch buffer (grown as steps need; MLX's stream thread
+// runs one task at a time).
+bool execute(const Step& st, std::initializer_list<dnnl_exec_arg_t> args) {
+  thread_local std::unique_ptr<Scratch> scratch;
+  thread_local size_t scratch_bytes = 0;
+  std::vector<dnnl_exec_arg_t> all(args);
+  std::unique_ptr<Memory> m;
+  if (st.scratch_bytes) {
+    if (scratch_bytes < st.scratch_bytes) {
+      scratch = std::make_unique<Scratch>(st.scratch_bytes);
+      scratch_bytes = scratch->p ? st.scratch_bytes : 0;
+    }
+    if (!scratch_bytes) return false;
+    m = std::make_unique<Memory>(st.scratch_md, scratch->p);
+    if (!m->m) return false;
+    all.push_back({DNNL_ARG_SCRATCHPAD, m->m});
+  }
+  return lib().primitive_execute(st.p, thread_stream(), static_cast<int>(all.size()), all.data()) == dnnl_success;
+}
+
+// Runs on MLX's stream thread, where nothing may throw: a failure leaves NaN in the output
+// (never a plausible value) and is counted.
+std::atomic<uint64_t> g_failures{0};
+void fail_output(float* y, size_t n) {
+  g_failures.fetch_add(1, std::memory_order_relaxed);
+  std::fill(y, y + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// The weight in the convolution's own layout: computed once per program (OpContext::prepared).
+class DnnlConvWeights : public mx::UnaryPrimitive {
+ public:
+  DnnlConvWeights(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan) : mx::UnaryPrimitive(s), plan_(std::move(plan)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& w = inputs[0];
+    if (!w.flags().row_contiguous) throw std::runtime_error("[DnnlConvWeights] weight must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    enc.dispatch([plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
+                  wn = w.nbytes()] {
+      if (!plan->w_in.p) {
+        std::memcpy(yp, wp, wn);
+        return;
+      }
+      Memory from(plan->w_plain, wp), to(plan->w_md, yp);
+      if (!from.m || !to.m || !execute(plan->w_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}})) fail_output(yp, n);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[DnnlConvWeights] runs on the CPU stream only");
+  }
+  const char* name() const override { return "DnnlConvWeights"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(DnnlConvWeights) && static_cast<const DnnlConvWeights&>(other).plan_ == plan_;
+  }
+
+ private:
+  std::shared_ptr<const DnnlConvPlan> plan_;
+};
+
+// y = conv(x, w) (+ bias): x and y in ONNX's plain layout, w as DnnlConvWeights left it.
+class DnnlConv : public mx::UnaryPrimitive {
+ public:
+  DnnlConv(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan) : mx::UnaryPrimitive(s), plan_(std::move(plan)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (const auto& a : inputs)
+      if (!a.flags().row_contiguous) throw std::runtime_error("[DnnlConv] inputs must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
+    enc.dispatch([plan = plan_, xp = ptr(inputs[0]), wp = ptr(inputs[1]),
+                  bp = inputs.size() > 2 ? ptr(inputs[2]) : nullptr, yp = out.data<float>(), n = out.size()] {
+      const auto& l = lib();
+      std::unique_ptr<Scratch> src, dst;
+      float* s = xp;
+      if (plan->src_in.p) {
+        src = std::make_unique<Scratch>(l.memory_desc_get_size(&plan->src_md));
+        Memory from(plan->src_plain, xp), to(plan->src_md, src->p);
+        if (!src->p || !from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
+          return fail_output(yp, n);
+        s = src->p;
+      }
+      float* d = yp;
+      if (plan->dst_out.p) {
+        dst = std::make_unique<Scratch>(l.memory_desc_get_size(&plan->dst_md));
+        if (!dst->p) return fail_output(yp, n);
+        d = dst->p;
+      }
+      Memory ms(plan->src_md, s), mw(plan->w_md, wp), md(plan->dst_md, d);
+      std::unique_ptr<Memory> mb;
+      if (bp) mb = std::make_unique<Memory>(plan->bias_md, bp);
+      if (!ms.m || !mw.m || !md.m || (mb && !mb->m)) return fail_output(yp, n);
+      const bool ok = mb ? execute(plan->conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m},
+                                                {DNNL_ARG_BIAS, mb->m}, {DNNL_ARG_DST, md.m}})
+                         : execute(plan->conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m}, {DNNL_ARG_DST, md.m}});
+      if (!ok) return fail_output(yp, n);
+      if (plan->dst_out.p) {
+        Memory from(plan->dst_md, d), to(plan->dst_plain, yp);
+        if (!from.m || !to.m || !execute(plan->dst_out, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
+          return fail_output(yp, n);
+      }
+      g_runs.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[DnnlConv] runs on the CPU stream only");
+  }
+  const char* name() const override { return "DnnlConv"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(DnnlConv) && static_cast<const DnnlConv&>(other).plan_ == plan_;
+  }
+
+ private:
+  std::shared_ptr<const DnnlConvPlan> plan_;
+};
+
+}  // namespace
+
+bool cpu_dnnl_available() { return lib().engine != nullptr; }
+
+uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
+uint64_t cpu_dnnl_conv_failures() { return g_failures.load(std::memory_order_relaxed); }
+
+std::string DnnlConvShape::key() const {
+  std::ostringstream k;
+  auto put = [&k](const auto& v) {
+    for (auto e : v) k << e << ',';
+    k << '/';
+  };
+  put(x), put(w), put(y), put(stride), put(pad_lo), put(pad_hi), put(dilation);
+  k << groups << '/' << bias;
+  return k.str();
+}
+
+std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape& g, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_dnnl_available()) return nullptr;
+  const size_t nd = g.x.size() < 3 ? 0 : g.x.size() - 2;
+  if (nd < 1 || nd > 3 || g.w.size() != g.x.size() || g.y.size() != g.x.size() || g.stride.size() != nd ||
+      g.pad_lo.size() != nd || g.pad_hi.size() != nd || g.dilation.size() != nd || g.groups < 1)
+    return nullptr;
+  for (auto v : g.x) if (v <= 0) return nullptr;
+  for (auto v : g.y) if (v <= 0) return nullptr;
+  // Plans are shared by every program of the process: a geometry is planned once.
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<DnnlConvPlan>> plans;
+  const std::string key = g.key();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = plans.find(key); it != plans.end()) return it->second;
+  std::shared_ptr<DnnlConvPlan> p;
+  try {
+    p = build_plan(g);
+  } catch (const std::exception&) {
+    p = nullptr;  // this geometry stays MLX's (remembered, so it is not planned again)
+  }
+  if (plans.size() >= 4096) plans.clear();  // a stream of new shapes: plans in use stay alive
+  plans.emplace(key, p);
+  return p;
+}
+
+mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan, const mx::array& w, mx::Stream s) {
+  auto wc = mx::contiguous(mx::astype(w, mx::float32, s), false, s);
+  const int n = static_cast<int>(plan->w_bytes / sizeof(float));
+  return mx::array({n}, mx::float32, std::make_shared<DnnlConvWeights>(s, plan), {wc});
+}
+
+mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
+                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s) {
+  std::vector<mx::array> in{mx::contiguous(mx::astype(x, mx::float32, s), false, s), w_prepared};
+  if (bias) in.push_back(mx::contiguous(mx::astype(*bias, mx::float32, s), false, s));
+  return mx::array(g.y, mx::float32, std::make_shared<DnnlConv>(s, plan), std::move(in));
+}
+
+}  // namespace ortmlx::ops
+
+#else  // no oneDNN headers at build time
+
+#include <stdexcept>
+
+namespace ortmlx::ops {
+
+struct DnnlConvPlan {};
+
+bool cpu_dnnl_available() { return false; }
+uint64_t cpu_dnnl_conv_runs() { return 0; }
+uint64_t cpu_dnnl_conv_failures() { return 0; }
+std::string DnnlConvShape::key() const { return {}; }
+std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape&, mx::Stream) { return nullptr; }
+mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array& w, mx::Stream) {
+  throw std::logic_error("oneDNN is not in this build");
+}
+mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
+                        const mx::array&, const std::optional<mx::array>&, mx::Stream) {
+  throw std::logic_error("oneDNN is not in this build");
+}
+
+}  // namespace ortmlx::ops
+
+#endif

@@ -1,0 +1,143 @@
+"""Where a run's time goes on an NVIDIA GPU: the CUDA kernels and copies of a few warm runs,
+recorded with PyTorch's profiler (CUPTI sees every kernel of the process, MLX's and ORT's
+alike), against the runs' wall time. Prints per run: wall ms, GPU busy ms (the union of the
+kernel and copy intervals), kernels launched, and the kernels taking the most GPU time.
+
+    python3 tools/gpu_kernel_profile.py CASE... [--provider mlx|cuda] [--runs 10] [--top 12]
+        [--option key=value ...]
+
+CASE is one of
+    prefill:MODEL_DIR:LENGTH    a genai-format LLM's prompt of LENGTH tokens (empty past)
+    decode:MODEL_DIR:CONTEXT    its decode steps after a CONTEXT-token prompt (shared KV buffer)
+    model:FILE.onnx[:name=d0xd1,...]   any model with random inputs (other dims 1)
+
+The EP keeps the KV cache in its memory (device_memory=1) as the bench does; provider cuda runs
+ORT's CUDA EP on the same files (IOBinding, KV on the GPU). A busy time well under the wall time
+means the run waits on the host (launch and graph-building costs), not on the GPU."""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+
+def parse_case(text: str):
+    kind, _, rest = text.partition(":")
+    if kind in ("prefill", "decode"):
+        path, _, n = rest.rpartition(":")
+        return kind, path, int(n)
+    if kind == "model":
+        path, _, dims = rest.partition(":")
+        shapes = {}
+        for item in filter(None, dims.split(",")):
+            name, _, shape = item.partition("=")
+            shapes[name] = [int(d) for d in shape.split("x")]
+        return kind, path, shapes
+    raise SystemExit(f"unknown case {text!r}")
+
+
+def model_runner(path: str, shapes: dict, provider: str, options: dict):
+    import onnxruntime as ort
+    from onnxruntime_mlx.bench import _feeds_for
+    if provider == "mlx":
+        import onnxruntime_mlx as om
+        s = ort.InferenceSession(path, sess_options=om.session_options("gpu", **options))
+    else:
+        s = ort.InferenceSession(path, providers=[("CUDAExecutionProvider", options), "CPUExecutionProvider"])
+    feeds = _feeds_for(s, shapes)
+    return lambda: s.run(None, feeds)
+
+
+def llm_runner(kind: str, path: str, n: int, provider: str, options: dict):
+    from onnxruntime_mlx.generate import Decoder
+    if provider == "mlx":
+        options = {"device_memory": "1", **options}
+    dec = Decoder(path, provider, "gpu", share_buffer=kind == "decode", max_length=-(-(n + 200) // 256) * 256,
+                  **options)
+    ids = np.random.default_rng(0).integers(3, 1000, (1, n))
+    if kind == "prefill":
+        return lambda: dec.step(ids, dec.empty_past(), n, logits_to_host=False)
+    logits, past = dec.step(ids, dec.empty_past(), n)
+    state = {"logits": logits, "past": past, "total": n}
+
+    def step():
+        nxt = np.array([[int(np.argmax(state["logits"][0, -1]))]], np.int64)
+        state["total"] += 1
+        state["logits"], state["past"] = dec.step(nxt, state["past"], state["total"])
+    return step
+
+
+def device_events(prof):
+    """(name, start_us, end_us) of each kernel / copy the profiler recorded on the GPU."""
+    from torch.autograd import DeviceType
+    out = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) != DeviceType.CUDA:
+            continue
+        out.append((e.name, e.time_range.start, e.time_range.end))
+    return out
+
+
+def busy_us(events) -> float:
+    total, end = 0.0, -1.0
+    for _, s, e in sorted(events, key=lambda x: x[1]):
+        if s >= end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def profile_case(case: str, provider: str, runs: int, top: int, options: dict) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    kind, path, arg = parse_case(case)
+    run = model_runner(path, arg, provider, options) if kind == "model" else llm_runner(kind, path, arg, provider, options)
+    for _ in range(5):  # past the probe and the compile of a new signature
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        run()
+    plain_ms = (time.perf_counter() - t0) / runs * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            run()
+        wall_ms = (time.perf_counter() - t0) / runs * 1e3
+    ev = device_events(prof)
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for name, s, e in ev:
+        per[name][0] += 1
+        per[name][1] += e - s
+    kernel_us = sum(v[1] for v in per.values())
+    print(f"== {case} [{provider}] {runs} runs: wall {plain_ms:.3f} ms/run ({wall_ms:.3f} profiled), GPU busy "
+          f"{busy_us(ev) / runs / 1e3:.3f} ms/run, kernel+copy time {kernel_us / runs / 1e3:.3f} ms/run, "
+          f"{len(ev) / runs:.0f} kernels+copies/run", flush=True)
+    for name, (count, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"   {us / runs:9.1f} us/run  {count / runs:6.1f}x  {name[:110]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="+")
+    p.add_argument("--provider", default="mlx", choices=["mlx", "cuda"])
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--option", action="append", default=[], help="provider option key=value")
+    a = p.parse_args()
+    options = dict(o.split("=", 1) for o in a.option)
+    for case in a.cases:
+        try:
+            profile_case(case, a.provider, a.runs, a.top, dict(options))
+        except Exception as e:  # one case's failure (e.g. a missing model) does not end the others
+            print(f"== {case} [{a.provider}] failed: {type(e).__name__}: {e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
