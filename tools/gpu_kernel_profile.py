@@ -13,11 +13,17 @@ CASE is one of
 
 The EP keeps the KV cache in its memory (device_memory=1) as the bench does; provider cuda runs
 ORT's CUDA EP on the same files (IOBinding, KV on the GPU). A busy time well under the wall time
-means the run waits on the host (launch and graph-building costs), not on the GPU."""
+means the run waits on the host (launch and graph-building costs), not on the GPU. For the EP it
+also prints its report's split of a compiled run's time (MLX evaluation, the compiled function's
+replay, inputs, outputs)."""
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import json
+import pathlib
+import tempfile
 import time
 
 import numpy as np
@@ -96,6 +102,10 @@ def profile_case(case: str, provider: str, runs: int, top: int, options: dict) -
     import torch
     from torch.profiler import ProfilerActivity, profile
     kind, path, arg = parse_case(case)
+    report = None
+    if provider == "mlx":
+        report = pathlib.Path(tempfile.mkdtemp()) / "report.jsonl"
+        options["report_path"] = str(report)
     run = model_runner(path, arg, provider, options) if kind == "model" else llm_runner(kind, path, arg, provider, options)
     for _ in range(5):  # past the probe and the compile of a new signature
         run()
@@ -120,6 +130,17 @@ def profile_case(case: str, provider: str, runs: int, top: int, options: dict) -
           f"{len(ev) / runs:.0f} kernels+copies/run", flush=True)
     for name, (count, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"   {us / runs:9.1f} us/run  {count / runs:6.1f}x  {name[:110]}")
+    if report:
+        del run
+        gc.collect()  # the session's end writes its statistics
+        lines = [json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x]
+        for st in lines:
+            n = max(st["compiled_runs"], 1)
+            ms = lambda key: st.get(key, 0) / n / 1e6  # noqa: E731
+            print(f"   report: {st['runs']} runs, per compiled run ({st['compiled_runs']}): Compute "
+                  f"{ms('compute_ns_compiled'):.3f} ms, MLX eval {ms('eval_ns_compiled'):.3f}, compiled replay "
+                  f"{ms('call_ns_compiled'):.3f}, inputs {ms('inputs_ns_compiled'):.3f}, outputs "
+                  f"{ms('outputs_ns_compiled'):.3f}; arrays a run {st.get('eval_arrays', 0) / max(st['runs'], 1):.0f}")
 
 
 def main() -> int:

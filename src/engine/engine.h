@@ -53,6 +53,8 @@ struct Options {
   bool flat_products = true;    // products by a matrix read their rows flat, without reshape views
   bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
+  bool fuse_conv_relu = true;      // ... with a Relu that alone reads a Conv as its post-op (graph/fuse_conv_relu.h)
+  int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
 };
 
 struct Stats {

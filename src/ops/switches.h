@@ -1,5 +1,5 @@
 // Engine options that choose between two exact translations of the same nodes (README
-// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, ...), as translators and their helpers
+// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, int4_dense_rows, ...), as translators and their helpers
 // read them. The engine sets them for each translation (Program::run_steps, a SwitchesScope);
 // outside one (a C++ test calling a translator directly) every switch is on, the default.
 // Thread-local rather than an EngineHooks field: the rotary rotation and the CPU kernels are
@@ -20,6 +20,7 @@ struct TranslationSwitches {
   bool gqa_step_kernel = true;   // ... a shared-buffer decode step's GroupQueryAttention from its projections
   bool flat_products = true;     // products by a matrix read their rows flat (ops/common.h as_rows)
   bool cpu_conv_library = true;  // float32 convolutions on the CPU through oneDNN (kernels/cpu/dnnl_conv.cc)
+  int int4_dense_rows = 128;     // GPU MatMulNBits with this many rows: dequantize + dense product (0: never)
 };
 
 // The calling thread's current switches.

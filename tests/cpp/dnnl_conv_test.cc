@@ -1,6 +1,7 @@
 // kernels/cpu/dnnl_conv: convolutions through oneDNN give what MLX's own convolution gives (in
 // MLX's channels-last layout, transposed here) for 1-D, 2-D and 3-D geometries with strides,
-// asymmetric padding, dilation, groups, depthwise and with or without a bias.
+// asymmetric padding, dilation, groups, depthwise, with or without a bias, and with the Relu
+// post-op.
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/kernels.h"
@@ -12,7 +13,7 @@ namespace {
 
 struct Case {
   int nd, C, M, H, K, stride, lo, hi, dil, groups;
-  bool bias;
+  bool bias, relu = false;
 };
 
 std::vector<int> perm_last(int rank) {  // (N, C, D..) -> (N, D.., C)
@@ -36,7 +37,7 @@ void check(const Case& k) {
   auto w = mx::random::normal(ws, mx::float32, 0.f, 1.f, mx::random::key(2));
   auto b = mx::random::normal({k.M}, mx::float32, 0.f, 1.f, mx::random::key(3));
   DnnlConvShape g{xs, ws, ys, std::vector<int>(k.nd, k.stride), std::vector<int>(k.nd, k.lo),
-                  std::vector<int>(k.nd, k.hi), std::vector<int>(k.nd, k.dil), k.groups, k.bias};
+                  std::vector<int>(k.nd, k.hi), std::vector<int>(k.nd, k.dil), k.groups, k.bias, k.relu};
   auto plan = cpu_dnnl_conv_plan(g, s);
   ASSERT_TRUE(plan) << "no oneDNN plan (is libdnnl.so.2 next to the test binary?) for " << g.key();
   auto wp = cpu_dnnl_conv_weights(plan, w, s);
@@ -47,6 +48,7 @@ void check(const Case& k) {
   auto ref = mx::conv_general(mx::transpose(x, perm_last(rank), s), mx::transpose(w, perm_last(rank), s),
                               g.stride, g.pad_lo, g.pad_hi, g.dilation, {}, k.groups, false, s);
   if (k.bias) ref = mx::add(ref, b, s);
+  if (k.relu) ref = mx::maximum(ref, mx::array(0.f), s);
   ref = mx::transpose(ref, perm_first(rank), s);
   ASSERT_EQ(y.shape(), ref.shape());
   const float err = mx::max(mx::abs(mx::subtract(y, ref, s), s), s).item<float>();
@@ -68,6 +70,8 @@ TEST(DnnlConv, MatchesMlxConvolution) {
       {2, 16, 16, 12, 3, 2, 1, 1, 1, 16, true},  // depthwise, stride 2
       {1, 8, 12, 30, 5, 1, 2, 2, 1, 1, true},    // 1-D
       {3, 4, 6, 6, 3, 1, 1, 1, 1, 1, false},     // 3-D
+      {2, 16, 32, 12, 3, 1, 1, 1, 1, 1, true, true},   // with the Relu as a post-op
+      {2, 16, 16, 12, 3, 2, 1, 1, 1, 16, false, true},  // depthwise with the Relu
   };
   for (const auto& k : cases) check(k);
   EXPECT_EQ(cpu_dnnl_conv_runs(), before + std::size(cases));

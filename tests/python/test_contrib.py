@@ -1,5 +1,7 @@
 """com.microsoft transformer ops (and ai.onnx Attention/RotaryEmbedding) against ORT's CPU EP,
 which implements every one of them, with the node forced onto MLX (no CPU fallback)."""
+import json
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -22,7 +24,7 @@ def float_type(inputs, initializers):
 
 def check_tol(op, inputs, attrs=None, *, initializers=None, outputs=1, rtol=1e-4, atol=1e-5,
               opset=oracle.DEFAULT_OPSET, domain=MS, input_order=None, rows=None,
-              output_types=None, expected=None):
+              output_types=None, expected=None, **options):
     """Like check_node, with an explicit tolerance (quantized and attention ops accumulate in
     another order than ORT). `rows` optionally restricts output 0 to a row mask. ONNX's shape
     inference does not know com.microsoft ops: outputs default to the first float input's type."""
@@ -32,7 +34,7 @@ def check_tol(op, inputs, attrs=None, *, initializers=None, outputs=1, rtol=1e-4
                             output_types=types, input_order=input_order)
     feeds = {k: v for k, v in inputs.items() if v is not None}
     ref = expected if expected is not None else run_cpu(model, feeds)
-    outs, placed = run_mlx(model, feeds)
+    outs, placed = run_mlx(model, feeds, **options)
     assert set(placed) == {om.EP_NAME} and len(placed[om.EP_NAME]) == 1, placed
     for i, (a, e) in enumerate(zip(outs, ref)):
         assert a.shape == e.shape and a.dtype == e.dtype, (i, a.shape, e.shape, a.dtype, e.dtype)
@@ -75,7 +77,7 @@ def nbits_weights(K, N, bits, block, zp_kind, dtype=np.float32, want_ref=False):
 
 
 def nbits_check(M, K, N, bits, block, zp_kind=None, dtype=np.float32, bias=False, a_shape=None,
-                g_idx=None, b_as_input=False, accuracy_level=0, rtol=1e-3, atol=1e-4):
+                g_idx=None, b_as_input=False, accuracy_level=0, rtol=1e-3, atol=1e-4, **options):
     B, scales, zp = nbits_weights(K, N, bits, block, zp_kind, dtype)
     a = rng.standard_normal(a_shape or (M, K)).astype(dtype)
     inits = {"B": B, "scales": scales, "zp": zp, "g_idx": g_idx,
@@ -86,7 +88,46 @@ def nbits_check(M, K, N, bits, block, zp_kind=None, dtype=np.float32, bias=False
     check_tol("MatMulNBits", inputs, {"K": K, "N": N, "bits": bits, "block_size": block,
                                       "accuracy_level": accuracy_level},
               initializers=inits, input_order=["A", "B", "scales", "zp", "g_idx", "bias"],
-              rtol=rtol, atol=atol)
+              rtol=rtol, atol=atol, **options)
+
+
+# A prompt's rows: on the GPU, int4_dense_rows=128 dequantizes the weight and runs a dense product
+# (MLX's quantized matmul is several times slower there for many rows), 0 keeps the quantized
+# matmul for fp16 (float32 rows always take the dense form: MLX's float32 kernel fails to launch
+# at block 128 for many rows); all equal ORT's CPU EP. On the CPU device the option changes nothing.
+@pytest.mark.parametrize("dense_rows", [128, 0])
+@pytest.mark.parametrize("block", [32, 64, 128])
+@pytest.mark.parametrize("zp_kind", [None, "u8", "float"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_matmul_nbits_many_rows(dense_rows, block, zp_kind, dtype):
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == np.float16 else {}
+    nbits_check(160, 2 * block, 48, 4, block, zp_kind, dtype=dtype, bias=True, int4_dense_rows=dense_rows, **tol)
+
+
+@pytest.mark.skipif(oracle.DEVICE != "gpu", reason="the dense path is the GPU's")
+def test_matmul_nbits_many_rows_dequantizes_on_the_gpu(tmp_path):
+    """The path int4_dense_rows picks is the one that runs: with 160 rows, the dense form
+    evaluates one array more a run (the dequantized weight) than MLX's quantized matmul, and
+    with 8 rows (under the threshold) both settings evaluate the same."""
+    B, scales, zp = nbits_weights(128, 48, 4, 64, "u8", np.float16)
+    arrays = {}
+    for rows in (160, 8):
+        for dense in (128, 0):
+            a = rng.standard_normal((rows, 128)).astype(np.float16)
+            model = make_node_model("MatMulNBits", {"A": a}, 1, {"K": 128, "N": 48, "bits": 4, "block_size": 64},
+                                    {"B": B, "scales": scales, "zp": zp}, domain=MS,
+                                    output_types=[oracle.tensor_type(np.zeros(0, np.float16))],
+                                    input_order=["A", "B", "scales", "zp"])
+            report = tmp_path / f"r{rows}_{dense}.jsonl"
+            s = om.InferenceSession(model.SerializeToString(), "gpu", fallback=False, report_path=str(report),
+                                    int4_dense_rows=dense)
+            for _ in range(3):
+                s.run(None, {"A": a})
+            del s
+            line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+            arrays[rows, dense] = line["eval_arrays"] / line["runs"]
+    assert arrays[160, 128] > arrays[160, 0], arrays
+    assert arrays[8, 128] == arrays[8, 0], arrays
 
 
 # fp32 MatMulNBits: MLX sums in another order than MLAS (and computes q*scale - zp*scale rather

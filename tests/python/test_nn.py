@@ -73,8 +73,9 @@ def test_conv(xs, ws, attrs, bias, cpu_dnnl):
 
 def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     """A Conv-Relu-Conv chain (strided, grouped, dilated, 1x1) gives ORT's CPU EP's outputs with
-    cpu_dnnl on and off, and on MLX's CPU device the report counts a oneDNN convolution per Conv
-    and run only when it is on (none fail); on the GPU, never."""
+    cpu_dnnl on (with and without fuse_conv_relu) and off. On MLX's CPU device the report counts
+    a oneDNN convolution per Conv and run only when cpu_dnnl is on (none fail), and the fused Relu
+    is one array fewer a run; on the GPU neither option changes anything."""
     rng = np.random.default_rng(3)
     w1, b1 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
     w2 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
@@ -91,22 +92,26 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     m.ir_version = 9
     x = rng.standard_normal((2, 4, 15, 15)).astype(np.float32)
     ref = run_cpu(m, {"x": x})[0]
-    counts = {}
-    for on in (1, 0):
-        report = tmp_path / f"r{on}.jsonl"
-        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), cpu_dnnl=on)
+    counts, arrays = {}, {}
+    for key, opts in (("fused", {"cpu_dnnl": 1}), ("unfused", {"cpu_dnnl": 1, "fuse_conv_relu": 0}),
+                      ("off", {"cpu_dnnl": 0})):
+        report = tmp_path / f"{key}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
         for _ in range(4):
             y = s.run(None, {"x": x})[0]
         del s
         line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
-        counts[on] = line["process_dnnl_convs"]
+        counts[key], arrays[key] = line["process_dnnl_convs"], line["eval_arrays"]
         assert line["process_dnnl_failures"] == 0
-        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4, err_msg=key)
     if DEVICE == "cpu":
-        assert counts[1] >= 3 * 4, counts  # 3 convolutions x 4 runs (the first run's probe too)
-        assert counts[0] == counts[1], counts  # cpu_dnnl=0 ran none
+        assert counts["fused"] >= 3 * 4, counts  # 3 convolutions x 4 runs (the first run's probe too)
+        assert counts["unfused"] == counts["fused"] + 3 * 4, counts
+        assert counts["off"] == counts["unfused"], counts  # cpu_dnnl=0 ran none
+        assert arrays["fused"] < arrays["unfused"], arrays
     else:
-        assert counts[1] == counts[0] == 0, counts
+        assert counts["fused"] == counts["unfused"] == counts["off"] == 0, counts
+        assert arrays["fused"] == arrays["unfused"], arrays
 
 
 def test_conv_weight_as_input_and_f64():

@@ -39,7 +39,8 @@ namespace {
   X(primitive_desc_query_md) X(memory_desc_get_size) X(memory_desc_equal) X(primitive_create)       \
   X(primitive_destroy) X(primitive_execute) X(memory_create) X(memory_destroy)                     \
   X(reorder_primitive_desc_create) X(primitive_attr_create) X(primitive_attr_destroy)            \
-  X(primitive_attr_set_scratchpad_mode)
+  X(primitive_attr_set_scratchpad_mode) X(primitive_attr_set_post_ops) X(post_ops_create)          \
+  X(post_ops_destroy) X(post_ops_append_eltwise)
 
 // The library, its functions and the one CPU engine every plan uses.
 struct Library {
@@ -201,9 +202,20 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   if (l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &any_src, &any_w,
                                               g.bias ? &p->bias_md : nullptr, &any_dst, stride, dil, lo, hi) != dnnl_success)
     throw std::runtime_error("oneDNN: convolution descriptor rejected");
+  // The relu as a post-op on top of the caller-provided scratch memory.
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t relu = nullptr;
+  bool attr_ok = l.primitive_attr_create(&attr) == dnnl_success &&
+                 l.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+  if (attr_ok && g.relu)
+    attr_ok = l.post_ops_create(&relu) == dnnl_success &&
+              l.post_ops_append_eltwise(relu, 1.f, dnnl_eltwise_relu, 0.f, 0.f) == dnnl_success &&
+              l.primitive_attr_set_post_ops(attr, relu) == dnnl_success;
   dnnl_primitive_desc_t pd = nullptr;
-  if (l.primitive_desc_create(&pd, &cd, l.user_scratchpad, l.engine, nullptr) != dnnl_success)
-    throw std::runtime_error("oneDNN: no convolution implementation");
+  const bool made = attr_ok && l.primitive_desc_create(&pd, &cd, attr, l.engine, nullptr) == dnnl_success;
+  if (relu) l.post_ops_destroy(relu);
+  if (attr) l.primitive_attr_destroy(attr);
+  if (!made) throw std::runtime_error("oneDNN: no convolution implementation");
   p->src_md = *l.primitive_desc_query_md(pd, dnnl_query_src_md, 0);
   p->w_md = *l.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   p->dst_md = *l.primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
@@ -386,7 +398,7 @@ std::string DnnlConvShape::key() const {
     k << '/';
   };
   put(x), put(w), put(y), put(stride), put(pad_lo), put(pad_hi), put(dilation);
-  k << groups << '/' << bias;
+  k << groups << '/' << bias << '/' << relu;
   return k.str();
 }
 

@@ -89,6 +89,7 @@ struct DnnlConvShape {
   std::vector<int> stride, pad_lo, pad_hi, dilation;  // per spatial dim; padding non-negative
   int groups = 1;
   bool bias = false;
+  bool relu = false;  // max(y, 0) applied by the convolution itself (a oneDNN post-op)
   std::string key() const;  // the geometry, for caches
 };
 struct DnnlConvPlan;  // oneDNN's objects for one geometry, shared by every program of the process
@@ -98,7 +99,8 @@ std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape& g, m
 // The weight w (as in DnnlConvShape, any float dtype) in the plan's own layout: a 1-D array to
 // compute once per program and hand to every run's cpu_dnnl_conv.
 mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan, const mx::array& w, mx::Stream s);
-// y = conv(x, w) + bias (bias [M] or none; the plan says which), float32.
+// y = conv(x, w) + bias (bias [M] or none; the plan says which), then max(y, 0) if the plan says
+// relu; float32.
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s);
 bool cpu_dnnl_available();

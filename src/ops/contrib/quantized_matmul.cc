@@ -223,7 +223,17 @@ Outputs translate_matmul_nbits(OpContext& c) {
     if (Kp != K) x = mx::pad(x, {static_cast<int>(x.ndim()) - 1}, {0}, {Kp - K}, mx::array(0, ct), "constant", c.s);
     const bool vec = x.ndim() == 1;
     if (vec) x = mx::expand_dims(x, 0, c.s);
-    y = mx::quantized_matmul(x, w, scales, biases, /*transpose=*/true, group, bits, "affine", c.s);
+    // A prompt on the GPU: MLX's quantized matmul for many rows runs several times slower than
+    // dequantizing the weight (one kernel) and a dense product (cuBLAS), which is what ORT's CUDA
+    // EP does too. The dequantized weight lives for this run only. Float32 rows take that form
+    // whatever their count: MLX's CUDA kernel for many float32 rows fails to launch at group 128.
+    const int dense_rows = translation_switches().int4_dense_rows;
+    if (c.s.device == mx::Device::gpu && rows > 1 &&
+        (ct == mx::float32 || (dense_rows > 0 && rows >= dense_rows)))
+      y = mx::matmul(x, mx::transpose(mx::dequantize(w, scales, biases, group, bits, "affine", std::nullopt, ct, c.s), c.s),
+                     c.s);
+    else
+      y = mx::quantized_matmul(x, w, scales, biases, /*transpose=*/true, group, bits, "affine", c.s);
     if (vec) y = mx::squeeze(y, 0, c.s);
   } else {
     // Exact dequantization, as ORT does it: (q - zp) * scale, then a dense matmul. The

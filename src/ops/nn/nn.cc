@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "graph/fuse_conv_relu.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
 #include "ops/switches.h"
@@ -221,7 +222,8 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (crop || c.s.device != mx::Device::cpu || !translation_switches().cpu_conv_library ||
       compute_dtype(x0, c.s) != mx::float32 || (c.has(2) && (c.in(2).ndim() != 1 || c.in(2).shape(0) != w0.shape(0))))
     return std::nullopt;
-  DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2)};
+  DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
+                  c.node.attr_string(graph::kConvActivation, "") == "Relu"};
   auto plan = cpu_dnnl_conv_plan(g, c.s);
   if (!plan) return std::nullopt;
   auto w = c.prepared("dnnl_conv_w/" + g.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
@@ -353,6 +355,7 @@ Outputs translate_conv(OpContext& c) {
   mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
   if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);  // (M,) on the channel axis
   y = mx::transpose(y, channels_first_perm(rank), c.s);
+  if (n.attr_string(graph::kConvActivation, "") == "Relu") y = mx::maximum(y, mx::array(0, y.dtype()), c.s);
   return {mx::astype(y, x0.dtype(), c.s)};
 }
 
