@@ -68,6 +68,15 @@ def _clean_env():
     return env
 
 
+def _run_in_venv(py, cwd, script: str) -> str:
+    """Runs `script` with the fresh venv's python in `cwd`, without this checkout's environment;
+    returns its stdout (the test fails on a non-zero exit)."""
+    r = subprocess.run([str(py), "-c", script], cwd=cwd, env=_clean_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def test_three_lines_run_a_model_on_mlx(venv):
     d, py = venv
     model = demo_model.save(d / "model.onnx")
@@ -80,10 +89,7 @@ def test_three_lines_run_a_model_on_mlx(venv):
         # what it used, for the test
         "print(om.get_library_path())\n"
         "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libmlx' in l}))\n")
-    r = subprocess.run([str(py), "-c", script], cwd=d, env=_clean_env(), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lib, mlx_lib = r.stdout.split()[-2:]
+    lib, mlx_lib = _run_in_venv(py, d, script).split()[-2:]
     site = d / "venv/lib"
     assert pathlib.Path(lib).is_relative_to(site) and lib.endswith("libonnxruntime_mlx_ep.so"), lib
     assert pathlib.Path(mlx_lib).resolve().is_relative_to(site.resolve()), mlx_lib
@@ -136,12 +142,10 @@ def test_fresh_venv_runs_convolutions_through_the_bundled_onednn(venv):
         "line = next(json.loads(l) for l in open('r.jsonl') if 'fused_node' in l)\n"
         "print(line['process_dnnl_convs'], float(np.abs(y - ref).max()))\n"
         "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libdnnl' in l}))\n")
-    r = subprocess.run([str(py), "-c", script], cwd=d, env=_clean_env(), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    counts, lib = r.stdout.splitlines()[-2:]
+    out = _run_in_venv(py, d, script)
+    counts, lib = out.splitlines()[-2:]
     runs, err = counts.split()
-    assert int(runs) >= 1 and float(err) <= 1e-4, r.stdout
+    assert int(runs) >= 1 and float(err) <= 1e-4, out
     assert pathlib.Path(lib).is_relative_to(d / "venv/lib") and lib.endswith("libdnnl.so.2"), lib
 
 

@@ -291,10 +291,26 @@ void fail_output(float* y, size_t n) {
   std::fill(y, y + n, std::numeric_limits<float>::quiet_NaN());
 }
 
-// The weight in the convolution's own layout: computed once per program (OpContext::prepared).
-class DnnlConvWeights : public mx::UnaryPrimitive {
+// What the two primitives below share: the plan they run, on the CPU stream only; equal when
+// their plans are.
+class PlanPrimitive : public mx::UnaryPrimitive {
  public:
-  DnnlConvWeights(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan) : mx::UnaryPrimitive(s), plan_(std::move(plan)) {}
+  PlanPrimitive(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan) : mx::UnaryPrimitive(s), plan_(std::move(plan)) {}
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error(std::string("[") + name() + "] runs on the CPU stream only");
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(*this) && static_cast<const PlanPrimitive&>(other).plan_ == plan_;
+  }
+
+ protected:
+  std::shared_ptr<const DnnlConvPlan> plan_;
+};
+
+// The weight in the convolution's own layout: computed once per program (OpContext::prepared).
+class DnnlConvWeights : public PlanPrimitive {
+ public:
+  using PlanPrimitive::PlanPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& w = inputs[0];
@@ -313,22 +329,13 @@ class DnnlConvWeights : public mx::UnaryPrimitive {
       if (!from.m || !to.m || !execute(plan->w_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}})) fail_output(yp, n);
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::logic_error("[DnnlConvWeights] runs on the CPU stream only");
-  }
   const char* name() const override { return "DnnlConvWeights"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    return typeid(other) == typeid(DnnlConvWeights) && static_cast<const DnnlConvWeights&>(other).plan_ == plan_;
-  }
-
- private:
-  std::shared_ptr<const DnnlConvPlan> plan_;
 };
 
 // y = conv(x, w) (+ bias): x and y in ONNX's plain layout, w as DnnlConvWeights left it.
-class DnnlConv : public mx::UnaryPrimitive {
+class DnnlConv : public PlanPrimitive {
  public:
-  DnnlConv(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan) : mx::UnaryPrimitive(s), plan_(std::move(plan)) {}
+  using PlanPrimitive::PlanPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (const auto& a : inputs)
@@ -372,16 +379,7 @@ class DnnlConv : public mx::UnaryPrimitive {
       g_runs.fetch_add(1, std::memory_order_relaxed);
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::logic_error("[DnnlConv] runs on the CPU stream only");
-  }
   const char* name() const override { return "DnnlConv"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    return typeid(other) == typeid(DnnlConv) && static_cast<const DnnlConv&>(other).plan_ == plan_;
-  }
-
- private:
-  std::shared_ptr<const DnnlConvPlan> plan_;
 };
 
 }  // namespace
