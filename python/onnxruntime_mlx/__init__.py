@@ -91,6 +91,7 @@ OPTIONS: dict[str, tuple] = {
     "flat_products": (0, 1),
     "transposed_weights": (0, 1),
     "cpu_dnnl": (0, 1),
+    "cpu_dnnl_min_flops": (0, 1 << 50),
     "fuse_conv_relu": (0, 1),
     "int4_dense_rows": (0, 1 << 30),
 }

@@ -64,33 +64,37 @@ CONV_CASES = [
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("cpu_dnnl", [1, 0])
 def test_conv(xs, ws, attrs, bias, cpu_dnnl):
-    """cpu_dnnl=1 (the default): on the CPU device oneDNN runs the float32 convolutions."""
+    """cpu_dnnl=1 (the default): on the CPU device oneDNN runs the float32 convolutions (these
+    small ones too: cpu_dnnl_min_flops=0)."""
     inits = {"w": rand(ws)}
     if bias:
         inits["b"] = rand((ws[0],))
-    check_node("Conv", {"x": rand(xs)}, attrs, initializers=inits, cpu_dnnl=cpu_dnnl)
+    check_node("Conv", {"x": rand(xs)}, attrs, initializers=inits, cpu_dnnl=cpu_dnnl, cpu_dnnl_min_flops=0)
 
 
 def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     """A Conv-Relu-Conv chain (strided, grouped, dilated, 1x1) gives ORT's CPU EP's outputs with
     cpu_dnnl on (with and without fuse_conv_relu) and off. On MLX's CPU device the report counts
     a oneDNN convolution per Conv and run only when cpu_dnnl is on (none fail), and the fused Relu
-    is one array fewer a run; on the GPU neither option changes anything."""
+    is one array fewer a run; on the GPU neither option changes anything. Each convolution is
+    above cpu_dnnl_min_flops (1e6 by default); a small one after them stays MLX's."""
     rng = np.random.default_rng(3)
-    w1, b1 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
-    w2 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
-    w3 = rng.standard_normal((8, 16, 1, 1)).astype(np.float32)
+    w1, b1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((32, 4, 3, 3)).astype(np.float32)
+    w3 = rng.standard_normal((32, 32, 1, 1)).astype(np.float32)
+    w4 = rng.standard_normal((2, 32, 1, 1)).astype(np.float32)  # 2 x 64 x 2 x 256 flops: below
     g = helper.make_graph(
         [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
          helper.make_node("Relu", ["a"], ["r"]),
          helper.make_node("Conv", ["r", "w2"], ["c"], group=4, dilations=[2, 2], pads=[2, 2, 2, 2]),
-         helper.make_node("Conv", ["c", "w3"], ["y"])],
-        "chain", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4, 15, 15])],
+         helper.make_node("Conv", ["c", "w3"], ["d"]),
+         helper.make_node("Conv", ["d", "w4"], ["y"])],
+        "chain", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 8, 32, 32])],
         [helper.make_tensor_value_info("y", TP.FLOAT, None)],
-        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2), ("w3", w3))])
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2), ("w3", w3), ("w4", w4))])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
-    x = rng.standard_normal((2, 4, 15, 15)).astype(np.float32)
+    x = rng.standard_normal((2, 8, 32, 32)).astype(np.float32)
     ref = run_cpu(m, {"x": x})[0]
     counts, arrays = {}, {}
     for key, opts in (("fused", {"cpu_dnnl": 1}), ("unfused", {"cpu_dnnl": 1, "fuse_conv_relu": 0}),
@@ -103,9 +107,10 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
         line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
         counts[key], arrays[key] = line["process_dnnl_convs"], line["eval_arrays"]
         assert line["process_dnnl_failures"] == 0
-        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4, err_msg=key)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3, err_msg=key)
     if DEVICE == "cpu":
-        assert counts["fused"] >= 3 * 4, counts  # 3 convolutions x 4 runs (the first run's probe too)
+        assert counts["fused"] >= 3 * 4, counts
+        # 3 convolutions x 4 runs (the first run's probe too), never the small fourth
         assert counts["unfused"] == counts["fused"] + 3 * 4, counts
         assert counts["off"] == counts["unfused"], counts  # cpu_dnnl=0 ran none
         assert arrays["fused"] < arrays["unfused"], arrays

@@ -224,6 +224,11 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
     return std::nullopt;
   DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
                   c.node.attr_string(graph::kConvActivation, "") == "Relu"};
+  // Below some work (a few microseconds of it) waking oneDNN's second thread and the layout
+  // reorders cost more than they save: small convolutions stay MLX's.
+  double flops = 2.0 * static_cast<double>(w0.size()) * out_shape[0];
+  for (size_t d = 2; d < out_shape.size(); ++d) flops *= out_shape[d];
+  if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   auto plan = cpu_dnnl_conv_plan(g, c.s);
   if (!plan) return std::nullopt;
   auto w = c.prepared("dnnl_conv_w/" + g.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
