@@ -176,11 +176,42 @@ CONVT_CASES = [
 
 @pytest.mark.parametrize("xs,ws,attrs", CONVT_CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_conv_transpose(xs, ws, attrs, bias):
+@pytest.mark.parametrize("cpu_dnnl", [1, 0])
+def test_conv_transpose(xs, ws, attrs, bias, cpu_dnnl):
+    """cpu_dnnl=1: on the CPU device through oneDNN's deconvolution where it takes the padding
+    (these small ones too: cpu_dnnl_min_flops=0); MLX's path otherwise."""
     inits = {"w": rand(ws)}
     if bias:
         inits["b"] = rand((ws[1] * attrs.get("group", 1),))
-    check_node("ConvTranspose", {"x": rand(xs)}, attrs, initializers=inits)
+    check_node("ConvTranspose", {"x": rand(xs)}, attrs, initializers=inits, cpu_dnnl=cpu_dnnl, cpu_dnnl_min_flops=0)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_runs_through_onednn_on_the_cpu(tmp_path, group):
+    """A stride-2 ConvTranspose with output_padding (an upsampling layer, as in OCR detectors)
+    equals ORT's CPU EP; on MLX's CPU device the report counts it as a oneDNN run, on the GPU not."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 8 // group, 4, 4)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    x = rng.standard_normal((1, 16, 16, 16)).astype(np.float32)
+    m = make_node_model("ConvTranspose", {"x": x}, 1,
+                        {"strides": [2, 2], "pads": [1, 1, 2, 2], "output_padding": [1, 1], "group": group},
+                        {"w": w, "b": b}, opset=17)
+    ref = run_cpu(m, {"x": x})[0]
+    counts = []
+    for on in (1, 0):
+        report = tmp_path / f"r{on}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), cpu_dnnl=on)
+        for _ in range(3):
+            y = s.run(None, {"x": x})[0]
+        del s
+        counts.append(next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)["process_dnnl_convs"])
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
+    assert counts[1] - counts[0] == 0, counts  # cpu_dnnl=0 ran none
+    if DEVICE == "cpu":
+        assert counts[0] >= 3, counts
+    else:
+        assert counts[0] == 0, counts
 
 
 def test_conv_transpose_half():

@@ -35,7 +35,7 @@ namespace {
 
 #define ORTMLX_DNNL_FUNCTIONS(X)                                                                   \
   X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy) X(memory_desc_init_by_tag) \
-  X(dilated_convolution_forward_desc_init) X(primitive_desc_create) X(primitive_desc_destroy)       \
+  X(dilated_convolution_forward_desc_init) X(dilated_deconvolution_forward_desc_init) X(primitive_desc_create) X(primitive_desc_destroy)       \
   X(primitive_desc_query_md) X(memory_desc_get_size) X(memory_desc_equal) X(primitive_create)       \
   X(primitive_destroy) X(primitive_execute) X(memory_create) X(memory_destroy)                     \
   X(reorder_primitive_desc_create) X(primitive_attr_create) X(primitive_attr_destroy)            \
@@ -182,13 +182,24 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   std::vector<int64_t> x(g.x.begin(), g.x.end()), w(g.w.begin(), g.w.end()), y(g.y.begin(), g.y.end());
   p->src_plain = plain_md(x, plain_tag(nd + 2));
   p->dst_plain = plain_md(y, plain_tag(nd + 2));
-  if (g.groups > 1) {  // [M, C/g, K..] -> [g, M/g, C/g, K..]
+  // oneDNN's weight dims are (g,) out, in, K..; ONNX stores a convolution's that way and a
+  // transposed one's as in, out, K.. (the tags below read that memory order).
+  const int64_t M = g.y[1];
+  if (g.transposed) std::swap(w[0], w[1]);  // [C, M/g, K..] -> dims [M/g, C, K..]
+  if (g.groups > 1) {  // -> [g, M/g, C/g, K..]
     w.insert(w.begin(), g.groups);
-    w[1] /= g.groups;
+    w[g.transposed ? 2 : 1] /= g.groups;
+    if (g.transposed) w[1] = M / g.groups;
   }
-  p->w_plain = plain_md(w, plain_tag(static_cast<int>(w.size())));
+  dnnl_format_tag_t w_tag = plain_tag(static_cast<int>(w.size()));
+  if (g.transposed) {
+    static const dnnl_format_tag_t io[] = {dnnl_bac, dnnl_bacd, dnnl_bacde};        // iow, iohw, iodhw
+    static const dnnl_format_tag_t gio[] = {dnnl_acbd, dnnl_acbde, dnnl_acbdef};    // giow, giohw, giodhw
+    w_tag = (g.groups > 1 ? gio : io)[nd - 1];
+  }
+  p->w_plain = plain_md(w, w_tag);
   p->bias = g.bias;
-  if (g.bias) p->bias_md = plain_md({g.w[0]}, dnnl_a);
+  if (g.bias) p->bias_md = plain_md({M}, dnnl_a);
   dnnl_memory_desc_t any_src = plain_md(x, dnnl_format_tag_any), any_w = plain_md(w, dnnl_format_tag_any),
                      any_dst = plain_md(y, dnnl_format_tag_any);
   dnnl_dims_t stride{}, dil{}, lo{}, hi{};
@@ -198,10 +209,14 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
     lo[d] = g.pad_lo[d];
     hi[d] = g.pad_hi[d];
   }
-  dnnl_convolution_desc_t cd{};
-  if (l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &any_src, &any_w,
-                                              g.bias ? &p->bias_md : nullptr, &any_dst, stride, dil, lo, hi) != dnnl_success)
-    throw std::runtime_error("oneDNN: convolution descriptor rejected");
+  dnnl_convolution_desc_t cd{};  // the deconvolution descriptor has the same layout and type
+  const auto* bias_md = g.bias ? &p->bias_md : nullptr;
+  const auto described =
+      g.transposed ? l.dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct,
+                                                              &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi)
+                   : l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct,
+                                                            &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi);
+  if (described != dnnl_success) throw std::runtime_error("oneDNN: convolution descriptor rejected");
   // The relu as a post-op on top of the caller-provided scratch memory.
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t relu = nullptr;
@@ -396,7 +411,7 @@ std::string DnnlConvShape::key() const {
     k << '/';
   };
   put(x), put(w), put(y), put(stride), put(pad_lo), put(pad_hi), put(dilation);
-  k << groups << '/' << bias << '/' << relu;
+  k << groups << '/' << bias << '/' << relu << '/' << transposed;
   return k.str();
 }
 

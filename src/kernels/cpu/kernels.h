@@ -80,7 +80,8 @@ std::optional<mx::array> cpu_erf(const mx::array& x, mx::Stream s, bool gelu = f
 std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
 
 // Float32 convolutions through oneDNN (kernels/cpu/dnnl_conv.cc), in ONNX's layout: x [N, C, D..],
-// w [M, C/groups, K..], y [N, M, out..]. Why: MLX's CPU convolution runs at a third of what
+// w [M, C/groups, K..], y [N, M, out..]; transposed (ConvTranspose, oneDNN's deconvolution):
+// w [C, M/groups, K..], padding as ONNX's pads less output_padding at the end. Why: MLX's CPU convolution runs at a third of what
 // oneDNN's blocked-layout kernels reach on the same cores (docs/performance.md); oneDNN takes the
 // plain layouts in and out itself, so no NCHW<->NHWC transposes are added around it either.
 // The library is loaded at run time (libdnnl.so.2, this library's folder first).
@@ -90,6 +91,7 @@ struct DnnlConvShape {
   int groups = 1;
   bool bias = false;
   bool relu = false;  // max(y, 0) applied by the convolution itself (a oneDNN post-op)
+  bool transposed = false;
   std::string key() const;  // the geometry, for caches
 };
 struct DnnlConvPlan;  // oneDNN's objects for one geometry, shared by every program of the process

@@ -212,22 +212,18 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
   return mx::concatenate(parts, -1, s);
 }
 
-// A float32 convolution on MLX's CPU device through oneDNN (kernels/cpu/dnnl_conv.cc), in ONNX's
-// own layout, with the weight laid out for it once per program; std::nullopt when that path is
-// off or unavailable for this geometry (a cropped SAME padding, a non-float32 compute dtype).
+// A float32 convolution (or, g.transposed, a ConvTranspose) on MLX's CPU device through oneDNN
+// (kernels/cpu/dnnl_conv.cc), in ONNX's own layout, with the weight laid out for it once per
+// program; std::nullopt when that path is off, unavailable for this geometry or too small.
+// `flops`: the product's work, 2 x weight elements x batch x (output or, transposed, input)
+// positions.
 std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0, const mx::array& w0,
-                                              const mx::Shape& out_shape, const std::vector<int64_t>& strides,
-                                              const std::vector<int>& lo, const std::vector<int>& hi,
-                                              const std::vector<int64_t>& dil, int groups, bool crop) {
-  if (crop || c.s.device != mx::Device::cpu || !translation_switches().cpu_conv_library ||
-      compute_dtype(x0, c.s) != mx::float32 || (c.has(2) && (c.in(2).ndim() != 1 || c.in(2).shape(0) != w0.shape(0))))
+                                              const DnnlConvShape& g, double flops) {
+  if (c.s.device != mx::Device::cpu || !translation_switches().cpu_conv_library ||
+      compute_dtype(x0, c.s) != mx::float32 || (c.has(2) && (c.in(2).ndim() != 1 || c.in(2).shape(0) != g.y[1])))
     return std::nullopt;
-  DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
-                  c.node.attr_string(graph::kConvActivation, "") == "Relu"};
   // Below some work (a few microseconds of it) waking oneDNN's second thread and the layout
   // reorders cost more than they save: small convolutions stay MLX's.
-  double flops = 2.0 * static_cast<double>(w0.size()) * out_shape[0];
-  for (size_t d = 2; d < out_shape.size(); ++d) flops *= out_shape[d];
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   auto plan = cpu_dnnl_conv_plan(g, c.s);
   if (!plan) return std::nullopt;
@@ -235,6 +231,13 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
   return mx::astype(cpu_dnnl_conv(plan, g, x0, w, bias, c.s), x0.dtype(), c.s);
+}
+
+// 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
+double conv_flops(const mx::array& w, const mx::Shape& positions) {
+  double f = 2.0 * static_cast<double>(w.size()) * positions[0];
+  for (size_t d = 2; d < positions.size(); ++d) f *= positions[d];
+  return f;
 }
 
 // Shared claim-time checks for Conv / ConvTranspose.
@@ -354,7 +357,11 @@ Outputs translate_conv(OpContext& c) {
     out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
   }
   if (x0.size() == 0 || w0.size() == 0) return {mx::zeros(out_shape, x0.dtype(), c.s)};
-  if (auto y = conv_through_library(c, x0, w0, out_shape, strides, lo, hi, dil, groups, crop)) return {*y};
+  if (!crop) {
+    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
+                          n.attr_string(graph::kConvActivation, "") == "Relu"};
+    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape))) return {*y};
+  }
   if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
 
   mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
@@ -430,6 +437,19 @@ Outputs translate_conv_transpose(OpContext& c) {
   if (x0.size() == 0 || w0.size() == 0 || out_numel == 0)
     return {mx::zeros(out_shape, x0.dtype(), c.s)};
 
+  {
+    // oneDNN's deconvolution pads the output: ONNX's begin padding, and the end padding less
+    // output_padding (the conv-equivalent lo/hi above, read back).
+    std::vector<int> pl(nd), pr(nd);
+    for (size_t d = 0; d < nd; ++d) {
+      const int dk = static_cast<int>((kernel[d] - 1) * dil[d] + 1);
+      pl[d] = dk - 1 - lo[d];
+      pr[d] = dk - 1 - hi[d];
+    }
+    DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), pl, pr, to_int(dil), groups, c.has(2)};
+    g.transposed = true;
+    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, x0.shape()))) return {*y};
+  }
   mx::Dtype cd = compute_dtype(x0, c.s);
   mx::array x = mx::transpose(mx::astype(x0, cd, c.s), channels_last_perm(rank), c.s);
   // (C, M/g, K..) -> (g, C/g, M/g, K..) -> (g, M/g, K.., C/g) -> (M, K.., C/g)
