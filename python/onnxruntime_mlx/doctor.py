@@ -1,5 +1,5 @@
-"""`python -m onnxruntime_mlx doctor`: versions, the EP library and its devices, and the sgemm
-GFLOP/s that the EP actually gets.
+"""`python -m onnxruntime_mlx doctor`: versions, the EP library and its devices, the sgemm
+GFLOP/s that the EP actually gets, and whether its CPU convolutions run through oneDNN.
 
 The benchmark matters because of a trap (docs/setup): the mlx-cpu wheel bundles the reference
 netlib BLAS (~4 GFLOP/s on a 2-core machine); scripts/setup repoints the venv's libmlx at
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -118,6 +120,31 @@ def sgemm_provider() -> str:
         return f"(unknown: {e})"
 
 
+def onednn_line() -> str:
+    """Runs a 3x3 Conv (above the EP's cpu_dnnl_min_flops) on MLX's CPU device and says whether
+    oneDNN ran it (the report's count) and which libdnnl the process mapped."""
+    w = np.random.default_rng(0).standard_normal((16, 16, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    with tempfile.TemporaryDirectory() as d:
+        report = os.path.join(d, "report.jsonl")
+        s = om.InferenceSession(m.SerializeToString(), "cpu", fallback=False, report_path=report)
+        s.run(None, {"x": np.ones((1, 16, 32, 32), np.float32)})
+        del s
+        with open(report) as f:
+            line = next(json.loads(ln) for ln in f if '"fused_node"' in ln)
+    libs = mapped_libraries("libdnnl")
+    if line.get("process_dnnl_convs", 0) > 0:
+        return f"oneDNN           {libs[0] if libs else '?'} (CPU convolutions run through it)"
+    return ("oneDNN           not loaded: CPU convolutions use MLX's own (the wheel carries "
+            "libdnnl.so.2; it needs the system's libgomp, GCC's OpenMP runtime)")
+
+
 def run(args: argparse.Namespace) -> int:
     om.register()  # the package's libmlx first, then mlx.core's (the same library)
     import mlx.core as mx
@@ -150,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.sgemm_only:
         p(f"BLAS for libmlx  {sgemm_provider()} (provides cblas_sgemm)")
         p(f"BLAS preload     {om.blas_preload}")
+        try:
+            p(onednn_line())
+        except Exception as e:  # noqa: BLE001 - report, do not trace back
+            p(f"oneDNN           (could not check: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
         # Reference BLAS runs ~4 GFLOP/s where MLAS runs >100: a gap that load cannot explain.
         if r["mlx_gflops"] < 0.2 * r["cpu_gflops"] and args.device != "gpu":
             p("WARNING: the EP's sgemm is at reference-BLAS speed: install OpenBLAS "

@@ -110,6 +110,8 @@ def test_fresh_venv_gets_openblas_for_libmlx(venv):
     assert r.returncode == 0, r.stdout + r.stderr
     blas = next(ln for ln in r.stdout.splitlines() if ln.startswith("BLAS for libmlx"))
     assert "openblas" in blas.lower() and "mlx_cpu.libs" not in blas, r.stdout
+    onednn = next(ln for ln in r.stdout.splitlines() if ln.startswith("oneDNN"))
+    assert str(d / "venv/lib") in onednn and "run through it" in onednn, r.stdout
     # The switch that keeps the wheel's own (reference) BLAS, to show the preload is what did it.
     r = subprocess.run(args, cwd=d, env=dict(_clean_env(), ORT_MLX_BLAS="bundled"),
                        capture_output=True, text=True, timeout=300)
