@@ -122,8 +122,8 @@ def test_fresh_venv_gets_openblas_for_libmlx(venv):
 
 def test_fresh_venv_runs_convolutions_through_the_bundled_onednn(venv):
     """The wheel carries oneDNN (and the OpenCL loader it links against) next to the EP
-    library: a Conv in a fresh venv runs through it (the report counts it), from the wheel's
-    folder, and equals ORT's CPU EP."""
+    library: a Conv (above cpu_dnnl_min_flops) in a fresh venv runs through it (the report
+    counts it), from the wheel's folder, and equals ORT's CPU EP."""
     d, py = venv
     with zipfile.ZipFile(_wheel()) as z:
         names = set(z.namelist())
@@ -131,12 +131,12 @@ def test_fresh_venv_runs_convolutions_through_the_bundled_onednn(venv):
     script = (
         "import json, numpy as np, onnxruntime as ort, onnxruntime_mlx as om\n"
         "from onnx import TensorProto as TP, helper, numpy_helper\n"
-        "w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), 'w')\n"
+        "w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16, 3, 3)).astype(np.float32), 'w')\n"
         "g = helper.make_graph([helper.make_node('Conv', ['x', 'w'], ['y'], pads=[1, 1, 1, 1])], 'c',\n"
-        "    [helper.make_tensor_value_info('x', TP.FLOAT, [1, 3, 16, 16])],\n"
+        "    [helper.make_tensor_value_info('x', TP.FLOAT, [1, 16, 32, 32])],\n"
         "    [helper.make_tensor_value_info('y', TP.FLOAT, None)], [w])\n"
         "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)]); m.ir_version = 9\n"
-        "x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)\n"
+        "x = np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)\n"
         "s = om.InferenceSession(m.SerializeToString(), 'cpu', fallback=False, report_path='r.jsonl')\n"
         "y = s.run(None, {'x': x})[0]\n"
         "del s\n"
