@@ -88,6 +88,24 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def conv_case():
+    """Conv (+ Relu) and a stride-2 ConvTranspose, each above cpu_dnnl_min_flops: on MLX's CPU
+    device they run through oneDNN (kernels/cpu/dnnl_conv.cc), plans and weights per session."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w")
+    wt = numpy_helper.from_array(rng.standard_normal((16, 8, 4, 4)).astype(np.float32), "wt")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("ConvTranspose", ["r", "wt"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, wt])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.standard_normal((1, 16, 32, 32)).astype(np.float32)
+    return "conv_onednn", m.SerializeToString(), {"x": x}
+
+
 def load_cases():
     cases = []
     for name in MIXED:
@@ -103,6 +121,7 @@ def load_cases():
         cases.append((name, m.SerializeToString(), feeds))
     cases.append(shape_chain_case())
     cases.append(fp16_decoder_case())
+    cases.append(conv_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
         x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)
