@@ -468,7 +468,7 @@ uint64_t cpu_dnnl_conv_runs() { return 0; }
 uint64_t cpu_dnnl_conv_failures() { return 0; }
 std::string DnnlConvShape::key() const { return {}; }
 std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape&, mx::Stream) { return nullptr; }
-mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array& w, mx::Stream) {
+mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array&, mx::Stream) {
   throw std::logic_error("oneDNN is not in this build");
 }
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
