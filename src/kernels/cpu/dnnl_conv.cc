@@ -33,14 +33,15 @@ namespace ortmlx::ops {
 
 namespace {
 
-#define ORTMLX_DNNL_FUNCTIONS(X)                                                                   \
-  X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy) X(memory_desc_init_by_tag) \
-  X(dilated_convolution_forward_desc_init) X(dilated_deconvolution_forward_desc_init) X(primitive_desc_create) X(primitive_desc_destroy)       \
-  X(primitive_desc_query_md) X(memory_desc_get_size) X(memory_desc_equal) X(primitive_create)       \
-  X(primitive_destroy) X(primitive_execute) X(memory_create) X(memory_destroy)                     \
-  X(reorder_primitive_desc_create) X(primitive_attr_create) X(primitive_attr_destroy)            \
-  X(primitive_attr_set_scratchpad_mode) X(primitive_attr_set_post_ops) X(post_ops_create)          \
-  X(post_ops_destroy) X(post_ops_append_eltwise)
+#define ORTMLX_DNNL_FUNCTIONS(X)                                                              \
+  X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy)                       \
+  X(memory_desc_init_by_tag) X(memory_desc_get_size) X(memory_desc_equal) X(memory_create)    \
+  X(memory_destroy) X(dilated_convolution_forward_desc_init)                                  \
+  X(dilated_deconvolution_forward_desc_init) X(reorder_primitive_desc_create)                 \
+  X(primitive_desc_create) X(primitive_desc_destroy) X(primitive_desc_query_md)               \
+  X(primitive_create) X(primitive_destroy) X(primitive_execute) X(primitive_attr_create)      \
+  X(primitive_attr_destroy) X(primitive_attr_set_scratchpad_mode)                             \
+  X(primitive_attr_set_post_ops) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise)
 
 // The library, its functions and the one CPU engine every plan uses.
 struct Library {
