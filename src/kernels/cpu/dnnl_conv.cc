@@ -140,7 +140,7 @@ struct DnnlConvPlan {
   dnnl_memory_desc_t src_plain{}, w_plain{}, dst_plain{}, bias_md{};
   dnnl_memory_desc_t src_md{}, w_md{}, dst_md{};  // as the convolution takes them
   Step conv, src_in, w_in, dst_out;  // the reorders' p is null where the layouts agree
-  size_t w_bytes = 0;
+  size_t w_bytes = 0, src_bytes = 0, dst_bytes = 0;  // in the convolution's layouts
   bool bias = false;
 
   DnnlConvPlan() = default;
@@ -236,6 +236,8 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   p->w_md = *l.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   p->dst_md = *l.primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
   p->w_bytes = l.memory_desc_get_size(&p->w_md);
+  p->src_bytes = l.memory_desc_get_size(&p->src_md);
+  p->dst_bytes = l.memory_desc_get_size(&p->dst_md);
   p->conv = make_step(pd);
   p->src_in = make_reorder(p->src_plain, p->src_md);
   p->w_in = make_reorder(p->w_plain, p->w_md);
@@ -279,20 +281,29 @@ dnnl_stream_t thread_stream() {
   return st.s;
 }
 
-// Runs a step with the calling thread's scratch buffer (grown as steps need; MLX's stream thread
-// runs one task at a time).
+// The calling thread's buffer `slot` of at least `bytes`, grown as needed and kept for the next
+// task (MLX's stream thread runs one at a time): oneDNN's scratch memory, and a convolution's
+// source and destination in its blocked layout, which as fresh allocations would be new pages
+// to fault in on every run. Null when an allocation fails.
+enum BufferSlot { kScratchpad, kBlockedSrc, kBlockedDst, kBufferSlots };
+float* thread_buffer(BufferSlot slot, size_t bytes) {
+  thread_local std::unique_ptr<Scratch> buffers[kBufferSlots];
+  thread_local size_t sizes[kBufferSlots] = {};
+  if (sizes[slot] < bytes) {
+    buffers[slot] = std::make_unique<Scratch>(bytes);
+    sizes[slot] = buffers[slot]->p ? bytes : 0;
+  }
+  return sizes[slot] >= bytes ? buffers[slot]->p : nullptr;
+}
+
+// Runs a step with the calling thread's scratch buffer.
 bool execute(const Step& st, std::initializer_list<dnnl_exec_arg_t> args) {
-  thread_local std::unique_ptr<Scratch> scratch;
-  thread_local size_t scratch_bytes = 0;
   std::vector<dnnl_exec_arg_t> all(args);
   std::unique_ptr<Memory> m;
   if (st.scratch_bytes) {
-    if (scratch_bytes < st.scratch_bytes) {
-      scratch = std::make_unique<Scratch>(st.scratch_bytes);
-      scratch_bytes = scratch->p ? st.scratch_bytes : 0;
-    }
-    if (!scratch_bytes) return false;
-    m = std::make_unique<Memory>(st.scratch_md, scratch->p);
+    float* scratch = thread_buffer(kScratchpad, st.scratch_bytes);
+    if (!scratch) return false;
+    m = std::make_unique<Memory>(st.scratch_md, scratch);
     if (!m->m) return false;
     all.push_back({DNNL_ARG_SCRATCHPAD, m->m});
   }
@@ -363,21 +374,13 @@ class DnnlConv : public PlanPrimitive {
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
     enc.dispatch([plan = plan_, xp = ptr(inputs[0]), wp = ptr(inputs[1]),
                   bp = inputs.size() > 2 ? ptr(inputs[2]) : nullptr, yp = out.data<float>(), n = out.size()] {
-      const auto& l = lib();
-      std::unique_ptr<Scratch> src, dst;
-      float* s = xp;
+      float* s = plan->src_in.p ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
+      float* d = plan->dst_out.p ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
+      if (!s || !d) return fail_output(yp, n);
       if (plan->src_in.p) {
-        src = std::make_unique<Scratch>(l.memory_desc_get_size(&plan->src_md));
-        Memory from(plan->src_plain, xp), to(plan->src_md, src->p);
-        if (!src->p || !from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
+        Memory from(plan->src_plain, xp), to(plan->src_md, s);
+        if (!from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
           return fail_output(yp, n);
-        s = src->p;
-      }
-      float* d = yp;
-      if (plan->dst_out.p) {
-        dst = std::make_unique<Scratch>(l.memory_desc_get_size(&plan->dst_md));
-        if (!dst->p) return fail_output(yp, n);
-        d = dst->p;
       }
       Memory ms(plan->src_md, s), mw(plan->w_md, wp), md(plan->dst_md, d);
       std::unique_ptr<Memory> mb;
