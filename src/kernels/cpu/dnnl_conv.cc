@@ -1,10 +1,10 @@
 // The CPU device's float32 convolutions through oneDNN (kernels.h: cpu_dnnl_conv_plan and
 // the two primitives below).
 //
-// oneDNN is loaded at run time (dlopen of libdnnl.so.2, next to this library first): its headers
-// give the types at build time, every call goes through a pointer looked up once. Without the
-// headers at build time, or the library at run time, every entry point says "not available" and
-// the translators keep MLX's convolution.
+// oneDNN is loaded at run time (dnnl_library.h: dlopen of libdnnl.so.2, next to this library
+// first): its headers give the types at build time, every call goes through a pointer looked up
+// once. Without the headers at build time, or the library at run time, every entry point says
+// "not available" and the translators keep MLX's convolution.
 #include "kernels/cpu/kernels.h"
 
 #ifdef ORTMLX_HAVE_DNNL
@@ -23,85 +23,17 @@
 #include <typeinfo>
 #include <vector>
 
-#include <dlfcn.h>
-
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
-#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/cpu/dnnl_library.h"
 
 namespace ortmlx::ops {
 
 namespace {
 
-#define ORTMLX_DNNL_FUNCTIONS(X)                                                              \
-  X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy)                       \
-  X(memory_desc_init_by_tag) X(memory_desc_get_size) X(memory_desc_equal) X(memory_create)    \
-  X(memory_destroy) X(dilated_convolution_forward_desc_init)                                  \
-  X(dilated_deconvolution_forward_desc_init) X(reorder_primitive_desc_create)                 \
-  X(primitive_desc_create) X(primitive_desc_destroy) X(primitive_desc_query_md)               \
-  X(primitive_create) X(primitive_destroy) X(primitive_execute) X(primitive_attr_create)      \
-  X(primitive_attr_destroy) X(primitive_attr_set_scratchpad_mode)                             \
-  X(primitive_attr_set_post_ops) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise)
-
-// The library, its functions and the one CPU engine every plan uses.
-struct Library {
-#define ORTMLX_DNNL_MEMBER(f) decltype(&::dnnl_##f) f = nullptr;
-  ORTMLX_DNNL_FUNCTIONS(ORTMLX_DNNL_MEMBER)
-#undef ORTMLX_DNNL_MEMBER
-  dnnl_engine_t engine = nullptr;
-  // Primitives take their scratch memory from the caller: oneDNN's own is per creating thread,
-  // and plans are made on ORT's thread but run on MLX's stream thread.
-  dnnl_primitive_attr_t user_scratchpad = nullptr;
-
-  Library() {
-    void* h = open();
-    if (!h) return;
-    bool all = true;
-#define ORTMLX_DNNL_LOOKUP(f) \
-  f = reinterpret_cast<decltype(f)>(::dlsym(h, "dnnl_" #f)); \
-  all = all && f;
-    ORTMLX_DNNL_FUNCTIONS(ORTMLX_DNNL_LOOKUP)
-#undef ORTMLX_DNNL_LOOKUP
-    if (!all || engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
-      engine = nullptr;
-      return;
-    }
-    if (primitive_attr_create(&user_scratchpad) != dnnl_success ||
-        primitive_attr_set_scratchpad_mode(user_scratchpad, dnnl_scratchpad_mode_user) != dnnl_success) {
-      engine_destroy(engine);
-      engine = nullptr;
-    }
-  }
-  ~Library() {
-    if (user_scratchpad) primitive_attr_destroy(user_scratchpad);
-    if (engine) engine_destroy(engine);
-  }
-
-  // This library's own folder first (the wheel and the build tree put oneDNN there, with the
-  // OpenCL loader it links against), then the system's search path.
-  static void* open() {
-    // libgomp reads this once, when it loads: OpenMP's workers then sleep after a convolution
-    // instead of spinning beside the MLX stream thread and BLAS's threads. A user's value wins.
-    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-    Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&Library::open), &info) && info.dli_fname) {
-      std::string dir = info.dli_fname;
-      dir.erase(dir.rfind('/') + 1);
-      if (!dir.empty()) {
-        ::dlopen((dir + "libOpenCL.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);  // absent: the system's
-        if (void* h = ::dlopen((dir + "libdnnl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-      }
-    }
-    return ::dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  }
-};
-
-// Never destroyed: MLX's stream threads release their oneDNN streams when they end, which may
-// be after this library's static objects are gone.
-const Library& lib() {
-  static const Library* l = new Library;
-  return *l;
-}
+// The shared loader (dnnl_library.h), under the short name this file calls it by.
+const DnnlLibrary& lib() { return dnnl_lib(); }
 
 std::atomic<uint64_t> g_runs{0};
 
@@ -403,8 +335,6 @@ class DnnlConv : public PlanPrimitive {
 
 }  // namespace
 
-bool cpu_dnnl_available() { return lib().engine != nullptr; }
-
 uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_failures() { return g_failures.load(std::memory_order_relaxed); }
 
@@ -467,7 +397,6 @@ namespace ortmlx::ops {
 
 struct DnnlConvPlan {};
 
-bool cpu_dnnl_available() { return false; }
 uint64_t cpu_dnnl_conv_runs() { return 0; }
 uint64_t cpu_dnnl_conv_failures() { return 0; }
 std::string DnnlConvShape::key() const { return {}; }

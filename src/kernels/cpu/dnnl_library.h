@@ -1,0 +1,48 @@
+// oneDNN as the CPU device's kernels load it (dnnl_library.cc): one dlopen of libdnnl.so.2, next
+// to this library first, with every function the EP calls looked up once. Shared by the
+// convolutions (dnnl_conv.cc) and the matrix products (dnnl_matmul.cc), so that both see the same
+// library, the same engine and the same OpenMP setting. Internal to src/kernels/cpu; only with
+// oneDNN's headers at build time.
+#pragma once
+
+#ifdef ORTMLX_HAVE_DNNL
+
+#include <oneapi/dnnl/dnnl.h>
+
+namespace ortmlx::ops {
+
+#define ORTMLX_DNNL_FUNCTIONS(X)                                                              \
+  X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy)                       \
+  X(memory_desc_init_by_tag) X(memory_desc_get_size) X(memory_desc_equal) X(memory_create)    \
+  X(memory_destroy) X(dilated_convolution_forward_desc_init)                                  \
+  X(dilated_deconvolution_forward_desc_init) X(reorder_primitive_desc_create)                 \
+  X(primitive_desc_create) X(primitive_desc_destroy) X(primitive_desc_query_md)               \
+  X(primitive_create) X(primitive_destroy) X(primitive_execute) X(primitive_attr_create)      \
+  X(primitive_attr_destroy) X(primitive_attr_set_scratchpad_mode)                             \
+  X(primitive_attr_set_post_ops) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise) \
+  X(sgemm)
+
+// The library, its functions and the one CPU engine every plan uses. engine is null when the
+// library or any function is missing: then nothing here may be called.
+struct DnnlLibrary {
+#define ORTMLX_DNNL_MEMBER(f) decltype(&::dnnl_##f) f = nullptr;
+  ORTMLX_DNNL_FUNCTIONS(ORTMLX_DNNL_MEMBER)
+#undef ORTMLX_DNNL_MEMBER
+  dnnl_engine_t engine = nullptr;
+  // Primitives take their scratch memory from the caller: oneDNN's own is per creating thread,
+  // and plans are made on ORT's thread but run on MLX's stream thread.
+  dnnl_primitive_attr_t user_scratchpad = nullptr;
+
+  DnnlLibrary();
+  ~DnnlLibrary();
+  DnnlLibrary(const DnnlLibrary&) = delete;
+  DnnlLibrary& operator=(const DnnlLibrary&) = delete;
+};
+
+// The process's one instance, loaded on first use and never destroyed: MLX's stream threads
+// release their oneDNN streams when they end, which may be after static objects are gone.
+const DnnlLibrary& dnnl_lib();
+
+}  // namespace ortmlx::ops
+
+#endif
