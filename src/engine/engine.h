@@ -54,7 +54,8 @@ struct Options {
   bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
   bool fuse_conv_relu = true;      // ... with a Relu that alone reads a Conv as its post-op (graph/fuse_conv_relu.h)
-  int64_t cpu_dnnl_min_flops = 1000000;  // ... for convolutions of at least this many FLOPs
+  int64_t cpu_dnnl_min_flops = 1000000;  // ... for convolutions (and products) of at least this many FLOPs
+  bool cpu_dnnl_matmul = true;     // on the CPU, float32 products of several rows through oneDNN's sgemm
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
 };
 

@@ -1,5 +1,5 @@
 // Engine options that choose between two exact translations of the same nodes (README
-// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, int4_dense_rows, ...), as translators and their helpers
+// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, cpu_dnnl_matmul, int4_dense_rows, ...), as translators and their helpers
 // read them. The engine sets them for each translation (Program::run_steps, a SwitchesScope);
 // outside one (a C++ test calling a translator directly) every switch is on, the default.
 // Thread-local rather than an EngineHooks field: the rotary rotation and the CPU kernels are
@@ -22,6 +22,9 @@ struct TranslationSwitches {
   bool cpu_conv_library = true;  // float32 convolutions on the CPU through oneDNN (kernels/cpu/dnnl_conv.cc)
   int64_t cpu_conv_library_min_flops = 1000000;  // ... those of at least this much work
   int int4_dense_rows = 128;     // GPU MatMulNBits with this many rows: dequantize + dense product (0: never)
+  // float32 products of several rows by a matrix on the CPU through oneDNN's sgemm
+  // (kernels/cpu/dnnl_matmul.cc), those of at least cpu_conv_library_min_flops
+  bool cpu_matmul_library = true;
 };
 
 // The calling thread's current switches.

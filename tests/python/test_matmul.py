@@ -1,3 +1,5 @@
+import json
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -148,6 +150,93 @@ def test_matmul_opsets(opset):
 
 def test_matmul_constant_weight():
     check_node("MatMul", {"a": rand((2, 5, 8), np.float32)}, initializers={"w": rand((8, 3), np.float32)})
+
+
+# ---- float32 products of several rows through oneDNN's sgemm (cpu_dnnl_matmul) ----------------
+
+ONEDNN_SHAPES = [((2, 3), (3, 5)), ((7, 33), (33, 17)), ((64, 128), (128, 65)), ((2, 5, 31), (31, 9)),
+                 ((2, 3, 4, 16), (16, 1)), ((5, 1), (1, 6))]
+
+
+@pytest.mark.parametrize("shapes", ONEDNN_SHAPES)
+@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize("cpu_dnnl_matmul", [1, 0])
+def test_matmul_through_onednn(shapes, constant, cpu_dnnl_matmul):
+    """cpu_dnnl_matmul=1 (the default): on the CPU device oneDNN's sgemm runs float32 products of
+    several rows by a 2-D matrix (these small ones too: cpu_dnnl_min_flops=0), the matrix a
+    constant weight or an input; =0 keeps MLX's matmul. Both must match ORT's CPU EP."""
+    a, b = rand(shapes[0], np.float32), rand(shapes[1], np.float32)
+    inputs, inits = ({"a": a}, {"b": b}) if constant else ({"a": a, "b": b}, None)
+    check_node("MatMul", inputs, initializers=inits, cpu_dnnl_matmul=cpu_dnnl_matmul, cpu_dnnl_min_flops=0)
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("alpha,beta,c_shape", [(1.0, 1.0, None), (0.5, 2.0, (9,)), (-1.5, 1.0, (7, 9)),
+                                                (1.0, 0.0, (7, 1))])
+def test_gemm_through_onednn(trans_a, trans_b, alpha, beta, c_shape):
+    """Gemm on the oneDNN path: transposed A and B reach sgemm as transposed views, alpha and C
+    are applied after it."""
+    a = rand((13, 7) if trans_a else (7, 13), np.float32)
+    b = rand((9, 13) if trans_b else (13, 9), np.float32)
+    inputs = {"a": a}
+    if c_shape is not None:
+        inputs["c"] = rand(c_shape, np.float32)
+    check_node("Gemm", inputs, {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta},
+               initializers={"b": b}, input_order=["a", "b"] + (["c"] if c_shape else []),
+               cpu_dnnl_min_flops=0)
+
+
+def test_products_run_through_onednn_on_the_cpu(tmp_path):
+    """An encoder-like chain: a [2, 64, 128] batch of rows by a constant weight, a Gemm with
+    transB, alpha and a bias, a product by a second input, and a one-row product. Outputs match
+    ORT's CPU EP with cpu_dnnl_matmul on and off. On MLX's CPU device the report counts a oneDNN
+    product per several-row product and run when the option is on (none fail), none when it is
+    off, and never the one-row product (sgemv's) or one under cpu_dnnl_min_flops; on the GPU
+    none at all."""
+    r = np.random.default_rng(5)
+    w1 = (r.standard_normal((128, 192)) / 11).astype(np.float32)  # outputs of magnitude ~1
+    w2 = (r.standard_normal((96, 192)) / 14).astype(np.float32)  # Gemm transB: [N, K]
+    c2 = r.standard_normal(96).astype(np.float32)
+    w4 = r.standard_normal((96, 2)).astype(np.float32)  # 2 x 128 x 96 x 2 flops: under 1e6
+    f = TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]),                     # 2 x 128 x 128 x 192 flops
+         helper.make_node("Reshape", ["h", "shape"], ["h2"]),
+         helper.make_node("Gemm", ["h2", "w2", "c2"], ["g"], transB=1, alpha=0.5),
+         helper.make_node("MatMul", ["g", "v"], ["p"]),                      # by an input [96, 48]
+         helper.make_node("MatMul", ["g", "w4"], ["small"]),
+         helper.make_node("MatMul", ["row", "v"], ["q"])],                   # one row
+        "chain", [helper.make_tensor_value_info("x", f, [2, 64, 128]), helper.make_tensor_value_info("v", f, [96, 48]),
+                  helper.make_tensor_value_info("row", f, [1, 96])],
+        [helper.make_tensor_value_info(n, f, None) for n in ("p", "small", "q")],
+        [onnx.numpy_helper.from_array(v, n) for n, v in
+         (("w1", w1), ("w2", w2), ("c2", c2), ("w4", w4), ("shape", np.array([128, 192], np.int64)))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    feeds = {"x": r.standard_normal((2, 64, 128)).astype(np.float32),
+             "v": (r.standard_normal((96, 48)) / 10).astype(np.float32), "row": r.standard_normal((1, 96)).astype(np.float32)}
+    ref = oracle.run_cpu(m, feeds)
+    counts = []
+    runs = 4
+    for on in (1, 0, 1):
+        report = tmp_path / f"r{len(counts)}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), oracle.DEVICE, fallback=False, report_path=str(report),
+                                cpu_dnnl_matmul=on)
+        for _ in range(runs):
+            got = s.run(None, feeds)
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        assert line["process_dnnl_matmul_failures"] == 0
+        counts.append(line["process_dnnl_matmuls"])
+        for y, want in zip(got, ref):
+            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-3, err_msg=f"cpu_dnnl_matmul={on}")
+    assert counts[1] == counts[0], counts  # cpu_dnnl_matmul=0 ran none
+    if oracle.DEVICE == "cpu":
+        assert counts[0] >= 3 * runs, counts
+        assert counts[2] - counts[1] == 3 * runs, counts  # MatMul, Gemm and the product by v, each run
+    else:
+        assert counts[2] == counts[0] == 0, counts
 
 
 # ---- Gemm -------------------------------------------------------------------------------------

@@ -23,23 +23,8 @@ using SgemvFn = void (*)(int order, int trans, int m, int n, float alpha, const 
                          const float* x, int incx, float beta, float* y, int incy);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
-SgemvFn find_sgemv() {
-  // libmlx's own scope first (itself and its DT_NEEDED libraries: the BLAS behind its sgemm),
-  // then the global scope. ORT loads the EP with RTLD_LOCAL, so the global one may not see it.
-  Dl_info info{};
-  void* sym = nullptr;
-  if (dladdr(reinterpret_cast<void*>(&mx::cpu::get_command_encoder), &info) && info.dli_fname) {
-    if (void* h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
-      sym = dlsym(h, "cblas_sgemv");
-      dlclose(h);  // RTLD_NOLOAD took a reference on an already loaded library: give it back
-    }
-  }
-  if (!sym) sym = dlsym(RTLD_DEFAULT, "cblas_sgemv");
-  return reinterpret_cast<SgemvFn>(sym);
-}
-
 SgemvFn sgemv() {
-  static const SgemvFn fn = find_sgemv();
+  static const SgemvFn fn = reinterpret_cast<SgemvFn>(cpu_blas_symbol("cblas_sgemv"));
   return fn;
 }
 
@@ -186,6 +171,20 @@ class RowGemv : public mx::Primitive {
 };
 
 }  // namespace
+
+void* cpu_blas_symbol(const char* name) {
+  // libmlx's own scope first (itself and its DT_NEEDED libraries: the BLAS behind its sgemm),
+  // then the global scope. ORT loads the EP with RTLD_LOCAL, so the global one may not see it.
+  Dl_info info{};
+  void* sym = nullptr;
+  if (dladdr(reinterpret_cast<void*>(&mx::cpu::get_command_encoder), &info) && info.dli_fname) {
+    if (void* h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+      sym = dlsym(h, name);
+      dlclose(h);  // RTLD_NOLOAD took a reference on an already loaded library: give it back
+    }
+  }
+  return sym ? sym : dlsym(RTLD_DEFAULT, name);
+}
 
 bool cpu_gemv_available() { return cpu_row_kernels_enabled() && sgemv() != nullptr; }
 

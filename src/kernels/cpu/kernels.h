@@ -111,6 +111,24 @@ bool cpu_dnnl_available();
 uint64_t cpu_dnnl_conv_runs();
 uint64_t cpu_dnnl_conv_failures();
 
+// x @ w for a float32 x [..., M, K] (its rows taken flat: M_total = x.size() / K) and a 2-D
+// float32 w [K, N], as one MLX primitive that calls oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc)
+// on MLX's CPU stream; the result has x's shape with the last dim N. Why: for the products of
+// several rows of an encoder or a prompt, oneDNN's sgemm ran 1.6-2.5x the OpenBLAS sgemm that
+// MLX's CPU Matmul calls (docs/performance.md). A transposed view of an [N, K] weight (or of an
+// [K, M] x, 2-D) is passed to sgemm as transposed, other views are gathered on the stream
+// thread. std::nullopt when `s` is not a CPU stream, oneDNN is not loaded, or the operands do not
+// fit (other dtypes, fewer than 2 rows, an empty dim); the caller uses mx::matmul.
+std::optional<mx::array> cpu_dnnl_matmul(const mx::array& x, const mx::array& w, mx::Stream s);
+// Products run through oneDNN's sgemm in this process, and calls it refused (each then computed
+// by the BLAS MLX links, or, without one, NaN).
+uint64_t cpu_dnnl_matmul_runs();
+uint64_t cpu_dnnl_matmul_failures();
+
+// A function of the BLAS MLX links (libmlx's scope first, then the process's), by name: e.g.
+// "cblas_sgemv". Null when there is none.
+void* cpu_blas_symbol(const char* name);
+
 // Whether this CPU runs the kernels' AVX2+FMA paths (false off x86-64); detected once.
 bool cpu_has_avx2_fma();
 

@@ -41,12 +41,27 @@ mx::array unpromote(mx::array y, const Promoted& p, mx::Stream s) {
   return y;
 }
 
+// Several float32 rows times a matrix on MLX's CPU device through oneDNN's sgemm
+// (kernels/cpu/dnnl_matmul.cc); std::nullopt when that path is off, unavailable or the product
+// too small: under cpu_dnnl_min_flops, waking oneDNN's threads costs more than it saves.
+std::optional<mx::array> product_through_library(const mx::array& a, const mx::array& b, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !translation_switches().cpu_matmul_library || b.ndim() != 2 ||
+      a.ndim() < 2 || a.dtype() != mx::float32 || b.dtype() != mx::float32)
+    return std::nullopt;
+  const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);  // 2 x rows x K x N
+  if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
+  return cpu_dnnl_matmul(a, b, s);
+}
+
 mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
   if (b.ndim() == 2)  // one row times a weight matrix (a decode step): BLAS gemv on the CPU
     if (auto y = cpu_row_gemv(a, b, s)) return *y;
-  if (compute_half_in_f32(a, s))
-    return mx::astype(mx::matmul(mx::astype(a, mx::float32, s), mx::astype(b, mx::float32, s), s),
-                      a.dtype(), s);
+  if (compute_half_in_f32(a, s)) {
+    auto a32 = mx::astype(a, mx::float32, s), b32 = mx::astype(b, mx::float32, s);
+    auto y = product_through_library(a32, b32, s);
+    return mx::astype(y ? *y : mx::matmul(a32, b32, s), a.dtype(), s);
+  }
+  if (auto y = product_through_library(a, b, s)) return *y;
   return mx::matmul(a, b, s);
 }
 
@@ -243,6 +258,12 @@ Outputs translate_gemm(OpContext& c) {
       if (!cc) return m;
       auto bias = mx::astype(*cc, m.dtype(), c.s);
       return mx::add(m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m.dtype()), c.s), c.s);
+    }
+    if (auto m = product_through_library(a, b, c.s)) {  // several rows through oneDNN, then alpha and C
+      if (alpha != 1.f) m = mx::multiply(*m, mx::array(alpha, m->dtype()), c.s);
+      if (!cc) return *m;
+      auto bias = mx::astype(*cc, m->dtype(), c.s);
+      return mx::add(*m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m->dtype()), c.s), c.s);
     }
     if (!cc) {
       auto m = mx::matmul(a, b, c.s);
