@@ -1,7 +1,8 @@
 // kernels/cpu/dnnl_matmul: products through oneDNN's sgemm give what mx::matmul gives, for
 // several row counts, odd K and N, batch dims taken flat, transposed weight and activation views
 // (passed to sgemm as transposed), column slices (a leading dimension above K) and views that
-// must be gathered first (strided, broadcast); every one is counted as a oneDNN run.
+// must be gathered first (strided, broadcast), and batched products of two activations
+// (attention's, one sgemm per batch element); every one is counted as a oneDNN run.
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/kernels.h"
@@ -84,13 +85,32 @@ TEST(DnnlMatmul, BatchDimsAndViews) {
   EXPECT_EQ(cpu_dnnl_matmul_failures(), failures);
 }
 
+TEST(DnnlMatmul, BatchedProducts) {
+  ASSERT_TRUE(cpu_dnnl_available());
+  const uint64_t failures = cpu_dnnl_matmul_failures();
+  // Attention's scores: q [B, H, S, D] by k^T, a transposed view of k [B, H, S, D].
+  auto q = normal({2, 3, 17, 8}, 60), k = normal({2, 3, 17, 8}, 61), v = normal({2, 3, 17, 8}, 62);
+  expect_matches(q, mx::swapaxes(k, -1, -2, kCpu), "q k^T");
+  expect_matches(normal({2, 3, 17, 17}, 63), v, "p v");
+  // Broadcast batch dims (a grouped K/V: one per two query heads) and a 2-D x under a batched w.
+  expect_matches(normal({2, 4, 5, 8}, 64), normal({2, 1, 8, 9}, 65), "broadcast w batch");
+  expect_matches(normal({5, 8}, 66), normal({3, 8, 9}, 67), "2-D x, batched w");
+  // Per-element views sgemm cannot read (strided rows): gathered first.
+  expect_matches(mx::slice(normal({2, 10, 8}, 68), {0, 0, 0}, {2, 10, 8}, {1, 2, 1}, kCpu), normal({2, 8, 6}, 69),
+                 "strided rows in a batch");
+  // One transposed row-major operand per batch element ([B, K, M] -> [B, M, K]).
+  expect_matches(mx::swapaxes(normal({3, 8, 5}, 70), -1, -2, kCpu), normal({3, 8, 6}, 71), "transposed x per batch");
+  EXPECT_EQ(cpu_dnnl_matmul_failures(), failures);
+}
+
 TEST(DnnlMatmul, DeclinesWhatItDoesNotTake) {
   auto w = normal({8, 4}, 40);
   EXPECT_FALSE(cpu_dnnl_matmul(normal({1, 8}, 41), w, kCpu));        // one row: the gemv path's
   EXPECT_FALSE(cpu_dnnl_matmul(normal({1, 1, 8}, 42), w, kCpu));     // one row under a batch
   EXPECT_FALSE(cpu_dnnl_matmul(normal({8}, 43), w, kCpu));           // 1-D
   EXPECT_FALSE(cpu_dnnl_matmul(normal({3, 7}, 44), w, kCpu));        // K mismatch
-  EXPECT_FALSE(cpu_dnnl_matmul(normal({3, 8}, 45), normal({2, 8, 4}, 46), kCpu));  // batched w
+  EXPECT_FALSE(cpu_dnnl_matmul(normal({2, 1, 8}, 45), normal({2, 8, 4}, 46), kCpu));  // batched, one row each
+  EXPECT_FALSE(cpu_dnnl_matmul(normal({3, 3, 8}, 51), normal({2, 8, 4}, 52), kCpu));  // batches that do not broadcast
   EXPECT_FALSE(cpu_dnnl_matmul(mx::astype(normal({3, 8}, 47), mx::float16), mx::astype(w, mx::float16), kCpu));
   EXPECT_FALSE(cpu_dnnl_matmul(normal({0, 8}, 48), w, kCpu));        // no rows
   EXPECT_FALSE(cpu_dnnl_matmul(normal({3, 8}, 49), normal({8, 0}, 50), kCpu));  // N = 0

@@ -155,7 +155,10 @@ def test_matmul_constant_weight():
 # ---- float32 products of several rows through oneDNN's sgemm (cpu_dnnl_matmul) ----------------
 
 ONEDNN_SHAPES = [((2, 3), (3, 5)), ((7, 33), (33, 17)), ((64, 128), (128, 65)), ((2, 5, 31), (31, 9)),
-                 ((2, 3, 4, 16), (16, 1)), ((5, 1), (1, 6))]
+                 ((2, 3, 4, 16), (16, 1)), ((5, 1), (1, 6)),
+                 # batched (attention's products: one sgemm per batch element), broadcast batches
+                 ((2, 3, 17, 8), (2, 3, 8, 17)), ((2, 4, 5, 8), (2, 1, 8, 9)), ((5, 8), (3, 8, 9)),
+                 ((1, 3, 4), (2, 4, 5))]
 
 
 @pytest.mark.parametrize("shapes", ONEDNN_SHAPES)
@@ -163,8 +166,9 @@ ONEDNN_SHAPES = [((2, 3), (3, 5)), ((7, 33), (33, 17)), ((64, 128), (128, 65)), 
 @pytest.mark.parametrize("cpu_dnnl_matmul", [1, 0])
 def test_matmul_through_onednn(shapes, constant, cpu_dnnl_matmul):
     """cpu_dnnl_matmul=1 (the default): on the CPU device oneDNN's sgemm runs float32 products of
-    several rows by a 2-D matrix (these small ones too: cpu_dnnl_min_flops=0), the matrix a
-    constant weight or an input; =0 keeps MLX's matmul. Both must match ORT's CPU EP."""
+    several rows by a 2-D matrix, or batched ones of several rows per batch element (these small
+    ones too: cpu_dnnl_min_flops=0), the matrix a constant weight or an input; =0 keeps MLX's
+    matmul. Both must match ORT's CPU EP."""
     a, b = rand(shapes[0], np.float32), rand(shapes[1], np.float32)
     inputs, inits = ({"a": a}, {"b": b}) if constant else ({"a": a, "b": b}, None)
     check_node("MatMul", inputs, initializers=inits, cpu_dnnl_matmul=cpu_dnnl_matmul, cpu_dnnl_min_flops=0)
@@ -189,7 +193,8 @@ def test_gemm_through_onednn(trans_a, trans_b, alpha, beta, c_shape):
 
 def test_products_run_through_onednn_on_the_cpu(tmp_path):
     """An encoder-like chain: a [2, 64, 128] batch of rows by a constant weight, a Gemm with
-    transB, alpha and a bias, a product by a second input, and a one-row product. Outputs match
+    transB, alpha and a bias, a product by a second input, a batched product of x by its own
+    transpose (attention's scores), and a one-row product. Outputs match
     ORT's CPU EP with cpu_dnnl_matmul on and off. On MLX's CPU device the report counts a oneDNN
     product per several-row product and run when the option is on (none fail), none when it is
     off, and never the one-row product (sgemv's) or one under cpu_dnnl_min_flops; on the GPU
@@ -206,10 +211,12 @@ def test_products_run_through_onednn_on_the_cpu(tmp_path):
          helper.make_node("Gemm", ["h2", "w2", "c2"], ["g"], transB=1, alpha=0.5),
          helper.make_node("MatMul", ["g", "v"], ["p"]),                      # by an input [96, 48]
          helper.make_node("MatMul", ["g", "w4"], ["small"]),
+         helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["x", "xt"], ["scores"]),                # 2 x 2 x 64 x 128 x 64 flops
          helper.make_node("MatMul", ["row", "v"], ["q"])],                   # one row
         "chain", [helper.make_tensor_value_info("x", f, [2, 64, 128]), helper.make_tensor_value_info("v", f, [96, 48]),
                   helper.make_tensor_value_info("row", f, [1, 96])],
-        [helper.make_tensor_value_info(n, f, None) for n in ("p", "small", "q")],
+        [helper.make_tensor_value_info(n, f, None) for n in ("p", "small", "scores", "q")],
         [onnx.numpy_helper.from_array(v, n) for n, v in
          (("w1", w1), ("w2", w2), ("c2", c2), ("w4", w4), ("shape", np.array([128, 192], np.int64)))])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -233,8 +240,8 @@ def test_products_run_through_onednn_on_the_cpu(tmp_path):
             np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-3, err_msg=f"cpu_dnnl_matmul={on}")
     assert counts[1] == counts[0], counts  # cpu_dnnl_matmul=0 ran none
     if oracle.DEVICE == "cpu":
-        assert counts[0] >= 3 * runs, counts
-        assert counts[2] - counts[1] == 3 * runs, counts  # MatMul, Gemm and the product by v, each run
+        assert counts[0] >= 4 * runs, counts
+        assert counts[2] - counts[1] == 4 * runs, counts  # MatMul, Gemm, the product by v, the scores
     else:
         assert counts[2] == counts[0] == 0, counts
 

@@ -26,25 +26,39 @@ namespace {
 
 std::atomic<uint64_t> g_runs{0}, g_failures{0};
 
-// How sgemm reads one row-major operand of `rows` x `cols`: element (r, c) at p[r * ld + c]
-// (trans 'N') or p[c * ld + r] (trans 'T'). A view that is neither (broadcast, strided, a
-// batch of transposed rows) is gathered into a plain [rows, cols] buffer first.
+// How sgemm reads one row-major operand of `rows` x `cols` (each batch element's, or all rows
+// taken flat): element (r, c) at p[r * ld + c] (trans 'N') or p[c * ld + r] (trans 'T'). A view
+// that is neither (broadcast or strided rows, a batch of transposed rows taken flat) is gathered
+// into a plain buffer first.
 struct Operand {
   const float* p = nullptr;
   char trans = 'N';
   int64_t ld = 0;
   bool gather = false;
-  mx::Shape shape;  // the view's, for the gather
+  mx::Shape shape;  // the view's, for the gather and the batch offsets
   mx::Strides strides;
+
+  // The offset of batch element `idx` (the leading dims) once the operand is as sgemm reads it.
+  int64_t offset(const std::vector<int64_t>& idx, int64_t rows, int64_t cols) const {
+    int64_t off = 0, plain = rows * cols;
+    for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
+      off += idx[d] * (gather ? plain : strides[d]);
+      plain *= shape[d];
+    }
+    return off;
+  }
 };
 
-Operand describe(const mx::array& a, int64_t rows, int64_t cols) {
+// flat: all of a's rows as one matrix (a 2-D weight); else the last two dims, per batch element.
+Operand describe(const mx::array& a, int64_t rows, int64_t cols, bool flat) {
   Operand o;
   o.p = a.data<float>();
   o.ld = cols;
-  if (a.flags().row_contiguous) return o;
-  if (a.ndim() == 2) {
-    const int64_t s0 = a.strides()[0], s1 = a.strides()[1];
+  o.shape = a.shape();
+  o.strides = a.strides();
+  if (flat && a.flags().row_contiguous) return o;
+  if (!flat || a.ndim() == 2) {
+    const int64_t s0 = o.strides[a.ndim() - 2], s1 = o.strides[a.ndim() - 1];
     if ((cols == 1 || s1 == 1) && s0 >= std::max<int64_t>(cols, 1)) {
       o.ld = s0;
       return o;
@@ -56,8 +70,6 @@ Operand describe(const mx::array& a, int64_t rows, int64_t cols) {
     }
   }
   o.gather = true;
-  o.shape = a.shape();
-  o.strides = a.strides();
   return o;
 }
 
@@ -99,10 +111,12 @@ void fall_back(const Operand& a, const float* ap, const Operand& b, const float*
 }
 
 // y [..., N] = x [..., K] @ w [K, N], x's rows taken flat, in one sgemm call on the stream
-// thread (oneDNN splits it over its OpenMP threads).
+// thread (oneDNN splits it over its OpenMP threads); or, w with batch dims, y [B.., M, N] =
+// x [B.., M, K] @ w [B.., K, N] (both broadcast to the batch by the builder), one call per batch
+// element (attention's products).
 class DnnlGemm : public mx::UnaryPrimitive {
  public:
-  explicit DnnlGemm(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  DnnlGemm(mx::Stream s, bool flat) : mx::UnaryPrimitive(s), flat_(flat) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -112,30 +126,47 @@ class DnnlGemm : public mx::UnaryPrimitive {
     enc.set_input_array(x);
     enc.set_input_array(w);
     enc.set_output_array(out);
-    const int64_t K = w.shape(0), N = w.shape(1), M = static_cast<int64_t>(out.size()) / N;
+    const int nd = static_cast<int>(w.ndim());
+    const int64_t K = w.shape(nd - 2), N = w.shape(nd - 1);
+    const int64_t M = flat_ ? static_cast<int64_t>(out.size()) / N : out.shape(-2);
+    mx::Shape batch(w.shape().begin(), w.shape().end() - 2);
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    enc.dispatch([a = describe(x, M, K), b = describe(w, K, N), yp = out.data<float>(), M, N, K] {
+    enc.dispatch([a = describe(x, M, K, flat_), b = describe(w, K, N, flat_), yp = out.data<float>(), M, N, K,
+                  batch = std::move(batch)] {
       // Gathered operands in buffers kept for the stream thread's next product.
       thread_local std::vector<float> buffers[2];
+      int64_t count = 1;
+      for (auto d : batch) count *= d;
       const float* ap = a.p;
       const float* bp = b.p;
       if (a.gather) {
-        buffers[0].resize(static_cast<size_t>(M * K));
+        buffers[0].resize(static_cast<size_t>(count * M * K));
         gather(a, buffers[0].data());
         ap = buffers[0].data();
       }
       if (b.gather) {
-        buffers[1].resize(static_cast<size_t>(K * N));
+        buffers[1].resize(static_cast<size_t>(count * K * N));
         gather(b, buffers[1].data());
         bp = buffers[1].data();
       }
-      if (dnnl_lib().sgemm(a.trans, b.trans, M, N, K, 1.f, ap, a.ld, bp, b.ld, 0.f, yp, N) == dnnl_success) {
-        g_runs.fetch_add(1, std::memory_order_relaxed);
-        return;
+      std::vector<int64_t> idx(batch.size(), 0);
+      bool all = true;
+      for (int64_t i = 0; i < count; ++i) {
+        const float* ai = ap + a.offset(idx, M, K);
+        const float* bi = bp + b.offset(idx, K, N);
+        float* yi = yp + i * M * N;
+        if (dnnl_lib().sgemm(a.trans, b.trans, M, N, K, 1.f, ai, a.ld, bi, b.ld, 0.f, yi, N) != dnnl_success) {
+          g_failures.fetch_add(1, std::memory_order_relaxed);
+          fall_back(a, ai, b, bi, yi, M, N, K);
+          all = false;
+        }
+        for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {  // next batch index
+          if (++idx[d] < batch[d]) break;
+          idx[d] = 0;
+        }
       }
-      g_failures.fetch_add(1, std::memory_order_relaxed);
-      fall_back(a, ap, b, bp, yp, M, N, K);
+      if (all) g_runs.fetch_add(1, std::memory_order_relaxed);
     });
   }
 
@@ -143,12 +174,17 @@ class DnnlGemm : public mx::UnaryPrimitive {
     throw std::logic_error("[DnnlGemm] runs on the CPU stream only");
   }
   const char* name() const override { return "DnnlGemm"; }
-  bool is_equivalent(const mx::Primitive& other) const override { return typeid(other) == typeid(DnnlGemm); }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(DnnlGemm) && static_cast<const DnnlGemm&>(other).flat_ == flat_;
+  }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
-    out.back() = inputs[1].shape(1);
+    out.back() = inputs[1].shape(-1);
     return {out};
   }
+
+ private:
+  bool flat_;
 };
 
 }  // namespace
@@ -158,12 +194,33 @@ uint64_t cpu_dnnl_matmul_failures() { return g_failures.load(std::memory_order_r
 
 std::optional<mx::array> cpu_dnnl_matmul(const mx::array& x, const mx::array& w, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_dnnl_available()) return std::nullopt;
-  if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() != 2 || x.ndim() < 2) return std::nullopt;
-  const int K = w.shape(0), N = w.shape(1);
-  if (x.shape(-1) != K || K == 0 || N == 0 || x.size() / K < 2) return std::nullopt;
-  mx::Shape out = x.shape();
-  out.back() = N;
-  return mx::array(std::move(out), mx::float32, std::make_shared<DnnlGemm>(s), {x, w});
+  if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() < 2 || x.ndim() < 2) return std::nullopt;
+  const int K = w.shape(-2), N = w.shape(-1);
+  if (x.shape(-1) != K || K == 0 || N == 0) return std::nullopt;
+  if (w.ndim() == 2) {  // a matrix: all of x's rows at once
+    if (x.size() / K < 2) return std::nullopt;
+    mx::Shape out = x.shape();
+    out.back() = N;
+    return mx::array(std::move(out), mx::float32, std::make_shared<DnnlGemm>(s, true), {x, w});
+  }
+  // Batch dims: numpy broadcasting of x's and w's leading dims, as views (no copies).
+  const int M = x.shape(-2);
+  if (M < 2) return std::nullopt;  // one row per batch element: the gemv path's
+  mx::Shape batch;
+  try {
+    batch = mx::broadcast_shapes(mx::Shape(x.shape().begin(), x.shape().end() - 2),
+                                 mx::Shape(w.shape().begin(), w.shape().end() - 2));
+  } catch (const std::exception&) {
+    return std::nullopt;  // mx::matmul reports the mismatch
+  }
+  for (auto d : batch)
+    if (d == 0) return std::nullopt;
+  mx::Shape xs = batch, ws = batch, out = batch;
+  xs.insert(xs.end(), {M, K});
+  ws.insert(ws.end(), {K, N});
+  out.insert(out.end(), {M, N});
+  return mx::array(std::move(out), mx::float32, std::make_shared<DnnlGemm>(s, false),
+                   {mx::broadcast_to(x, xs, s), mx::broadcast_to(w, ws, s)});
 }
 
 }  // namespace ortmlx::ops

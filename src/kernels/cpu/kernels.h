@@ -113,12 +113,14 @@ uint64_t cpu_dnnl_conv_failures();
 
 // x @ w for a float32 x [..., M, K] (its rows taken flat: M_total = x.size() / K) and a 2-D
 // float32 w [K, N], as one MLX primitive that calls oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc)
-// on MLX's CPU stream; the result has x's shape with the last dim N. Why: for the products of
-// several rows of an encoder or a prompt, oneDNN's sgemm ran 1.6-2.5x the OpenBLAS sgemm that
-// MLX's CPU Matmul calls (docs/performance.md). A transposed view of an [N, K] weight (or of an
-// [K, M] x, 2-D) is passed to sgemm as transposed, other views are gathered on the stream
-// thread. std::nullopt when `s` is not a CPU stream, oneDNN is not loaded, or the operands do not
-// fit (other dtypes, fewer than 2 rows, an empty dim); the caller uses mx::matmul.
+// on MLX's CPU stream; the result has x's shape with the last dim N. A w with batch dims
+// ([..., K, N], numpy broadcasting against x's) is one sgemm per batch element of M >= 2 rows.
+// Why: for the products of several rows of an encoder or a prompt, oneDNN's sgemm ran faster
+// than the OpenBLAS sgemm that MLX's CPU Matmul calls (docs/performance.md), and with every
+// product of a model on oneDNN, OpenBLAS's idle workers no longer spin beside it. Transposed views
+// (an [N, K] weight, Gemm's transA) go to sgemm as transposed, other views are gathered on the
+// stream thread. std::nullopt when `s` is not a CPU stream, oneDNN is not loaded, or the operands
+// do not fit (other dtypes, fewer than 2 rows, an empty dim); the caller uses mx::matmul.
 std::optional<mx::array> cpu_dnnl_matmul(const mx::array& x, const mx::array& w, mx::Stream s);
 // Products run through oneDNN's sgemm in this process, and calls it refused (each then computed
 // by the BLAS MLX links, or, without one, NaN).

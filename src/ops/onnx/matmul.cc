@@ -7,6 +7,7 @@
 // tensor cores still represent 8-bit operands exactly). Wide integers (int32/int64 MatMul) are
 // split into limbs small enough for that, and recombined modulo 2^width, which is what ORT's
 // wrap-around integer accumulation gives.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
@@ -41,14 +42,21 @@ mx::array unpromote(mx::array y, const Promoted& p, mx::Stream s) {
   return y;
 }
 
-// Several float32 rows times a matrix on MLX's CPU device through oneDNN's sgemm
-// (kernels/cpu/dnnl_matmul.cc); std::nullopt when that path is off, unavailable or the product
-// too small: under cpu_dnnl_min_flops, waking oneDNN's threads costs more than it saves.
+// Several float32 rows times a matrix (or, batched, each batch element's) on MLX's CPU device
+// through oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc); std::nullopt when that path is off,
+// unavailable or the product too small: under cpu_dnnl_min_flops, waking oneDNN's threads costs
+// more than it saves.
 std::optional<mx::array> product_through_library(const mx::array& a, const mx::array& b, mx::Stream s) {
-  if (s.device != mx::Device::cpu || !translation_switches().cpu_matmul_library || b.ndim() != 2 ||
+  if (s.device != mx::Device::cpu || !translation_switches().cpu_matmul_library || b.ndim() < 2 ||
       a.ndim() < 2 || a.dtype() != mx::float32 || b.dtype() != mx::float32)
     return std::nullopt;
-  const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);  // 2 x rows x K x N
+  auto batch_of = [](const mx::array& x) {
+    double n = 1;
+    for (int d = 0; d + 2 < static_cast<int>(x.ndim()); ++d) n *= x.shape(d);
+    return n;
+  };
+  // 2 x batch x M x K x N (the batch as broadcast; a's rows taken flat by a 2-D b)
+  const double flops = 2.0 * std::max(batch_of(a), batch_of(b)) * a.shape(-2) * a.shape(-1) * b.shape(-1);
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   return cpu_dnnl_matmul(a, b, s);
 }
