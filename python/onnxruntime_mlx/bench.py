@@ -47,6 +47,10 @@ def add_arguments(p) -> None:
                    help="LLM decode KV cache: shared = one past/present buffer per layer (onnxruntime-genai's "
                    "past_present_share_buffer, its default for GroupQueryAttention models), grow = a new, "
                    "one row longer present each step; auto = shared where the model has GroupQueryAttention")
+    p.add_argument("--tf32", type=int, default=0, choices=[0, 1],
+                   help="GPU: float32 products and convolutions as TF32 (1) or full float32 (0), the same "
+                   "on every system compared: the EP's tf32 option, ORT's CUDA EP's use_tf32 (its own "
+                   "default is 1), PyTorch's allow_tf32 flags")
     p.add_argument("--case-timeout", type=float, default=1800,
                    help="seconds one case may run; the figures it finished are kept")
     p.add_argument("--worker", default="", help=argparse_suppress())
@@ -101,12 +105,27 @@ def _fused_node_totals(report: pathlib.Path) -> dict:
             if k != "fused_node" and isinstance(v, (int, float))}
 
 
+def _tf32_options(spec: dict, provider: str) -> dict:
+    """The bench's TF32 setting as the provider's options (GPU runs; empty elsewhere)."""
+    if spec.get("tf32") is None:
+        return {}
+    return {"use_tf32": str(spec["tf32"])} if provider in ("ort-cuda", "cuda") else {"tf32": spec["tf32"]}
+
+
+def _torch_tf32(spec: dict) -> None:
+    if spec.get("tf32") is not None:
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = bool(spec["tf32"])
+        torch.backends.cudnn.allow_tf32 = bool(spec["tf32"])
+
+
 def _session(path: str, provider: str, device: str, **opts):
+    """A session on `provider`; opts are its provider options (the EP's, or ORT's CUDA EP's)."""
     import onnxruntime as ort
     if provider == "cpu":
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     if provider == "ort-cuda":
-        s = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        s = ort.InferenceSession(str(path), providers=[("CUDAExecutionProvider", opts), "CPUExecutionProvider"])
         if "CUDAExecutionProvider" not in s.get_providers():
             raise RuntimeError("ORT's CUDA EP is not available (onnxruntime-gpu)")
         return s
@@ -142,6 +161,7 @@ def _llm_ort(spec: dict) -> dict:
     if ep:  # the EP's own statistics come with the figures (ep_stats)
         report = pathlib.Path(spec.get("report") or tempfile.mkdtemp(prefix="bench-") + "/report.jsonl")
     opts = {"report_path": str(report)} if report else {}
+    opts.update(_tf32_options(spec, spec["provider"]))
     if ep and spec.get("resident_kv"):
         opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
@@ -246,6 +266,7 @@ def _llm_torch(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
     dev = "cuda" if spec["device"] == "gpu" and torch.cuda.is_available() else "cpu"
+    _torch_tf32(spec)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.get("dtype", "fp32")]
     try:
         model = AutoModelForCausalLM.from_pretrained(hf_dir(spec["model"]), dtype=dtype)
@@ -310,7 +331,7 @@ def _grid_feeds(session, shapes):
 
 def _model_latency(spec: dict) -> dict:
     rss0 = _current_rss_mb()
-    s = _session(spec["model"], spec["provider"], spec["device"])
+    s = _session(spec["model"], spec["provider"], spec["device"], **_tf32_options(spec, spec["provider"]))
     res = {"rss_session_mb": _current_rss_mb() - rss0}
     for key, shapes in spec["grid"].items():
         feeds = _grid_feeds(s, shapes)
@@ -367,6 +388,7 @@ def _model_latency_torch(spec: dict) -> dict:
     import onnxruntime as ort
     import torch
     dev = "cuda" if spec["device"] == "gpu" and torch.cuda.is_available() else "cpu"
+    _torch_tf32(spec)
     hf = pathlib.Path(spec["model"]).parent / "hf"
     if hf.exists():  # the checkpoint the ONNX model was exported from (gen_encoder_model.py)
         from transformers import AutoModel
@@ -652,6 +674,9 @@ def plan(args) -> list[tuple[str, str, dict]]:
         for label in ("cold", "warm"):
             cases.append(("coldstart", f"demo {label}", {"kind": "coldstart", "model": str(demo),
                           "device": args.device, "tmpdir": str(tmp)}))
+    if args.device == "gpu":
+        for _, _, spec in cases:
+            spec["tf32"] = getattr(args, "tf32", 0)
     return cases
 
 
@@ -821,10 +846,14 @@ def run(args) -> int:
             " ".join(sys.argv[2:] if len(sys.argv) > 2 else []), "device": args.device,
             "quick": args.quick, "onnxruntime": ort.__version__, "mlx": mx.__version__,
             "cpus": os.cpu_count(), "elapsed_s": round(time.perf_counter() - t0, 1)}
+    tf32 = ""
+    if args.device == "gpu":
+        meta["tf32"] = getattr(args, "tf32", 0)
+        tf32 = f", TF32 {'on' if meta['tf32'] else 'off'} for every system"
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results, **summary,
                                                 "overhead": overhead}, indent=1))
     md = f"Benchmark {meta['date']} (device {args.device}, ORT {meta['onnxruntime']}, MLX {meta['mlx']}, " \
-         f"{meta['cpus']} CPUs, {meta['elapsed_s']} s)\n\n" + table(summary, overhead, results)
+         f"{meta['cpus']} CPUs, {meta['elapsed_s']} s{tf32})\n\n" + table(summary, overhead, results)
     (out / "bench.md").write_text(md)
     plotted = plot(summary, out / "bench.png")
     print(md)

@@ -48,3 +48,25 @@ def test_case_timeout_keeps_the_figures_finished(tmp_path):
     rows = bench.summarize([{"group": "llm", "subject": "m", "provider": "mlx", "result": res},
                             {"group": "llm", "subject": "m", "provider": "mlx-lm", "result": res}])["ratios"]
     assert [(r["figure"], r["ep/mlx-lm"]) for r in rows] == [("prefill_tok_s@32", 1.0)]
+
+
+def test_gpu_plan_sets_one_tf32_for_every_system():
+    """On the GPU every case carries the bench's one TF32 setting, and it reaches each system as
+    its own option: the EP's tf32, ORT's CUDA EP's use_tf32 (whose default would be on)."""
+    import argparse
+    from onnxruntime_mlx import bench
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    for tf32 in (0, 1):
+        args = p.parse_args(["--device", "gpu", "--only", "cnn,encoder", "--baselines", "ort-cuda",
+                             "--tf32", str(tf32), "--quick"])
+        cases = bench.plan(args)
+        assert cases and all(spec["tf32"] == tf32 for _, _, spec in cases)
+        providers = {spec["provider"] for _, _, spec in cases if "provider" in spec}
+        assert {"mlx", "ort-cuda"} <= providers, providers
+        spec = cases[0][2]
+        assert bench._tf32_options(spec, "ort-cuda") == {"use_tf32": str(tf32)}
+        assert bench._tf32_options(spec, "mlx") == {"tf32": tf32}
+    cpu = p.parse_args(["--only", "cnn", "--quick"])
+    assert all("tf32" not in spec for _, _, spec in bench.plan(cpu))
+    assert bench._tf32_options({}, "ort-cuda") == {}
