@@ -1,0 +1,75 @@
+"""Where a run's host time goes: samples the process's threads while warm runs repeat
+(tools/host_sampler.cc, built here with g++ and loaded through ctypes: no perf needed) and
+prints the functions its wall time was spent in (running or waiting), self and inclusive, plus
+the runs' wall time.
+
+    python3 tools/host_profile.py CASE [--provider mlx|cuda] [--runs 50] [--top 60]
+        [--interval-us 100] [--all-threads] [--option key=value ...] [--out FILE]
+
+CASE as in tools/gpu_kernel_profile.py (prefill:MODEL_DIR:N, decode:MODEL_DIR:CONTEXT,
+model:FILE.onnx[:name=d0xd1,...]); runs on the GPU device like it."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpu_kernel_profile import llm_runner, model_runner, parse_case  # noqa: E402
+
+
+def load_sampler() -> ctypes.CDLL:
+    so = pathlib.Path(tempfile.mkdtemp()) / "host_sampler.so"
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(so), str(HERE / "host_sampler.cc"), "-ldl"],
+                   check=True)
+    lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_GLOBAL)
+    lib.host_sampler_start.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.host_sampler_stop.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.host_sampler_stop.restype = ctypes.c_long
+    return lib
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("case")
+    p.add_argument("--provider", default="mlx", choices=["mlx", "cuda"])
+    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--top", type=int, default=60)
+    p.add_argument("--interval-us", type=int, default=100)
+    p.add_argument("--all-threads", action="store_true", help="sample every thread, not only the one running the runs")
+    p.add_argument("--option", action="append", default=[], help="provider option key=value")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    lib = load_sampler()
+    options = dict(o.split("=", 1) for o in a.option)
+    kind, path, arg = parse_case(a.case)
+    run = model_runner(path, arg, a.provider, options) if kind == "model" else \
+        llm_runner(kind, path, arg, a.provider, options)
+    for _ in range(5):  # past the probe and the compile of a new signature
+        run()
+    t0 = time.perf_counter()
+    for _ in range(a.runs):
+        run()
+    plain_ms = (time.perf_counter() - t0) / a.runs * 1e3
+    if lib.host_sampler_start(a.interval_us, int(a.all_threads)) != 0:
+        raise SystemExit("the sampler could not start (SIGPROF timer)")
+    t0 = time.perf_counter()
+    for _ in range(a.runs):
+        run()
+    sampled_ms = (time.perf_counter() - t0) / a.runs * 1e3
+    out = a.out or tempfile.mktemp(suffix=".txt")
+    n = lib.host_sampler_stop(out.encode(), a.top)
+    print(f"== {a.case} [{a.provider}] {a.runs} runs: wall {plain_ms:.3f} ms/run ({sampled_ms:.3f} sampled), "
+          f"{n} samples, one every {a.interval_us} us of wall time")
+    print(pathlib.Path(out).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
