@@ -15,6 +15,7 @@
 #include "ep/ep.h"
 #include "ep/ep_context.h"
 #include "ep/error_wall.h"
+#include "kernels/cuda/backend.h"
 #include "trace/trace_file.h"
 
 namespace ortmlx::ep {
@@ -363,6 +364,22 @@ OrtStatus* MlxEpFactory::DeinitGraphicsInteropImpl(OrtEpFactory*, const OrtEpDev
 
 }  // namespace ortmlx::ep
 
+namespace {
+
+// MLX's CUDA backend records a run's kernels into CUDA graphs and launches a graph only once it
+// holds MLX_MAX_OPS_PER_BUFFER nodes (100 on Hopper and Blackwell): the GPU idles until the first
+// launch, and after the host's last kernel the run waits for a whole graph's worth of work.
+// Smaller graphs start the GPU sooner (docs/performance.md, "CUDA graph size"). MLX reads the
+// variable when it makes its GPU stream, so it is set at registration, before any session; a
+// value the user exported wins. Other GPU backends (Metal) read the same name: left alone.
+constexpr const char* kCudaGraphOps = "20";
+
+void set_cuda_graph_limit() {
+  if (ortmlx::kernels::cuda::available()) ::setenv("MLX_MAX_OPS_PER_BUFFER", kCudaGraphOps, /*overwrite=*/0);
+}
+
+}  // namespace
+
 // ---- the two exported entry points ----
 
 extern "C" {
@@ -389,6 +406,7 @@ __attribute__((visibility("default"))) OrtStatus* CreateEpFactories(
     // stream of new shapes (varied image or batch sizes); an eviction is only slower. Set
     // before MLX's GPU device exists; a value the user exported wins (overwrite=0).
     ::setenv("MLX_ENABLE_CACHE_THRASHING_CHECK", "0", /*overwrite=*/0);
+    set_cuda_graph_limit();
     if (max_factories < 1) throw std::invalid_argument("no room for a factory");
     factories[0] = new MlxEpFactory(default_logger);  // deleted in ReleaseEpFactory
     *num_factories = 1;
