@@ -44,12 +44,14 @@ def parse_case(text: str):
     raise SystemExit(f"unknown case {text!r}")
 
 
-def model_runner(path: str, shapes: dict, provider: str, options: dict):
+def model_runner(path: str, shapes: dict, provider: str, options: dict, device: str = "gpu"):
     import onnxruntime as ort
     from onnxruntime_mlx.bench import _feeds_for
     if provider == "mlx":
         import onnxruntime_mlx as om
-        s = ort.InferenceSession(path, sess_options=om.session_options("gpu", **options))
+        s = ort.InferenceSession(path, sess_options=om.session_options(device, **options))
+    elif provider == "cpu":
+        s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     else:
         s = ort.InferenceSession(path, providers=[("CUDAExecutionProvider", options), "CPUExecutionProvider"])
     feeds = _feeds_for(s, shapes)

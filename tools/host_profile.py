@@ -4,10 +4,12 @@ prints the functions its wall time was spent in (running or waiting), self and i
 the runs' wall time.
 
     python3 tools/host_profile.py CASE [--provider mlx|cuda] [--runs 50] [--top 60]
-        [--interval-us 100] [--all-threads] [--option key=value ...] [--out FILE]
+        [--interval-us 100] [--all-threads | --running] [--option key=value ...] [--out FILE]
 
 CASE as in tools/gpu_kernel_profile.py (prefill:MODEL_DIR:N, decode:MODEL_DIR:CONTEXT,
-model:FILE.onnx[:name=d0xd1,...]); runs on the GPU device like it."""
+model:FILE.onnx[:name=d0xd1,...]); the EP runs on the GPU device like it, or for model cases
+on the CPU device (--device cpu; --all-threads then shows MLX's stream thread and the BLAS and
+OpenMP workers)."""
 from __future__ import annotations
 
 import argparse
@@ -38,18 +40,22 @@ def load_sampler() -> ctypes.CDLL:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("case")
-    p.add_argument("--provider", default="mlx", choices=["mlx", "cuda"])
+    p.add_argument("--provider", default="mlx", choices=["mlx", "cuda", "cpu"],
+                   help="the EP, ORT's CUDA EP, or ORT's CPU EP (model cases only)")
+    p.add_argument("--device", default="gpu", choices=["gpu", "cpu"], help="the EP's MLX device (model cases)")
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--top", type=int, default=60)
     p.add_argument("--interval-us", type=int, default=100)
     p.add_argument("--all-threads", action="store_true", help="sample every thread, not only the one running the runs")
+    p.add_argument("--running", action="store_true", help="sample every thread that is running at the "
+                   "tick (not blocked): where the process's CPU time goes")
     p.add_argument("--option", action="append", default=[], help="provider option key=value")
     p.add_argument("--out", default="")
     a = p.parse_args()
     lib = load_sampler()
     options = dict(o.split("=", 1) for o in a.option)
     kind, path, arg = parse_case(a.case)
-    run = model_runner(path, arg, a.provider, options) if kind == "model" else \
+    run = model_runner(path, arg, a.provider, options, a.device) if kind == "model" else \
         llm_runner(kind, path, arg, a.provider, options)
     for _ in range(5):  # past the probe and the compile of a new signature
         run()
@@ -57,7 +63,7 @@ def main() -> int:
     for _ in range(a.runs):
         run()
     plain_ms = (time.perf_counter() - t0) / a.runs * 1e3
-    if lib.host_sampler_start(a.interval_us, int(a.all_threads)) != 0:
+    if lib.host_sampler_start(a.interval_us, 2 if a.running else int(a.all_threads)) != 0:
         raise SystemExit("the sampler could not start (SIGPROF timer)")
     t0 = time.perf_counter()
     for _ in range(a.runs):

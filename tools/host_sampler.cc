@@ -72,6 +72,20 @@ void on_prof(int, siginfo_t*, void* uc_raw) {
   s.depth = d;
 }
 
+// Whether thread `tid` is on a CPU or ready to run (state R in /proc), not blocked.
+bool running(int tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');  // the command name may hold spaces
+  return close && close[1] == ' ' && close[2] == 'R';
+}
+
 std::string name_of(void* pc) {
   Dl_info info{};
   if (!dladdr(pc, &info) || !info.dli_fname) return "?";
@@ -104,8 +118,9 @@ void print_top(FILE* f, const char* title, const std::unordered_map<std::string,
 
 extern "C" {
 
-// Starts sampling every `interval_us` of wall time: the calling thread, or with all_threads
-// every thread of the process.
+// Starts sampling every `interval_us` of wall time: the calling thread; with all_threads=1
+// every thread of the process; with 2 every thread that is running (not blocked) at the tick,
+// which approximates where CPU time goes.
 int host_sampler_start(int interval_us, int all_threads) {
   if (g_on) return -4;
   if (!g_samples) {
@@ -139,7 +154,9 @@ int host_sampler_start(int interval_us, int all_threads) {
       if (!d) continue;
       while (dirent* e = readdir(d)) {
         const int tid = std::atoi(e->d_name);
-        if (tid > 0 && tid != self) syscall(SYS_tgkill, pid, tid, SIGPROF);
+        if (tid <= 0 || tid == self) continue;
+        if (all_threads == 2 && !running(tid)) continue;
+        syscall(SYS_tgkill, pid, tid, SIGPROF);
       }
       closedir(d);
     }
