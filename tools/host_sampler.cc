@@ -47,6 +47,10 @@ struct Sample {
 Sample* g_samples = nullptr;
 std::atomic<size_t> g_count{0};
 std::atomic<bool> g_on{false};
+// Stacks (backtrace) only where the sampled thread is the one that started the sampler: in
+// other threads the unwinder's first use allocates (a crash when the signal interrupted
+// malloc), so those samples keep only the interrupted instruction.
+std::atomic<bool> g_stacks{true};
 std::thread g_ticker;
 
 void on_prof(int, siginfo_t*, void* uc_raw) {
@@ -63,12 +67,14 @@ void on_prof(int, siginfo_t*, void* uc_raw) {
 #else
   void* pc = nullptr;
 #endif
-  void* frames[kDepth + 4];
-  int n = backtrace(frames, kDepth + 4);
-  // frames[0] is this handler, frames[1] the signal trampoline, then the interrupted frame.
   s.pc[0] = pc;
   int d = 1;
-  for (int k = 3; k < n && d < kDepth; ++k) s.pc[d++] = frames[k];
+  if (g_stacks.load(std::memory_order_relaxed)) {
+    void* frames[kDepth + 4];
+    int n = backtrace(frames, kDepth + 4);
+    // frames[0] is this handler, frames[1] the signal trampoline, then the interrupted frame.
+    for (int k = 3; k < n && d < kDepth; ++k) s.pc[d++] = frames[k];
+  }
   s.depth = d;
 }
 
@@ -118,9 +124,9 @@ void print_top(FILE* f, const char* title, const std::unordered_map<std::string,
 
 extern "C" {
 
-// Starts sampling every `interval_us` of wall time: the calling thread; with all_threads=1
-// every thread of the process; with 2 every thread that is running (not blocked) at the tick,
-// which approximates where CPU time goes.
+// Starts sampling every `interval_us` of wall time: the calling thread, with stacks; with
+// all_threads=1 every thread of the process, with 2 every thread that is running (not blocked)
+// at the tick (where CPU time goes), both without stacks (self profile only).
 int host_sampler_start(int interval_us, int all_threads) {
   if (g_on) return -4;
   if (!g_samples) {
@@ -131,10 +137,11 @@ int host_sampler_start(int interval_us, int all_threads) {
   }
   struct sigaction sa {};
   sa.sa_sigaction = on_prof;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGPROF, &sa, nullptr) != 0) return -2;
   g_count = 0;
+  g_stacks = all_threads == 0;
   g_on = true;
   const pid_t pid = getpid();
   const pid_t target = static_cast<pid_t>(syscall(SYS_gettid));

@@ -47,6 +47,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_device_copies\":" << kernels::cuda::host_copies()
     << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
+    << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()
     << ",\"process_dnnl_matmul_failures\":" << ops::cpu_dnnl_matmul_failures()
     << ",\"process_device_copy_skips\":{";

@@ -24,7 +24,7 @@ struct TranslationSwitches {
   int int4_dense_rows = 128;     // GPU MatMulNBits with this many rows: dequantize + dense product (0: never)
   // float32 products of several rows by a matrix on the CPU through oneDNN's sgemm
   // (kernels/cpu/dnnl_matmul.cc), those of at least cpu_conv_library_min_flops
-  bool cpu_matmul_library = true;
+  bool cpu_matmul_library = false;  // off by default: not signal-safe (kernels.h)
 };
 
 // The calling thread's current switches.

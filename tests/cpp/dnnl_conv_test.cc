@@ -66,7 +66,7 @@ TEST(DnnlConv, MatchesMlxConvolution) {
       {2, 3, 8, 17, 7, 2, 3, 2, 1, 1, true},     // a stem: 3 channels, stride 2, asymmetric pads
       {2, 16, 32, 12, 1, 1, 0, 0, 1, 1, false},  // 1x1, no bias
       {2, 16, 16, 12, 3, 1, 2, 2, 2, 1, true},   // dilated
-      {2, 16, 32, 12, 3, 1, 1, 1, 1, 4, true},   // grouped
+      {2, 32, 32, 12, 3, 1, 1, 1, 1, 2, true},   // grouped (16 channels a group: a direct kernel)
       {2, 16, 16, 12, 3, 2, 1, 1, 1, 16, true},  // depthwise, stride 2
       {1, 8, 12, 30, 5, 1, 2, 2, 1, 1, true},    // 1-D
       {3, 4, 6, 6, 3, 1, 1, 1, 1, 1, false},     // 3-D
@@ -75,6 +75,19 @@ TEST(DnnlConv, MatchesMlxConvolution) {
   };
   for (const auto& k : cases) check(k);
   EXPECT_EQ(cpu_dnnl_conv_runs(), before + std::size(cases));
+}
+
+// Geometries for which oneDNN offers only a GEMM-based implementation (here: groups of 4
+// channels) stay MLX's: its JIT GEMM kernels are not safe against signals (dnnl_conv.cc).
+TEST(DnnlConv, NoPlanWhereOnlyAGemmBasedImplementationExists) {
+  ASSERT_TRUE(cpu_dnnl_available());
+  const mx::Stream s = mx::default_stream(mx::Device::cpu);
+  const uint64_t before = cpu_dnnl_conv_gemm_refusals();
+  DnnlConvShape g{{2, 16, 12, 12}, {32, 4, 3, 3}, {2, 32, 12, 12}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 4, true, false};
+  EXPECT_FALSE(cpu_dnnl_conv_plan(g, s));
+  EXPECT_EQ(cpu_dnnl_conv_gemm_refusals(), before + 1);
+  EXPECT_FALSE(cpu_dnnl_conv_plan(g, s));  // remembered: not planned (nor counted) again
+  EXPECT_EQ(cpu_dnnl_conv_gemm_refusals(), before + 1);
 }
 
 TEST(DnnlConv, NoPlanOffTheCpuOrForBadGeometry) {

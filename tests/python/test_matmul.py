@@ -165,7 +165,7 @@ ONEDNN_SHAPES = [((2, 3), (3, 5)), ((7, 33), (33, 17)), ((64, 128), (128, 65)), 
 @pytest.mark.parametrize("constant", [True, False])
 @pytest.mark.parametrize("cpu_dnnl_matmul", [1, 0])
 def test_matmul_through_onednn(shapes, constant, cpu_dnnl_matmul):
-    """cpu_dnnl_matmul=1 (the default): on the CPU device oneDNN's sgemm runs float32 products of
+    """cpu_dnnl_matmul=1 (off by default): on the CPU device oneDNN's sgemm runs float32 products of
     several rows by a 2-D matrix, or batched ones of several rows per batch element (these small
     ones too: cpu_dnnl_min_flops=0), the matrix a constant weight or an input; =0 keeps MLX's
     matmul. Both must match ORT's CPU EP."""

@@ -36,6 +36,7 @@ namespace {
 const DnnlLibrary& lib() { return dnnl_lib(); }
 
 std::atomic<uint64_t> g_runs{0};
+std::atomic<uint64_t> g_gemm_refusals{0};
 
 dnnl_format_tag_t plain_tag(int ndims) {
   switch (ndims) {
@@ -164,6 +165,18 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   if (relu) l.post_ops_destroy(relu);
   if (attr) l.primitive_attr_destroy(attr);
   if (!made) throw std::runtime_error("oneDNN: no convolution implementation");
+  // A GEMM-based implementation runs oneDNN's JIT GEMM kernels, which (in the oneDNN versions
+  // distributions ship) point the stack register into heap memory while they run: a signal
+  // delivered meanwhile (a profiler's, a host runtime's) writes its frame there and corrupts the
+  // heap (oneDNN issue 4845). Only direct kernels run here; the rest stays MLX's.
+  const char* impl = nullptr;
+  if (l.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl ||
+      std::strstr(impl, "gemm")) {
+    const std::string name = impl ? impl : "?";
+    l.primitive_desc_destroy(pd);
+    g_gemm_refusals.fetch_add(1, std::memory_order_relaxed);
+    throw std::runtime_error("oneDNN: only a GEMM-based convolution (" + name + ")");
+  }
   p->src_md = *l.primitive_desc_query_md(pd, dnnl_query_src_md, 0);
   p->w_md = *l.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   p->dst_md = *l.primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
@@ -337,6 +350,7 @@ class DnnlConv : public PlanPrimitive {
 
 uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_failures() { return g_failures.load(std::memory_order_relaxed); }
+uint64_t cpu_dnnl_conv_gemm_refusals() { return g_gemm_refusals.load(std::memory_order_relaxed); }
 
 std::string DnnlConvShape::key() const {
   std::ostringstream k;
@@ -399,6 +413,7 @@ struct DnnlConvPlan {};
 
 uint64_t cpu_dnnl_conv_runs() { return 0; }
 uint64_t cpu_dnnl_conv_failures() { return 0; }
+uint64_t cpu_dnnl_conv_gemm_refusals() { return 0; }
 std::string DnnlConvShape::key() const { return {}; }
 std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape&, mx::Stream) { return nullptr; }
 mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array&, mx::Stream) {

@@ -17,6 +17,7 @@ namespace ortmlx::ops {
   X(memory_destroy) X(dilated_convolution_forward_desc_init)                                  \
   X(dilated_deconvolution_forward_desc_init) X(reorder_primitive_desc_create)                 \
   X(primitive_desc_create) X(primitive_desc_destroy) X(primitive_desc_query_md)               \
+  X(primitive_desc_query)                                                                     \
   X(primitive_create) X(primitive_destroy) X(primitive_execute) X(primitive_attr_create)      \
   X(primitive_attr_destroy) X(primitive_attr_set_scratchpad_mode)                             \
   X(primitive_attr_set_post_ops) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise) \

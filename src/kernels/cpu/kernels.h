@@ -110,6 +110,9 @@ bool cpu_dnnl_available();
 // outputs are NaN).
 uint64_t cpu_dnnl_conv_runs();
 uint64_t cpu_dnnl_conv_failures();
+// Geometries left to MLX because oneDNN offered only a GEMM-based implementation for them (its
+// JIT GEMM kernels are not safe against signals: dnnl_conv.cc).
+uint64_t cpu_dnnl_conv_gemm_refusals();
 
 // x @ w for a float32 x [..., M, K] (its rows taken flat: M_total = x.size() / K) and a 2-D
 // float32 w [K, N], as one MLX primitive that calls oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc)
@@ -117,7 +120,10 @@ uint64_t cpu_dnnl_conv_failures();
 // ([..., K, N], numpy broadcasting against x's) is one sgemm per batch element of M >= 2 rows.
 // Why: for the products of several rows of an encoder or a prompt, oneDNN's sgemm ran faster
 // than the OpenBLAS sgemm that MLX's CPU Matmul calls (docs/performance.md), and with every
-// product of a model on oneDNN, OpenBLAS's idle workers no longer spin beside it. Transposed views
+// product of a model on oneDNN, OpenBLAS's idle workers no longer spin beside it. Off by default
+// (option cpu_dnnl_matmul): oneDNN's JIT GEMM kernels point the stack register into heap memory
+// while they run, so a signal delivered to that thread meanwhile corrupts the heap (oneDNN
+// issue 4845, in the versions distributions ship). Transposed views
 // (an [N, K] weight, Gemm's transA) go to sgemm as transposed, other views are gathered on the
 // stream thread. std::nullopt when `s` is not a CPU stream, oneDNN is not loaded, or the operands
 // do not fit (other dtypes, fewer than 2 rows, an empty dim); the caller uses mx::matmul.
