@@ -37,6 +37,73 @@ def load_sampler() -> ctypes.CDLL:
     return lib
 
 
+def loaded_libraries() -> dict:
+    """basename -> path of every shared library mapped into this process."""
+    libs = {}
+    for line in pathlib.Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if path.startswith("/"):
+            libs.setdefault(pathlib.Path(path).name, path)
+    return libs
+
+
+def symbol_table(path: str) -> list:
+    """(address, name) of the functions in a library's symbol table (nm; empty if stripped)."""
+    try:
+        out = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    table = []
+    for line in out.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in "tTwW":
+            table.append((int(parts[0], 16), parts[2]))
+    return sorted(table)
+
+
+def resolve(text: str, top: int) -> str:
+    """The sampler's report with `library+0xOFFSET` entries (functions dladdr cannot name: not
+    exported) named from the library's symbol table where it has one, and the lines of each
+    section summed again by the names they now have."""
+    import bisect
+    import re
+    libs, tables = loaded_libraries(), {}
+    pattern = re.compile(r"^(\S+)\+0x([0-9a-f]+)$")
+
+    def name(entry: str) -> str:
+        m = pattern.match(entry)
+        if not m or m.group(1) not in libs:
+            return entry
+        lib = m.group(1)
+        if lib not in tables:
+            tables[lib] = symbol_table(libs[lib])
+        table = tables[lib]
+        i = bisect.bisect_right(table, (int(m.group(2), 16), "\uffff")) - 1
+        if i < 0:
+            return entry
+        sym = table[i][1]
+        return (sym[:157] + "...") if len(sym) > 160 else f"{sym}  [{lib}]"
+
+    out, section = [], None
+    for line in text.splitlines() + ["== end"]:
+        if line.startswith("== "):
+            if section:
+                title, rows = section
+                out.append(title)
+                for entry, pct in sorted(rows.items(), key=lambda kv: -kv[1])[:top]:
+                    out.append(f"{pct:6.2f}%  {entry}")
+                out.append("")
+            section = (line, {}) if line != "== end" else None
+            continue
+        m = re.match(r"^\s*([0-9.]+)%  (.*)$", line)
+        if section and m:
+            key = name(m.group(2)) if "by library" not in section[0] else m.group(2)
+            section[1][key] = section[1].get(key, 0.0) + float(m.group(1))
+        elif not section:
+            out.append(line)
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("case")
@@ -73,7 +140,7 @@ def main() -> int:
     n = lib.host_sampler_stop(out.encode(), a.top)
     print(f"== {a.case} [{a.provider}] {a.runs} runs: wall {plain_ms:.3f} ms/run ({sampled_ms:.3f} sampled), "
           f"{n} samples, one every {a.interval_us} us of wall time")
-    print(pathlib.Path(out).read_text())
+    print(resolve(pathlib.Path(out).read_text(), a.top))
     return 0
 
 
