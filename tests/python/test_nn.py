@@ -335,6 +335,32 @@ def test_resize_nearest(coord, nearest, scales):
                                 "nearest_mode": nearest}, scales=np.array(scales, np.float32), opset=opset)
 
 
+# (coordinate mode, nearest mode): pairs whose integer-factor taps are regular (half_pixel with
+# floor is not: its first output row reads row 0 three times at 2x).
+@pytest.mark.parametrize("coord,nearest", [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor")])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 0.5, 0.25], [1, 1, 2.0, 0.5]])
+def test_resize_nearest_integer_factors_copy_without_a_gather(coord, nearest, scales, capfd):
+    """Nearest resizing by integer factors (an FPN's 2x upsampling) reads the input in a regular
+    pattern: a broadcast and a reshape (upsampling) or a strided slice (downsampling), not MLX's
+    gather (several times slower on the CPU device). The outputs equal ORT's CPU EP and the
+    evaluation runs no Gather primitive (log_level=3)."""
+    import re
+    import onnxruntime as ort
+    params = {"roi": np.array([], np.float32), "scales": np.array(scales, np.float32)}
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}
+    x = rand((1, 3, 8, 12))
+    check_node("Resize", {"x": x}, attrs, initializers=params, opset=19, input_order=["x", "roi", "scales"])
+    model = make_node_model("Resize", {"x": x}, 1, attrs, initializers=params, opset=19,
+                            input_order=["x", "roi", "scales"])
+    sess = ort.InferenceSession(model.SerializeToString(), sess_options=om.session_options(DEVICE, fallback=False, log_level=3))
+    capfd.readouterr()
+    sess.run(None, {"x": x})
+    err = capfd.readouterr().err
+    evaluated = [line for line in err.splitlines() if "evaluates:" in line]
+    assert evaluated, err[-2000:]
+    assert not any(re.search(r"\bGather\b", line) for line in evaluated), evaluated
+
+
 @pytest.mark.parametrize("coord", COORD_MODES[:5])
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
 @pytest.mark.parametrize("sizes", [[1, 2, 9, 8], [1, 2, 3, 4], [1, 2, 8, 3]])

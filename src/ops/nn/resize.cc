@@ -244,6 +244,39 @@ Taps axis_taps(const Params& p, int64_t in, int64_t out, float scale, float roi_
   return t;
 }
 
+// One nearest tap per output that reads the input in a regular pattern, without a gather:
+// every input repeated k times in order (integer upsampling, idx = o / k) is a broadcast and a
+// reshape (one copy), and every k-th input from some start (integer downsampling) a strided
+// slice. MLX's take() computes each element's source on its own (several times slower on the
+// CPU device); the values are the same elements either way. std::nullopt for other patterns.
+std::optional<mx::array> regular_nearest(const mx::array& x, int axis, const std::vector<int32_t>& idx,
+                                         mx::Stream s) {
+  const int64_t in = x.shape(axis), out = static_cast<int64_t>(idx.size());
+  if (in <= 0 || out <= 0) return std::nullopt;
+  if (out % in == 0) {
+    const int64_t k = out / in;
+    bool repeats = true;
+    for (int64_t o = 0; o < out && repeats; ++o) repeats = idx[o] == o / k;
+    if (repeats) {
+      if (k == 1) return x;
+      mx::Shape one = x.shape(), wide = x.shape(), merged = x.shape();
+      one.insert(one.begin() + axis + 1, 1);
+      wide.insert(wide.begin() + axis + 1, static_cast<int>(k));
+      merged[axis] = static_cast<int>(out);
+      return mx::reshape(mx::broadcast_to(mx::reshape(x, one, s), wide, s), merged, s);
+    }
+  }
+  const int64_t start = idx[0], step = out > 1 ? idx[1] - idx[0] : 1;
+  if (step < 1) return std::nullopt;
+  for (int64_t o = 0; o < out; ++o)
+    if (idx[o] != start + o * step) return std::nullopt;
+  mx::Shape lo(x.ndim(), 0), hi = x.shape(), stride(x.ndim(), 1);
+  lo[axis] = static_cast<int>(start);
+  hi[axis] = static_cast<int>(start + (out - 1) * step + 1);
+  stride[axis] = static_cast<int>(step);
+  return mx::slice(x, lo, hi, stride, s);
+}
+
 // Applies one axis' taps: y = sum_t take(x, idx_t, axis) * w_t (broadcast along `axis`).
 mx::array apply_taps(const mx::array& x, int axis, const Taps& t, const Params& p, mx::Stream s) {
   const int rank = x.ndim();
@@ -252,7 +285,10 @@ mx::array apply_taps(const mx::array& x, int axis, const Taps& t, const Params& 
   bshape[axis] = out;
   mx::array y = x;
   if (t.n == 1) {
-    y = mx::take(x, mx::array(t.idx.begin(), {out}, mx::int32), axis, s);
+    if (auto regular = regular_nearest(x, axis, t.idx, s))
+      y = *regular;
+    else
+      y = mx::take(x, mx::array(t.idx.begin(), {out}, mx::int32), axis, s);
   } else {
     std::vector<int32_t> idx(out);
     std::vector<float> w(out);
