@@ -60,6 +60,29 @@ def test_batch_norm_half_and_f64():
                initializers=bn_params(3, np.float64))
 
 
+def test_batch_norm_constant_statistics_fold_once(capfd):
+    """Constant statistics (an inference graph's initializers): the per-channel scale and shift
+    are computed once per program and a run is x * scale + shift, so its evaluation has no Rsqrt
+    (log_level=3); statistics fed at run time keep the rsqrt in every run. Both equal ORT's CPU EP."""
+    import re
+    import onnxruntime as ort
+    from oracle import DEVICE
+    x, params = rand((2, 3, 4, 5)), bn_params(3)
+    counts = {}
+    for const in (True, False):
+        inputs, inits = ({"x": x}, params) if const else ({"x": x, **params}, None)
+        check_node("BatchNormalization", inputs, {"epsilon": 1e-3}, initializers=inits)
+        model = make_node_model("BatchNormalization", inputs, 1, {"epsilon": 1e-3}, inits)
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    sess_options=om.session_options(DEVICE, fallback=False, log_level=3))
+        capfd.readouterr()
+        sess.run(None, inputs)
+        lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+        assert lines
+        counts[const] = sum(int(n) for ln in lines for n in re.findall(r"\bRsqrt=(\d+)", ln))
+    assert counts == {True: 0, False: 1}, counts
+
+
 def test_batch_norm_training_runs_on_mlx():
     # Batch statistics + running mean/var (more cases in test_nn_extra.py).
     m = make_node_model("BatchNormalization", {"x": rand((2, 3, 4))}, 3, {"training_mode": 1},

@@ -124,8 +124,18 @@ Outputs translate_batch_norm(OpContext& c) {
   };
   float eps = c.node.attr_float("epsilon", 1e-5f);
   if (c.node.attr_int("training_mode", 0) != 0) return batch_norm_training(c, eps, t);
-  auto inv = mx::multiply(mx::rsqrt(mx::add(param(4), mx::array(eps, t), c.s), c.s), param(1), c.s);
-  auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv, c.s),
+  auto inv = [&] { return mx::multiply(mx::rsqrt(mx::add(param(4), mx::array(eps, t), c.s), c.s), param(1), c.s); };
+  if (c.is_constant(1) && c.is_constant(2) && c.is_constant(3) && c.is_constant(4)) {
+    // Constant statistics (an inference graph): y = x * scale + shift with the per-channel scale
+    // and shift computed once per program, as ORT's CPU EP computes them. Left to MLX, the
+    // compiled kernel evaluates the rsqrt and four broadcast operands at every element.
+    auto scale = c.prepared("batch_norm_scale", {1, 4}, inv);
+    auto shift = c.prepared("batch_norm_shift", {1, 2, 3, 4},
+                            [&] { return mx::subtract(param(2), mx::multiply(param(3), inv(), c.s), c.s); });
+    auto y = mx::add(mx::multiply(mx::astype(x, t, c.s), scale, c.s), shift, c.s);
+    return {mx::astype(y, x.dtype(), c.s)};
+  }
+  auto y = mx::add(mx::multiply(mx::subtract(mx::astype(x, t, c.s), param(3), c.s), inv(), c.s),
                    param(2), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
 }
