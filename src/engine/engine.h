@@ -55,6 +55,9 @@ struct Options {
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
   bool fuse_conv_relu = true;      // ... with a Relu that alone reads a Conv as its post-op (graph/fuse_conv_relu.h)
   int64_t cpu_dnnl_min_flops = 1000000;  // ... for convolutions (and products) of at least this many FLOPs
+  // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (MLX's
+  // default); false keeps them as MLX's own vectorized ops (compile mode no_fuse while tracing).
+  bool cpu_fuse = true;
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
 };

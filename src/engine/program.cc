@@ -540,7 +540,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
     try {
       const auto t_call = std::chrono::steady_clock::now();
-      auto traced = e.fn(args);
+      auto traced = [&] {
+        UnfusedTraceScope unfused(s.device == mx::Device::cpu && !opt_.cpu_fuse);
+        return e.fn(args);
+      }();
       const auto call_ns = elapsed_ns(t_call);
       auto outs = eval_all(std::move(traced));
       stats_.call_ns_compiled += call_ns;

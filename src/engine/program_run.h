@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -26,6 +27,27 @@ inline uint64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now() - t0).count());
 }
+
+// While alive with `unfused`, mx::compile traces keep elementwise chains as MLX's own ops
+// (CompileMode::no_fuse) instead of generated kernels: on MLX's CPU device a generated kernel
+// runs one element at a time, with per-element index arithmetic where its operands broadcast,
+// and can be slower than the separate vectorized ops (option cpu_fuse). The mode is process-wide
+// and read when a function is traced, so it is set only around the EP's own compiled calls; left
+// alone when the user disabled compilation (MLX_DISABLE_COMPILE), which this would undo.
+class UnfusedTraceScope {
+ public:
+  explicit UnfusedTraceScope(bool unfused) : on_(unfused && !std::getenv("MLX_DISABLE_COMPILE")) {
+    if (on_) mx::set_compile_mode(mx::CompileMode::no_fuse);
+  }
+  ~UnfusedTraceScope() {
+    if (on_) mx::set_compile_mode(mx::CompileMode::enabled);
+  }
+  UnfusedTraceScope(const UnfusedTraceScope&) = delete;
+  UnfusedTraceScope& operator=(const UnfusedTraceScope&) = delete;
+
+ private:
+  bool on_;
+};
 
 // State of one translation of the group (a probe, an eager run, or a compile trace).
 struct Program::Run {

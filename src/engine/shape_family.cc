@@ -245,7 +245,10 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     }
     if (match) {
       try {
-        auto outs = fn->second(in);
+        auto outs = [&] {
+          UnfusedTraceScope unfused(s.device == mx::Device::cpu && !opt_.cpu_fuse);
+          return fn->second(in);
+        }();
         for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
         if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
         ++stats_.segment_calls;

@@ -152,3 +152,32 @@ def test_switch_values_are_checked(capfd):
         assert om.EP_NAME not in s.get_providers()
         out, err = capfd.readouterr()
         assert f"option '{name}': '2' is not an integer in [0, 1]" in out + err
+
+
+def test_cpu_fuse(capfd, switch):
+    """A compiled run's elementwise chain (a per-channel affine and a hard-swish) is one
+    generated kernel by default (a primitive named Compiled...), and MLX's own ops with cpu_fuse=0
+    (compile mode no_fuse while the EP traces); the outputs equal ORT's CPU EP either way."""
+    c = 8
+    inits = [numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "s"),
+             numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(3, np.float32), "three"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(6, np.float32), "six")]
+    nodes = [helper.make_node("Mul", ["x", "s"], ["a"]), helper.make_node("Add", ["a", "b"], ["n"]),
+             helper.make_node("Add", ["n", "three"], ["p"]), helper.make_node("Clip", ["p", "zero", "six"], ["q"]),
+             helper.make_node("Mul", ["n", "q"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    model = _model(nodes, [_f32("x", [2, c, 16, 16])], [_f32("y", None)], inits)
+    feeds = {"x": rng.standard_normal((2, c, 16, 16)).astype(np.float32)}
+    ref = run_cpu(model, feeds)[0]
+    fused = {}
+    for value in (1, 0):
+        sess = _session(model, log_level=3, **switch("cpu_fuse", value))
+        for _ in range(3):  # an eager probe, then the compiled trace and a compiled run
+            capfd.readouterr()
+            (y,) = sess.run(None, feeds)
+            np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+        lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+        assert lines, "log_level=3 printed no evaluation"
+        fused[value] = sum(int(n) for n in re.findall(r" Compiled\w*=(\d+)", lines[-1]))
+    assert fused[1] >= 1 and fused[0] == 0, fused
