@@ -94,7 +94,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_dnnl_min_flops": (0, 1 << 50),
     "cpu_dnnl_matmul": (0, 1),
     "fuse_conv_relu": (0, 1),
-    "cpu_fuse": (0, 1),
+    "cpu_fuse": (0, 1, "auto"),
     "int4_dense_rows": (0, 1 << 30),
 }
 

@@ -55,9 +55,10 @@ struct Options {
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
   bool fuse_conv_relu = true;      // ... with a Relu that alone reads a Conv as its post-op (graph/fuse_conv_relu.h)
   int64_t cpu_dnnl_min_flops = 1000000;  // ... for convolutions (and products) of at least this many FLOPs
-  // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (MLX's
-  // default); false keeps them as MLX's own vectorized ops (compile mode no_fuse while tracing).
-  bool cpu_fuse = true;
+  // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (1, MLX's
+  // way), keep them as MLX's own vectorized ops (0: compile mode no_fuse while tracing), or
+  // (2) time both on a signature's first compiled runs and keep the faster.
+  int cpu_fuse = 2;
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
 };
@@ -84,6 +85,9 @@ struct Stats {
   // (MLX's CUDA kernels fault on such arrays); on the CPU device only a new signature's first
   // run is checked, so a test there can see what the GPU would do.
   std::atomic<uint64_t> empty_operand_runs{0};
+  // cpu_fuse=2: compiled signatures that kept MLX's fused kernels, and those that kept its
+  // unfused ops, after timing both.
+  std::atomic<uint64_t> fusion_kept_fused{0}, fusion_kept_unfused{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).

@@ -528,24 +528,32 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   }
   if (!e.eager_only && !compile_broken_ && !e.fn && e.hits >= opt_.compile_after) {
     auto record = std::make_shared<HostRecord>(e.record);
-    e.fn = mx::compile(
-        [this, record, layout, s](const std::vector<mx::array>& a) {
-          return translate(a, layout, Mode::Replay, record.get(), nullptr, s);
-        },
-        /*shapeless=*/false);
+    auto traced_fn = [this, record, layout, s](const std::vector<mx::array>& a) {
+      return translate(a, layout, Mode::Replay, record.get(), nullptr, s);
+    };
+    e.fn = mx::compile(traced_fn, /*shapeless=*/false);
+    e.unfused = s.device == mx::Device::cpu && opt_.cpu_fuse == 0;
+    if (s.device == mx::Device::cpu && opt_.cpu_fuse == 2) {
+      e.fn_unfused = mx::compile(traced_fn, /*shapeless=*/false);  // its own cache entry
+      e.tuning_calls = 0;
+    }
     ++stats_.traces;
     tl_last_run_path = "compiled (new trace)";
   }
   if (e.fn && !compile_broken_) {
     if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
     try {
+      // cpu_fuse=2: calls alternate between the fused and the unfused trace while tuning.
+      const bool tuning = static_cast<bool>(e.fn_unfused);
+      const bool use_unfused = tuning ? e.tuning_calls % 2 == 1 : e.unfused;
       const auto t_call = std::chrono::steady_clock::now();
       auto traced = [&] {
-        UnfusedTraceScope unfused(s.device == mx::Device::cpu && !opt_.cpu_fuse);
-        return e.fn(args);
+        UnfusedTraceScope unfused(use_unfused);
+        return (tuning && use_unfused ? e.fn_unfused : e.fn)(args);
       }();
       const auto call_ns = elapsed_ns(t_call);
       auto outs = eval_all(std::move(traced));
+      if (tuning) tune_fusion(e, use_unfused, elapsed_ns(t_call));
       stats_.call_ns_compiled += call_ns;
       ++stats_.compiled_runs;
       stats_.eval_ns_compiled += tl_last_eval_ns;
@@ -569,6 +577,30 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   }
   ++stats_.eager_runs;
   return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, s));
+}
+
+void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {
+  // The first call of each trace compiles it (untimed); then kFusionTimedRuns each, alternating.
+  constexpr int kFusionTimedRuns = 2;
+  const int call = e.tuning_calls++;
+  if (call >= 2) {
+    double& best = unfused ? e.best_unfused_ns : e.best_fused_ns;
+    best = best == 0 ? static_cast<double>(ns) : std::min(best, static_cast<double>(ns));
+  }
+  if (e.tuning_calls < 2 + 2 * kFusionTimedRuns) return;
+  // Unfused only when clearly faster: the fused trace is MLX's own way and fewer kernels.
+  e.unfused = e.best_unfused_ns < 0.95 * e.best_fused_ns;
+  if (e.unfused) {
+    e.fn = std::move(e.fn_unfused);
+    ++stats_.fusion_kept_unfused;
+  } else {
+    ++stats_.fusion_kept_fused;
+  }
+  e.fn_unfused = nullptr;  // releases the other trace (MLX drops its cache entry with it)
+  if (opt_.log_level >= 1)
+    std::cerr << "[MLX EP] fused node '" << name_ << "': kept the " << (e.unfused ? "unfused" : "fused")
+              << " trace (best run " << (e.unfused ? e.best_unfused_ns : e.best_fused_ns) / 1e6 << " ms against "
+              << (e.unfused ? e.best_fused_ns : e.best_unfused_ns) / 1e6 << " ms)\n";
 }
 
 }  // namespace ortmlx::engine

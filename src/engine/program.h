@@ -84,7 +84,17 @@ class Program final : public FusedProgram {
     int hits = 0;
     HostRecord record;
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
+    // cpu_fuse=2 on the CPU device: the same function traced without fusion, and the tuning
+    // state. Calls alternate between the two (the first of each traces, untimed) until each
+    // has run kFusionTimedRuns times more; the faster by the best run is kept in `fn`.
+    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn_unfused;
+    bool unfused = false;  // `fn` was traced without fusion
+    int tuning_calls = 0;
+    double best_fused_ns = 0, best_unfused_ns = 0;
   };
+
+  // cpu_fuse=2: one timed call of a tuning entry; after enough of both, keeps the faster trace.
+  void tune_fusion(Entry& e, bool unfused, uint64_t ns);
 
   std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,
                                   const std::vector<std::string>& outputs, bool top);

@@ -79,11 +79,12 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"transposed_weights", &o.engine.transposed_weights},
                            std::pair{"cpu_dnnl", &o.engine.cpu_dnnl},
                            std::pair{"cpu_dnnl_matmul", &o.engine.cpu_dnnl_matmul},
-                           std::pair{"fuse_conv_relu", &o.engine.fuse_conv_relu},
-                           std::pair{"cpu_fuse", &o.engine.cpu_fuse}})
+                           std::pair{"fuse_conv_relu", &o.engine.fuse_conv_relu}})
     if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "cpu_dnnl_min_flops"); !v.empty())
     o.engine.cpu_dnnl_min_flops = to_int("cpu_dnnl_min_flops", v, 0, 1LL << 50);
+  if (auto v = lookup(entries, "cpu_fuse"); !v.empty() && v != "auto")
+    o.engine.cpu_fuse = static_cast<int>(to_int("cpu_fuse", v, 0, 1));
   if (auto v = lookup(entries, "int4_dense_rows"); !v.empty())
     o.engine.int4_dense_rows = static_cast<int>(to_int("int4_dense_rows", v, 0, 1 << 30));
   if (auto v = lookup(entries, "log_level"); !v.empty())

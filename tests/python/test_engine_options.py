@@ -154,11 +154,8 @@ def test_switch_values_are_checked(capfd):
         assert f"option '{name}': '2' is not an integer in [0, 1]" in out + err
 
 
-def test_cpu_fuse(capfd, switch):
-    """A compiled run's elementwise chain (a per-channel affine and a hard-swish) is one
-    generated kernel by default (a primitive named Compiled...), and MLX's own ops with cpu_fuse=0
-    (compile mode no_fuse while the EP traces); the outputs equal ORT's CPU EP either way."""
-    c = 8
+def _hard_swish_model(c=8):
+    """A per-channel affine and a hard-swish, as PaddleOCR's exporter writes them."""
     inits = [numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "s"),
              numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "b"),
              numpy_helper.from_array(np.array(3, np.float32), "three"),
@@ -168,7 +165,18 @@ def test_cpu_fuse(capfd, switch):
              helper.make_node("Add", ["n", "three"], ["p"]), helper.make_node("Clip", ["p", "zero", "six"], ["q"]),
              helper.make_node("Mul", ["n", "q"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
     model = _model(nodes, [_f32("x", [2, c, 16, 16])], [_f32("y", None)], inits)
-    feeds = {"x": rng.standard_normal((2, c, 16, 16)).astype(np.float32)}
+    return model, {"x": rng.standard_normal((2, c, 16, 16)).astype(np.float32)}
+
+
+def _fused_kernels(lines):
+    return sum(int(n) for n in re.findall(r" Compiled\w*=(\d+)", lines[-1]))
+
+
+def test_cpu_fuse(capfd, switch):
+    """A compiled run's elementwise chain (a per-channel affine and a hard-swish) is one
+    generated kernel with cpu_fuse=1 (a primitive named Compiled...), and MLX's own ops with
+    cpu_fuse=0 (compile mode no_fuse while the EP traces); the outputs equal ORT's CPU EP."""
+    model, feeds = _hard_swish_model()
     ref = run_cpu(model, feeds)[0]
     fused = {}
     for value in (1, 0):
@@ -179,5 +187,32 @@ def test_cpu_fuse(capfd, switch):
             np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
         lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
         assert lines, "log_level=3 printed no evaluation"
-        fused[value] = sum(int(n) for n in re.findall(r" Compiled\w*=(\d+)", lines[-1]))
+        fused[value] = _fused_kernels(lines)
     assert fused[1] >= 1 and fused[0] == 0, fused
+
+
+def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
+    """cpu_fuse=auto (the default): a signature's first compiled calls alternate between the fused
+    and the unfused trace (the first of each traces it, then two timed runs each); then one is
+    kept, counted in the report, and every later run uses it. Outputs equal ORT's CPU EP in every
+    run, whichever trace ran."""
+    import gc
+    import json
+    model, feeds = _hard_swish_model()
+    ref = run_cpu(model, feeds)[0]
+    report = tmp_path / "report.jsonl"
+    sess = _session(model, log_level=3, report_path=str(report))
+    kernels = []
+    for _ in range(10):  # 1 probe, 6 tuning calls, 3 with the kept trace
+        capfd.readouterr()
+        (y,) = sess.run(None, feeds)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+        kernels.append(_fused_kernels([ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]))
+    del sess
+    gc.collect()
+    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    assert st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 1, st
+    assert kernels[1] >= 1 and kernels[2] == 0, kernels  # the fused trace's first call, then the unfused one's
+    assert kernels[3:7] == [kernels[1], 0, kernels[1], 0], kernels  # the timed calls alternate
+    kept = kernels[1] if st["fusion_kept_fused"] else 0
+    assert kernels[7:] == [kept] * 3, (kernels, st)
