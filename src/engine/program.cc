@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <shared_mutex>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
@@ -26,6 +28,36 @@
 #include "trace/trace.h"
 
 namespace ortmlx::engine {
+
+namespace {
+
+std::shared_mutex g_compile_mode_lock;
+thread_local int tl_compiled_call_depth = 0;
+
+}  // namespace
+
+UnfusedTraceScope::UnfusedTraceScope(bool unfused) : locked_(tl_compiled_call_depth++ == 0) {
+  static const bool compile_disabled = std::getenv("MLX_DISABLE_COMPILE") != nullptr;  // MLX reads it once too
+  on_ = unfused && !compile_disabled;
+  if (locked_) {
+    if (on_)
+      g_compile_mode_lock.lock();
+    else
+      g_compile_mode_lock.lock_shared();
+  }
+  if (on_) mx::set_compile_mode(mx::CompileMode::no_fuse);
+}
+
+UnfusedTraceScope::~UnfusedTraceScope() {
+  if (on_) mx::set_compile_mode(mx::CompileMode::enabled);
+  if (locked_) {
+    if (on_)
+      g_compile_mode_lock.unlock();
+    else
+      g_compile_mode_lock.unlock_shared();
+  }
+  --tl_compiled_call_depth;
+}
 
 namespace {
 // The calling thread's last run: which path it took and its time inside mx::eval (statistics

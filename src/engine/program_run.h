@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -28,25 +27,24 @@ inline uint64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
                                    std::chrono::steady_clock::now() - t0).count());
 }
 
-// While alive with `unfused`, mx::compile traces keep elementwise chains as MLX's own ops
-// (CompileMode::no_fuse) instead of generated kernels: on MLX's CPU device a generated kernel
-// runs one element at a time, with per-element index arithmetic where its operands broadcast,
-// and can be slower than the separate vectorized ops (option cpu_fuse). The mode is process-wide
-// and read when a function is traced, so it is set only around the EP's own compiled calls; left
-// alone when the user disabled compilation (MLX_DISABLE_COMPILE), which this would undo.
+// Around every call of one of the EP's compiled functions. With `unfused`, the call traces
+// (if it traces) with elementwise chains kept as MLX's own ops (CompileMode::no_fuse) instead of
+// generated kernels: on MLX's CPU device a generated kernel runs one element at a time, with
+// per-element index arithmetic where its operands broadcast, and can be slower than the separate
+// vectorized ops (option cpu_fuse). The mode is process-wide and read when a function is traced,
+// so an unfused call holds the EP's compile lock exclusively and every other call shares it: no
+// other session's trace inherits the mode (a thread already inside a call takes no lock again).
+// Left alone when the user disabled compilation (MLX_DISABLE_COMPILE), which this would undo.
 class UnfusedTraceScope {
  public:
-  explicit UnfusedTraceScope(bool unfused) : on_(unfused && !std::getenv("MLX_DISABLE_COMPILE")) {
-    if (on_) mx::set_compile_mode(mx::CompileMode::no_fuse);
-  }
-  ~UnfusedTraceScope() {
-    if (on_) mx::set_compile_mode(mx::CompileMode::enabled);
-  }
+  explicit UnfusedTraceScope(bool unfused);
+  ~UnfusedTraceScope();
   UnfusedTraceScope(const UnfusedTraceScope&) = delete;
   UnfusedTraceScope& operator=(const UnfusedTraceScope&) = delete;
 
  private:
   bool on_;
+  bool locked_;
 };
 
 // State of one translation of the group (a probe, an eager run, or a compile trace).
