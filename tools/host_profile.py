@@ -82,7 +82,7 @@ def resolve(text: str, top: int) -> str:
         if i < 0:
             return entry
         sym = table[i][1]
-        return (sym[:157] + "...") if len(sym) > 160 else f"{sym}  [{lib}]"
+        return f"{sym[:157] + '...' if len(sym) > 160 else sym}  [{lib}]"
 
     out, section = [], None
     for line in text.splitlines() + ["== end"]:

@@ -36,7 +36,7 @@ thread_local int tl_compiled_call_depth = 0;
 
 }  // namespace
 
-UnfusedTraceScope::UnfusedTraceScope(bool unfused) : locked_(tl_compiled_call_depth++ == 0) {
+CompiledCallScope::CompiledCallScope(bool unfused) : locked_(tl_compiled_call_depth++ == 0) {
   static const bool compile_disabled = std::getenv("MLX_DISABLE_COMPILE") != nullptr;  // MLX reads it once too
   on_ = unfused && !compile_disabled;
   if (locked_) {
@@ -48,7 +48,7 @@ UnfusedTraceScope::UnfusedTraceScope(bool unfused) : locked_(tl_compiled_call_de
   if (on_) mx::set_compile_mode(mx::CompileMode::no_fuse);
 }
 
-UnfusedTraceScope::~UnfusedTraceScope() {
+CompiledCallScope::~CompiledCallScope() {
   if (on_) mx::set_compile_mode(mx::CompileMode::enabled);
   if (locked_) {
     if (on_)
@@ -580,7 +580,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       const bool use_unfused = tuning ? e.tuning_calls % 2 == 1 : e.unfused;
       const auto t_call = std::chrono::steady_clock::now();
       auto traced = [&] {
-        UnfusedTraceScope unfused(use_unfused);
+        CompiledCallScope call(use_unfused);
         return (tuning && use_unfused ? e.fn_unfused : e.fn)(args);
       }();
       const auto call_ns = elapsed_ns(t_call);

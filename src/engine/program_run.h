@@ -35,12 +35,12 @@ inline uint64_t elapsed_ns(std::chrono::steady_clock::time_point t0) {
 // so an unfused call holds the EP's compile lock exclusively and every other call shares it: no
 // other session's trace inherits the mode (a thread already inside a call takes no lock again).
 // Left alone when the user disabled compilation (MLX_DISABLE_COMPILE), which this would undo.
-class UnfusedTraceScope {
+class CompiledCallScope {
  public:
-  explicit UnfusedTraceScope(bool unfused);
-  ~UnfusedTraceScope();
-  UnfusedTraceScope(const UnfusedTraceScope&) = delete;
-  UnfusedTraceScope& operator=(const UnfusedTraceScope&) = delete;
+  explicit CompiledCallScope(bool unfused);
+  ~CompiledCallScope();
+  CompiledCallScope(const CompiledCallScope&) = delete;
+  CompiledCallScope& operator=(const CompiledCallScope&) = delete;
 
  private:
   bool on_;

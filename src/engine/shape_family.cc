@@ -246,7 +246,7 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     if (match) {
       try {
         auto outs = [&] {
-          UnfusedTraceScope unfused(s.device == mx::Device::cpu && opt_.cpu_fuse == 0);  // shared lock when fused
+          CompiledCallScope call(s.device == mx::Device::cpu && opt_.cpu_fuse == 0);
           return fn->second(in);
         }();
         for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
