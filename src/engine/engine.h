@@ -35,9 +35,14 @@ struct Options {
   // Each ONNX node evaluated on its own and timed (trace "op" spans): no compile, no fusion
   // across nodes, so slower; a tool for finding slow nodes.
   bool profile_ops = false;
-  // MLX's CUDA backend: outputs in device memory reach ORT's buffers by one cudaMemcpy each
-  // (kernels/cuda/device_copy.h) instead of MLX's host read; off = MLX's host read.
-  bool device_copies = true;
+  // MLX's CUDA backend: outputs reach ORT's buffers by one copy of the CUDA driver each
+  // (kernels/cuda/device_copy.h) instead of MLX's host read: 2 from device and unified memory,
+  // 1 from device memory only, 0 = MLX's host read.
+  int device_copies = 2;
+  // MLX's CUDA backend: an input of at most this many bytes is copied into pinned host memory
+  // the GPU reads in place (kernels/cuda/pinned_inputs.h) instead of MLX's managed memory,
+  // whose pages the GPU would fault over; 0 = always MLX's managed memory.
+  size_t pinned_inputs = 1 << 20;
   // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
   int int8_emulation = -1;
   // Choices between two exact translations, kept for comparisons (README "Options"; off = the
@@ -113,7 +118,7 @@ class FusedProgram {
   virtual size_t num_outputs() const = 0;
   virtual Stats& stats() = 0;
   virtual bool device_memory() const = 0;
-  virtual bool device_copies() const = 0;
+  virtual int device_copies() const = 0;
   virtual mx::Device device() const = 0;
 };
 
@@ -161,11 +166,11 @@ class OutputBufferScope {
   OutputBufferQuery prev_;
 };
 // Copies an evaluated array into `dst` for an output of ONNX type `t`: float8/float4/int4/uint4
-// storage is written in ORT's layout (4-bit values packed two per byte). `device_copy`: one
-// cudaMemcpy when `a` is in CUDA device memory (Options::device_copies).
-void copy_out(const mx::array& a, void* dst, graph::DType t, bool device_copy = true);
+// storage is written in ORT's layout (4-bit values packed two per byte). `device_copies`:
+// Options::device_copies.
+void copy_out(const mx::array& a, void* dst, graph::DType t, int device_copies = 2);
 // The same, byte for byte (nbytes = size * itemsize).
-void copy_out(const mx::array& a, void* dst, bool device_copy = true);
+void copy_out(const mx::array& a, void* dst, int device_copies = 2);
 // Whether `dst` already is `a`'s data (an output written in place), asked without moving a
 // device buffer to host memory (which array::data would).
 bool holds_data_at(const mx::array& a, const void* dst);

@@ -115,10 +115,10 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
                                    std::move(output_names), std::move(opt));
 }
 
-void copy_out(const mx::array& a, void* dst, graph::DType t, bool device_copy) {
-  Program::copy_out(a, dst, t, device_copy);
+void copy_out(const mx::array& a, void* dst, graph::DType t, int device_copies) {
+  Program::copy_out(a, dst, t, device_copies);
 }
-void copy_out(const mx::array& a, void* dst, bool device_copy) { Program::copy_out(a, dst, device_copy); }
+void copy_out(const mx::array& a, void* dst, int device_copies) { Program::copy_out(a, dst, device_copies); }
 bool holds_data_at(const mx::array& a, const void* dst) {
   // A device buffer is never ORT's host memory; EP memory outputs are host-visible buffers.
   return a.size() && !kernels::cuda::in_device_memory(a) && dst == a.data<void>();
@@ -308,16 +308,16 @@ mx::array Program::to_array(const HostTensor& t) {
   return mx::array(std::move(data), std::move(shape), dtype);
 }
 
-void Program::copy_out(const mx::array& a, void* dst, bool device_copy) {
+void Program::copy_out(const mx::array& a, void* dst, int device_copies) {
   if (a.size() == 0 || !dst) return;
   if (!a.flags().row_contiguous) throw std::logic_error("[engine] output is not row-contiguous");
-  if (device_copy && kernels::cuda::copy_to_host(a, dst)) return;
+  if (device_copies && kernels::cuda::copy_to_host(a, dst, device_copies == 2)) return;
   std::memcpy(dst, a.data<void>(), a.nbytes());
 }
 
-void Program::copy_out(const mx::array& a, void* dst, DType t, bool device_copy) {
+void Program::copy_out(const mx::array& a, void* dst, DType t, int device_copies) {
   if (ops::lowp::is_lowp(t)) return ops::lowp::to_host(a, t, dst);  // packs 4-bit pairs
-  copy_out(a, dst, device_copy);
+  copy_out(a, dst, device_copies);
 }
 
 std::string Program::signature_of(const std::vector<HostTensor>& raw, std::string* shapes) const {

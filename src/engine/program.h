@@ -53,17 +53,17 @@ class Program final : public FusedProgram {
   static bool last_run_compiled();
   mx::Device device() const override { return opt_.gpu ? mx::Device::gpu : mx::Device::cpu; }
   bool device_memory() const override { return opt_.device_memory; }
-  bool device_copies() const override { return opt_.device_copies; }
+  int device_copies() const override { return opt_.device_copies; }
 
   // Builds an MLX array that owns a copy of `t`.
   static mx::array to_array(const HostTensor& t);
   // A constant stored transposed (graph/transpose_weights.h) as an array of its own shape.
   mx::array transposed_view(const graph::ConstTensor& c) const;
   // Copies an evaluated array into `dst` (nbytes = size * itemsize).
-  static void copy_out(const mx::array& a, void* dst, bool device_copy = true);
+  static void copy_out(const mx::array& a, void* dst, int device_copies = 2);
   // The same for an output of ONNX type `t`: float8/float4/int4/uint4 storage is written in
   // ORT's layout (4-bit values packed two per byte).
-  static void copy_out(const mx::array& a, void* dst, graph::DType t, bool device_copy = true);
+  static void copy_out(const mx::array& a, void* dst, graph::DType t, int device_copies = 2);
 
  private:
   using Taint = std::vector<int>;  // fused inputs whose data flow into a value (sorted, unique)

@@ -19,6 +19,7 @@
 #include "engine/memory_guard.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
+#include "kernels/cuda/pinned_inputs.h"
 #include "ops/lowp.h"
 #include "ops/switches.h"
 #include "trace/trace.h"
@@ -35,6 +36,12 @@ namespace {
 bool shape_only_op(const graph::Node& n) {
   return n.domain.empty() &&
          (n.op_type == "Shape" || n.op_type == "Size" || n.op_type == "SequenceLength");
+}
+
+size_t nbytes_of(const HostTensor& t) {
+  size_t n = graph::dtype_size(t.dtype);
+  for (auto d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+  return n;
 }
 
 std::string shape_str(const mx::array& a) {
@@ -371,13 +378,16 @@ mx::array Program::input_array(const HostTensor& t) const {
   // whole KV cache). It is safe because nothing keeps these arrays past run(): host reads
   // recorded for replay are owned copies (Run::read), the prepare-once cache takes constants
   // only, outputs are copied out before Compute returns, and MLX never donates (writes into)
-  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there,
-  // unless the buffer is one: an allocation of the EP's device allocator (device_memory=1) is
+  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there (a
+  // small input into pinned host memory on CUDA: kernels/cuda/pinned_inputs.h), unless the
+  // buffer is one: an allocation of the EP's device allocator (device_memory=1) is
   // MLX's own memory, used in place on any backend (device_buffers.h).
   // (The registry lookup takes a lock: only sessions with device memory pay for it.)
   if (opt_.device_memory && !ops::lowp::is_lowp(t.dtype) && t.data)
     if (auto a = device_buffers::borrow(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype)))
       return *a;
+  if (opt_.gpu && t.data && !ops::lowp::is_lowp(t.dtype) && nbytes_of(t) <= opt_.pinned_inputs)
+    if (auto a = kernels::cuda::pinned_copy(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype))) return *a;
   if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);
   auto dtype = ops::mlx_dtype(t.dtype);
   return mx::array(const_cast<void*>(t.data), ops::to_shape(t.shape), dtype, [](void*) {});

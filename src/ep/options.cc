@@ -39,7 +39,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                                 "index_check", "step_order", "fused_rotary", "zero_bias",
                                 "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows",
                                 "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes",
-                                "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl", "cpu_dnnl_min_flops", "cpu_dnnl_matmul", "fuse_conv_relu", "int4_dense_rows", "cpu_fuse"};
+                                "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl", "cpu_dnnl_min_flops", "cpu_dnnl_matmul", "fuse_conv_relu", "int4_dense_rows", "cpu_fuse", "pinned_inputs"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -70,7 +70,6 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"gpu_kernels", &o.engine.gpu_kernels},
                            std::pair{"inplace_rows", &o.engine.inplace_rows},
                            std::pair{"profile_ops", &o.engine.profile_ops},
-                           std::pair{"device_copies", &o.engine.device_copies},
                            std::pair{"fuse_matmuls", &o.engine.fuse_matmuls},
                            std::pair{"fused_skip_norm", &o.engine.fused_skip_norm},
                            std::pair{"step_row_writes", &o.engine.step_row_writes},
@@ -85,6 +84,10 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.cpu_dnnl_min_flops = to_int("cpu_dnnl_min_flops", v, 0, 1LL << 50);
   if (auto v = lookup(entries, "cpu_fuse"); !v.empty() && v != "auto")
     o.engine.cpu_fuse = static_cast<int>(to_int("cpu_fuse", v, 0, 1));
+  if (auto v = lookup(entries, "device_copies"); !v.empty())
+    o.engine.device_copies = static_cast<int>(to_int("device_copies", v, 0, 2));
+  if (auto v = lookup(entries, "pinned_inputs"); !v.empty())
+    o.engine.pinned_inputs = static_cast<size_t>(to_int("pinned_inputs", v, 0, 1LL << 40));
   if (auto v = lookup(entries, "int4_dense_rows"); !v.empty())
     o.engine.int4_dense_rows = static_cast<int>(to_int("int4_dense_rows", v, 0, 1 << 30));
   if (auto v = lookup(entries, "log_level"); !v.empty())

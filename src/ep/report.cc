@@ -6,6 +6,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/pinned_inputs.h"
 #include "kernels/cuda/skip_rms_norm.h"
 #include "ep/ort_api.h"
 #include "trace/trace.h"
@@ -46,6 +47,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()
     << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()
     << ",\"process_device_copies\":" << kernels::cuda::host_copies()
+    << ",\"process_pinned_inputs\":" << kernels::cuda::pinned_copies()
+    << ",\"process_pinned_bytes\":" << kernels::cuda::pinned_bytes()
     << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
     << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()

@@ -69,7 +69,7 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 }
 
 void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
-                   const std::vector<engine::RowUpdate>& rows, bool device_memory, bool device_copies,
+                   const std::vector<engine::RowUpdate>& rows, bool device_memory, int device_copies,
                    mlx::core::Stream s) {
   namespace db = engine::device_buffers;
   // Outputs bound to existing buffers in EP memory (a shared past/present KV buffer): written

@@ -26,6 +26,6 @@ std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
 // engine::Options::device_copies.
 void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs,
                    const std::vector<engine::RowUpdate>& rows, bool device_memory,
-                   bool device_copies, mlx::core::Stream s);
+                   int device_copies, mlx::core::Stream s);
 
 }  // namespace ortmlx::ep

@@ -13,10 +13,11 @@ namespace ortmlx::kernels::cuda {
 namespace mx = mlx::core;
 
 // Copies evaluated, row-contiguous `a` into host memory `dst` (a.nbytes() bytes) with one
-// device-to-host copy when its buffer is in CUDA device memory on the calling thread's device.
-// Returns false, having done nothing, otherwise (managed memory, the CPU or Metal backend, no
-// CUDA runtime loaded, a buffer layout this build does not know): the caller reads `a` as usual.
-bool copy_to_host(const mx::array& a, void* dst);
+// copy by the CUDA driver when its buffer is in CUDA device memory on the calling thread's
+// device, or (with `unified`) in managed or pinned host memory. Returns false, having done
+// nothing, otherwise (the CPU or Metal backend, no CUDA runtime loaded, a buffer layout this
+// build does not know): the caller reads `a` as usual.
+bool copy_to_host(const mx::array& a, void* dst, bool unified);
 
 // Whether `a`'s buffer is in CUDA device memory (so a.data() would move it to managed memory).
 bool in_device_memory(const mx::array& a);
@@ -26,7 +27,7 @@ size_t host_copies();
 
 // Why copy_to_host left an output to MLX's host read: no CUDA driver loaded (the CPU or Metal
 // backend), an unknown buffer layout, nothing to copy, a buffer in managed or pinned host memory
-// (where MLX's read costs no copy), a view past its buffer, another device's buffer, or the
+// (left to MLX's read unless asked for), a view past its buffer, another device's buffer, or the
 // driver's copy failing.
 enum class CopySkip : unsigned char {
   no_driver, layout, empty, unified_memory, offset, context_device, copy_failed
