@@ -256,6 +256,42 @@ def test_average_pool(xs, attrs, include_pad):
     check_node("AveragePool", {"x": rand(xs)}, {**attrs, "count_include_pad": include_pad})
 
 
+# Rows wide enough for the CPU pooling kernel's 8-lane blocks (kernels/cpu/pool.cc), odd widths
+# for its scalar tails, stride 1 and 2 (the vector loads) and 3 (scalar).
+WIDE_POOL_CASES = [
+    ((1, 3, 40, 37), {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ((2, 5, 29, 45), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ((1, 4, 33, 50), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 30, 41), {"kernel_shape": [3, 5], "strides": [1, 2], "dilations": [2, 2], "pads": [2, 0, 1, 3]}),
+    ((1, 2, 27, 52), {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1, "pads": [1, 1, 1, 1]}),
+    ((1, 3, 21, 34), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", WIDE_POOL_CASES)
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_wide_pools_run_the_cpu_kernel(xs, attrs, op, capfd):
+    """float32 2-D MaxPool (no Indices) and AveragePool run as one pooling primitive on the CPU
+    device (kernels/cpu/pool.cc), equal to ORT's CPU EP."""
+    import re
+    import onnxruntime as ort
+    x = rand(xs)
+    for include_pad in ([0] if op == "MaxPool" else [0, 1]):
+        extra = {} if op == "MaxPool" else {"count_include_pad": include_pad}
+        check_node(op, {"x": x}, {**attrs, **extra})
+    model = make_node_model(op, {"x": x}, 1, attrs)
+    sess = ort.InferenceSession(model.SerializeToString(), sess_options=om.session_options(DEVICE, fallback=False, log_level=3))
+    capfd.readouterr()
+    sess.run(None, {"x": x})
+    evaluated = [line for line in capfd.readouterr().err.splitlines() if "evaluates:" in line]
+    assert evaluated
+    kernel = "MaxPool2d" if op == "MaxPool" else "AvgPool2d"
+    if DEVICE == "cpu":
+        assert any(re.search(rf"\b{kernel}\b", line) for line in evaluated), evaluated
+    else:
+        assert not any(kernel in line for line in evaluated), evaluated
+
+
 @pytest.mark.parametrize("xs,attrs", POOL_CASES[:6] + POOL_CASES[8:])
 @pytest.mark.parametrize("p", [1, 2, 3])
 def test_lp_pool(xs, attrs, p):

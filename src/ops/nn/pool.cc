@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops::nn {
@@ -189,6 +190,28 @@ std::vector<int> window_axes(const Window& w) {
   return a;
 }
 
+// The EP's CPU kernel for 2-D float32 pooling (kernels/cpu/kernels.h), or std::nullopt where it
+// does not apply (then MLX's ops below).
+std::optional<mx::array> cpu_pool(const mx::array& x, const Window& w, bool max, bool include_pad, mx::Stream s) {
+  if (w.nd != 2 || x.dtype() != mx::float32) return std::nullopt;
+  CpuPool2d g;
+  g.max = max;
+  g.include_pad = include_pad;
+  g.kernel_h = static_cast<int>(w.kernel[0]);
+  g.kernel_w = static_cast<int>(w.kernel[1]);
+  g.stride_h = static_cast<int>(w.stride[0]);
+  g.stride_w = static_cast<int>(w.stride[1]);
+  g.dil_h = static_cast<int>(w.dil[0]);
+  g.dil_w = static_cast<int>(w.dil[1]);
+  g.pad_top = static_cast<int>(w.lo[0]);
+  g.pad_left = static_cast<int>(w.lo[1]);
+  g.pad_bottom = static_cast<int>(w.hi[0]);
+  g.pad_right = static_cast<int>(w.hi[1]);
+  g.out_h = static_cast<int>(w.out[0]);
+  g.out_w = static_cast<int>(w.out[1]);
+  return cpu_pool_2d(x, g, s);
+}
+
 // The value that never wins a max: -inf for floats, the lowest integer otherwise.
 mx::array lowest(mx::Dtype t) {
   if (mx::issubdtype(t, mx::floating)) return mx::array(-INFINITY, t);
@@ -311,6 +334,8 @@ Outputs translate_max_pool(OpContext& c) {
     if (want_indices) out.push_back(mx::zeros(pooled_shape(x, w), mx::int64, c.s));
     return out;
   }
+  if (!want_indices)
+    if (auto y = cpu_pool(x, w, true, false, c.s)) return {*y};
   if (!want_indices && tap_count(w) <= kMaxTaps) return {fold_taps(x, w, lowest(x.dtype()), true, c.s)};
   mx::array v = windows(x, w, 2, lowest(x.dtype()), c.s);
   if (!want_indices) return {mx::max(v, window_axes(w), false, c.s)};
@@ -331,12 +356,13 @@ Outputs translate_avg_pool(OpContext& c) {
   const mx::array& x = c.in(0);
   Window w = make_window(c, x);
   if (w.empty() || x.size() == 0) return {mx::zeros(pooled_shape(x, w), x.dtype(), c.s)};
+  bool include_pad = c.node.attr_int("count_include_pad", 0) != 0;
+  if (auto y = cpu_pool(x, w, false, include_pad, c.s)) return {*y};
   mx::Dtype cd = compute_dtype(x, c.s);
   mx::array xc = mx::astype(x, cd, c.s);
   mx::array sum = tap_count(w) <= kMaxTaps
                       ? fold_taps(xc, w, mx::array(0, cd), false, c.s)
                       : mx::sum(windows(xc, w, 2, mx::array(0, cd), c.s), window_axes(w), false, c.s);
-  bool include_pad = c.node.attr_int("count_include_pad", 0) != 0;
   mx::array y = mx::divide(sum, tap_counts(w, include_pad, cd), c.s);
   return {mx::astype(y, x.dtype(), c.s)};
 }

@@ -1,0 +1,207 @@
+// 2-D max and average pooling over NCHW float32 on MLX's CPU stream (kernels/cpu/kernels.h:
+// cpu_pool_2d).
+//
+// Why: MLX has no pooling primitive; the translator's form (a padded copy, then one strided view
+// per kernel tap folded by maximum/add) runs on MLX's one stream thread, reading the input once
+// per tap through generic strided indexing. Here a window's rows are reduced first (a pass over
+// each needed input row), then the rows of each output (contiguous, vectorized), planes split
+// over threads.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+// max that keeps a NaN from either side, as MLX's maximum does. The comparison compiles to a
+// branch-free maxss; the NaN test is a branch that random data always predicts.
+inline float nan_max(float acc, float v) {
+  float m = v > acc ? v : acc;
+  return v != v ? v : m;
+}
+
+#ifdef ORTMLX_X86
+__attribute__((target("avx2"))) inline __m256 nan_max8(__m256 acc, __m256 v) {
+  const __m256 m = _mm256_max_ps(v, acc);  // acc where either is NaN: keeps a NaN acc
+  return _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// The even elements of p[0..15].
+__attribute__((target("avx2"))) inline __m256 load_even(const float* p) {
+  const __m256 t = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _MM_SHUFFLE(2, 0, 2, 0));
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// t[o] op= r[o * stride] for o in [o0, o1), stride 1 or 2, where r[(o1 - 1) * stride + stride - 1]
+// may be read (bounds are the caller's). Returns where it stopped.
+template <bool Max>
+__attribute__((target("avx2"))) int64_t fold_row_avx2(float* t, const float* r, int64_t o0, int64_t o1, int stride) {
+  int64_t o = o0;
+  for (; o + 8 <= o1; o += 8) {
+    const __m256 v = stride == 1 ? _mm256_loadu_ps(r + o) : load_even(r + 2 * o);
+    const __m256 a = _mm256_loadu_ps(t + o);
+    _mm256_storeu_ps(t + o, Max ? nan_max8(a, v) : _mm256_add_ps(a, v));
+  }
+  return o;
+}
+#endif
+
+template <bool Max>
+void fold_row(float* t, const float* r, int64_t o0, int64_t o1, int stride, int64_t readable) {
+  int64_t o = o0;
+#ifdef ORTMLX_X86
+  // Vector blocks read up to r[o * stride + 2 * 8 - 1]; `readable` bounds that.
+  if ((stride == 1 || stride == 2) && cpu_has_avx2_fma()) {
+    int64_t end = o1;
+    while (end > o && (end - 1) * stride + stride - 1 >= readable) --end;
+    o = fold_row_avx2<Max>(t, r, o, end, stride);
+  }
+#endif
+  for (; o < o1; ++o) t[o] = Max ? nan_max(t[o], r[o * stride]) : t[o] + r[o * stride];
+}
+
+// Output positions o of one axis whose taps all lie in [0, in): [lo, hi).
+void interior(int64_t out, int64_t in, int k, int stride, int dil, int pad, int64_t& lo, int64_t& hi) {
+  lo = out;
+  hi = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t first = o * stride - pad, last = first + static_cast<int64_t>(k - 1) * dil;
+    if (first >= 0 && last < in) {
+      lo = std::min(lo, o);
+      hi = std::max(hi, o + 1);
+    }
+  }
+  if (hi < lo) hi = lo;
+}
+
+// Per output position of one axis, the number of taps counted by AveragePool's divisor.
+std::vector<float> tap_counts(int64_t out, int64_t in, int k, int stride, int dil, int pad_lo, int pad_hi,
+                              bool include_pad) {
+  std::vector<float> c(out);
+  const int64_t first = include_pad ? -pad_lo : 0, last = include_pad ? in + pad_hi : in;
+  for (int64_t o = 0; o < out; ++o) {
+    int n = 0;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = o * stride - pad_lo + static_cast<int64_t>(j) * dil;
+      n += p >= first && p < last;
+    }
+    c[o] = static_cast<float>(n);
+  }
+  return c;
+}
+
+template <bool Max>
+void pool_planes(const float* x, float* y, int64_t p0, int64_t p1, const CpuPool2d& g, int64_t H, int64_t W,
+                 const std::vector<float>& count_h, const std::vector<float>& count_w) {
+  const int64_t OH = g.out_h, OW = g.out_w;
+  const float init = Max ? -std::numeric_limits<float>::infinity() : 0.f;
+  int64_t ow_lo, ow_hi;
+  interior(OW, W, g.kernel_w, g.stride_w, g.dil_w, g.pad_left, ow_lo, ow_hi);
+  std::vector<float> rows(static_cast<size_t>(H * OW));  // each input row reduced over kw
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    for (int64_t ih = 0; ih < H; ++ih) {
+      const float* r = xp + ih * W;
+      float* t = rows.data() + ih * OW;
+      auto edge = [&](int64_t o) {
+        float a = init;
+        for (int j = 0; j < g.kernel_w; ++j) {
+          const int64_t iw = o * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+          if (iw >= 0 && iw < W) a = Max ? nan_max(a, r[iw]) : a + r[iw];
+        }
+        t[o] = a;
+      };
+      for (int64_t o = 0; o < ow_lo; ++o) edge(o);
+      for (int64_t o = ow_lo; o < ow_hi; ++o) t[o] = init;
+      for (int j = 0; j < g.kernel_w; ++j) {
+        const int64_t off = static_cast<int64_t>(j) * g.dil_w - g.pad_left;  // rj[o * stride] = r[o * stride + off]
+        fold_row<Max>(t, r + off, ow_lo, ow_hi, g.stride_w, W - off);
+      }
+      for (int64_t o = std::max(ow_hi, ow_lo); o < OW; ++o) edge(o);
+    }
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      float* out = yp + oh * OW;
+      std::fill(out, out + OW, init);
+      for (int i = 0; i < g.kernel_h; ++i) {
+        const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+        if (ih < 0 || ih >= H) continue;
+        fold_row<Max>(out, rows.data() + ih * OW, 0, OW, 1, OW);
+      }
+      if constexpr (!Max) {
+        const float ch = count_h[oh];
+        for (int64_t o = 0; o < OW; ++o) out[o] /= ch * count_w[o];
+      }
+    }
+  }
+}
+
+class Pool2d : public mx::UnaryPrimitive {
+ public:
+  Pool2d(mx::Stream s, const CpuPool2d& g) : mx::UnaryPrimitive(s), g_(g) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& x = inputs[0];
+    if (!x.flags().row_contiguous) throw std::runtime_error("[Pool2d] input must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_output_array(out);
+    enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
+                  H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
+      std::vector<float> ch, cw;
+      if (!g.max) {
+        ch = tap_counts(g.out_h, H, g.kernel_h, g.stride_h, g.dil_h, g.pad_top, g.pad_bottom, g.include_pad);
+        cw = tap_counts(g.out_w, W, g.kernel_w, g.stride_w, g.dil_w, g.pad_left, g.pad_right, g.include_pad);
+      }
+      // Planes in shares of >= 32K input elements (~10 us of work, the price of a hand-off).
+      const int64_t work = planes * H * W;
+      const int parts = static_cast<int>(std::min<int64_t>({cpu_threads(), planes, work / (int64_t{1} << 15)}));
+      cpu_parallel_for(planes, std::max(parts, 1), [&](int64_t p0, int64_t p1) {
+        if (g.max)
+          pool_planes<true>(xp, yp, p0, p1, g, H, W, ch, cw);
+        else
+          pool_planes<false>(xp, yp, p0, p1, g, H, W, ch, cw);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[Pool2d] runs on the CPU stream only");
+  }
+  const char* name() const override { return g_.max ? "MaxPool2d" : "AvgPool2d"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const Pool2d*>(&other);
+    return o && o->g_ == g_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const auto& x = inputs[0];
+    return {{x.shape(0), x.shape(1), g_.out_h, g_.out_w}};
+  }
+
+ private:
+  CpuPool2d g_;
+};
+
+}  // namespace
+
+std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() != 4 ||
+      x.size() == 0 || g.out_h <= 0 || g.out_w <= 0 || g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 ||
+      g.stride_w < 1 || g.dil_h < 1 || g.dil_w < 1)
+    return std::nullopt;
+  auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
+  return mx::array({x.shape(0), x.shape(1), g.out_h, g.out_w}, mx::float32, std::make_shared<Pool2d>(s, g), {xc});
+}
+
+}  // namespace ortmlx::ops
