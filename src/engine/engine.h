@@ -66,6 +66,9 @@ struct Options {
   int cpu_fuse = 2;
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
+  // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
+  // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).
+  bool cpu_poll = true;
 };
 
 struct Stats {
@@ -93,6 +96,8 @@ struct Stats {
   // cpu_fuse=2: compiled signatures that kept MLX's fused kernels, and those that kept its
   // unfused ops, after timing both.
   std::atomic<uint64_t> fusion_kept_fused{0}, fusion_kept_unfused{0};
+  // cpu_poll: evaluations whose results the caller polled for before sleeping.
+  std::atomic<uint64_t> polled_evals{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).

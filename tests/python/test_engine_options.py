@@ -216,3 +216,26 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     assert kernels[3:7] == [kernels[1], 0, kernels[1], 0], kernels  # the timed calls alternate
     kept = kernels[1] if st["fusion_kept_fused"] else 0
     assert kernels[7:] == [kept] * 3, (kernels, st)
+
+
+@pytest.mark.parametrize("value", [1, 0])
+def test_cpu_poll(switch, tmp_path, value):
+    """cpu_poll=1 (the default): after a short evaluation the next one polls MLX's results before
+    sleeping, counted in the report (polled_evals); 0 never polls. Outputs equal ORT's CPU EP in
+    every run: a poll that returned early would read unfinished results."""
+    import gc
+    import json
+    model, _ = _hard_swish_model()
+    report = tmp_path / "report.jsonl"
+    sess = _session(model, report_path=str(report), **switch("cpu_poll", value))
+    for i in range(20):
+        feeds = {"x": rng.standard_normal((2, 8, 16, 16)).astype(np.float32)}
+        (y,) = sess.run(None, feeds)
+        np.testing.assert_allclose(y, run_cpu(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    del sess
+    gc.collect()
+    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    if value:
+        assert st["polled_evals"] >= 10, st  # the small model's runs after the first
+    else:
+        assert st["polled_evals"] == 0, st
