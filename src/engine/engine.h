@@ -59,7 +59,7 @@ struct Options {
   bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
   bool fuse_conv_relu = true;      // ... with a Relu that alone reads a Conv as its post-op (graph/fuse_conv_relu.h)
-  int64_t cpu_dnnl_min_flops = 1000000;  // ... for convolutions (and products) of at least this many FLOPs
+  int64_t cpu_dnnl_min_flops = 100000;  // ... for convolutions (and products) of at least this many FLOPs
   // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (1, MLX's
   // way), keep them as MLX's own vectorized ops (0: compile mode no_fuse while tracing), or
   // (2) time both on a signature's first compiled runs and keep the faster.

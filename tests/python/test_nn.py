@@ -77,7 +77,7 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     cpu_dnnl on (with and without fuse_conv_relu) and off. On MLX's CPU device the report counts
     a oneDNN convolution per Conv and run only when cpu_dnnl is on (none fail), and the fused Relu
     is one array fewer a run; on the GPU neither option changes anything. Each convolution is
-    above cpu_dnnl_min_flops (1e6 by default); a small one after them stays MLX's."""
+    above cpu_dnnl_min_flops (1e5 by default); a small one after them stays MLX's."""
     rng = np.random.default_rng(3)
     w1, b1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
     w2 = rng.standard_normal((32, 8, 3, 3)).astype(np.float32)  # groups of 8: oneDNN's direct kernel
@@ -117,6 +117,32 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     else:
         assert counts["fused"] == counts["unfused"] == counts["off"] == 0, counts
         assert arrays["fused"] == arrays["unfused"], arrays
+
+
+@pytest.mark.parametrize("min_flops,through_dnnl", [(None, True), ("1000000", False)])
+def test_conv_between_1e5_and_1e6_flops_goes_to_onednn_by_default(capfd, min_flops, through_dnnl):
+    """A 3x3 convolution of 2 x 576 x 256 = 295K FLOPs (the size of a small OCR classifier's
+    layers) runs through oneDNN (the DnnlConv primitive) under the default cpu_dnnl_min_flops
+    (1e5), and through MLX's convolution with the threshold at 1e6; ORT's CPU EP's outputs either
+    way. On the GPU device oneDNN never runs."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    opts = {} if min_flops is None else {"cpu_dnnl_min_flops": min_flops}
+    s = ort.InferenceSession(m.SerializeToString(),
+                             sess_options=om.session_options(DEVICE, fallback=False, log_level=3, **opts))
+    capfd.readouterr()
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], run_cpu(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    evaluated = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+    assert evaluated
+    ran = any("DnnlConv" in ln for ln in evaluated)
+    assert ran == (through_dnnl and DEVICE == "cpu"), evaluated
 
 
 def test_conv_weight_as_input_and_f64():
