@@ -145,6 +145,42 @@ def test_conv_between_1e5_and_1e6_flops_goes_to_onednn_by_default(capfd, min_flo
     assert ran == (through_dnnl and DEVICE == "cpu"), evaluated
 
 
+@pytest.mark.parametrize("xs,ws,group,bias,relu", [
+    ((2, 136, 7, 9), (136, 34, 1, 1), 4, True, True),   # shufflenet's grouped pointwise layer
+    ((1, 24, 5, 6), (40, 24, 1, 1), 1, False, False),
+    ((1, 12, 10), (18, 4, 1), 3, True, False),          # 1-D
+    ((1, 8, 3, 4, 5), (8, 4, 1, 1, 1), 2, False, True),  # 3-D
+])
+def test_pointwise_conv_runs_as_one_product(capfd, xs, ws, group, bias, relu):
+    """A 1x1 convolution (stride 1, no padding) that oneDNN does not take runs on MLX's CPU device
+    as one batched product over NCHW as it lies: no transposes to NHWC and back, no convolution
+    primitive; ORT's CPU EP's outputs, with its bias and a fused Relu."""
+    import re
+    import onnxruntime as ort
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal(ws).astype(np.float32), "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(ws[0]).astype(np.float32), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["c" if relu else "y"], group=group)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TP.FLOAT, list(xs))],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal(xs).astype(np.float32)
+    s = ort.InferenceSession(m.SerializeToString(),
+                             sess_options=om.session_options(DEVICE, fallback=False, log_level=3, cpu_dnnl=0))
+    capfd.readouterr()
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], run_cpu(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    evaluated = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+    assert evaluated
+    if DEVICE == "cpu":
+        assert not any(re.search(r"\b(Transpose|Convolution)\b", ln) for ln in evaluated), evaluated
+
+
 def test_conv_weight_as_input_and_f64():
     check_node("Conv", {"x": rand((2, 3, 6, 6)), "w": rand((4, 3, 3, 3))}, {"pads": [1, 1, 1, 1]})
     check_reference("Conv", {"x": rand((1, 2, 6, 6), np.float64)}, {"pads": [1, 0, 1, 2]},

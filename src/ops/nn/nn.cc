@@ -297,6 +297,38 @@ std::vector<int64_t> conv_kernel(OpContext& c, const mx::array& x, const mx::arr
   return k;
 }
 
+namespace {
+
+// A 1x1 convolution with stride 1 and no padding on MLX's CPU device, as one (batched) product over
+// NCHW as it lies: y[n, g] = w[g] (Mg x Cg) @ x[n, g] (Cg x H*W). MLX's path would transpose the
+// activations to NHWC and back and, for groups, add an im2col view and its copies around a
+// batched product (convolutions oneDNN declines: grouped ones whose group width is not a
+// multiple of 8, and those under cpu_dnnl_min_flops). std::nullopt where it does not apply.
+std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array& x0, const mx::array& w0,
+                                                   const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                                   const std::vector<int>& lo, const std::vector<int>& hi, int groups,
+                                                   const mx::Shape& out_shape, mx::Dtype cd) {
+  if (c.s.device != mx::Device::cpu || !cpu_row_kernels_enabled()) return std::nullopt;
+  for (size_t d = 0; d < kernel.size(); ++d)
+    if (kernel[d] != 1 || strides[d] != 1 || lo[d] != 0 || hi[d] != 0) return std::nullopt;
+  const int N = x0.shape(0), C = x0.shape(1), M = w0.shape(0), cg = C / groups, mg = M / groups;
+  if (cg == 1 && groups > 1) return std::nullopt;  // depthwise: a per-channel scale, not a product
+  int P = 1;
+  for (int d = 2; d < static_cast<int>(x0.ndim()); ++d) P *= x0.shape(d);
+  auto x = mx::reshape(mx::astype(x0, cd, c.s), {N, groups, cg, P}, c.s);
+  auto w = mx::reshape(mx::astype(w0, cd, c.s), {groups, mg, cg}, c.s);
+  auto y = mx::reshape(mx::matmul(w, x, c.s), out_shape, c.s);  // (N, g, Mg, P) -> (N, M, D..)
+  if (c.has(2)) {
+    mx::Shape bshape(x0.ndim() - 1, 1);
+    bshape[0] = M;
+    y = mx::add(y, mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s), c.s);
+  }
+  if (c.node.attr_string(graph::kConvActivation, "") == "Relu") y = mx::maximum(y, mx::array(0, y.dtype()), c.s);
+  return mx::astype(y, x0.dtype(), c.s);
+}
+
+}  // namespace
+
 Outputs translate_conv(OpContext& c) {
   const auto& n = c.node;
   const mx::array& x0 = c.in(0);
@@ -361,6 +393,7 @@ Outputs translate_conv(OpContext& c) {
     const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
                           n.attr_string(graph::kConvActivation, "") == "Relu"};
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape))) return {*y};
+    if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
   }
   if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
 
