@@ -302,8 +302,9 @@ namespace {
 // A 1x1 convolution with stride 1 and no padding on MLX's CPU device, as one (batched) product over
 // NCHW as it lies: y[n, g] = w[g] (Mg x Cg) @ x[n, g] (Cg x H*W). MLX's path would transpose the
 // activations to NHWC and back and, for groups, add an im2col view and its copies around a
-// batched product (convolutions oneDNN declines: grouped ones whose group width is not a
-// multiple of 8, and those under cpu_dnnl_min_flops). std::nullopt where it does not apply.
+// batched product. Grouped ones take it before oneDNN (whose grouped kernels reorder to and from
+// its blocked layout on every call), others where oneDNN declines (under cpu_dnnl_min_flops).
+// std::nullopt where it does not apply.
 std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array& x0, const mx::array& w0,
                                                    const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
                                                    const std::vector<int>& lo, const std::vector<int>& hi, int groups,
@@ -392,6 +393,8 @@ Outputs translate_conv(OpContext& c) {
   if (!crop) {
     const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
                           n.attr_string(graph::kConvActivation, "") == "Relu"};
+    if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
+      if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape))) return {*y};
     if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
   }
