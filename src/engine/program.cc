@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -11,6 +10,7 @@
 #include <shared_mutex>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <unordered_set>
 
 #include <mlx/primitives.h>

@@ -142,16 +142,16 @@ bool cpu_has_avx2_fma();
 
 // 2-D max or average pooling of a float32 NCHW x on MLX's CPU stream, planes split over threads
 // (kernels/cpu/pool.cc). Output [N, C, out_h, out_w]; output position o of an axis reads input
-// positions o * stride - pad_lo + j * dil, j < kernel; positions outside the input take no part
-// in a max (an all-outside window gives -inf) and add 0 to a sum. Average: the sum over the count
-// of taps inside [0, in) or, with include_pad, inside [-pad_lo, in + pad_hi). NaN propagates
-// through a max. std::nullopt off the CPU, for other dtypes or ranks.
+// positions o * stride - pad + j * dil, j < kernel; positions outside the input take no part in a
+// max (an all-outside window gives -inf) and add 0 to a sum. Average: the sum divided by
+// count_h[oh] * count_w[ow] (the caller's divisor per axis). NaN propagates through a max.
+// std::nullopt off the CPU, for other dtypes or ranks.
 struct CpuPool2d {
   bool max = true;
-  bool include_pad = false;
   int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1;
-  int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  int pad_top = 0, pad_left = 0;
   int out_h = 0, out_w = 0;
+  std::vector<float> count_h, count_w;  // average only: out_h and out_w entries
   bool operator==(const CpuPool2d&) const = default;
 };
 std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx::Stream s);

@@ -7,7 +7,6 @@
 // each needed input row), then the rows of each output (contiguous, vectorized), planes split
 // over threads.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -84,25 +83,8 @@ void interior(int64_t out, int64_t in, int k, int stride, int dil, int pad, int6
   if (hi < lo) hi = lo;
 }
 
-// Per output position of one axis, the number of taps counted by AveragePool's divisor.
-std::vector<float> tap_counts(int64_t out, int64_t in, int k, int stride, int dil, int pad_lo, int pad_hi,
-                              bool include_pad) {
-  std::vector<float> c(out);
-  const int64_t first = include_pad ? -pad_lo : 0, last = include_pad ? in + pad_hi : in;
-  for (int64_t o = 0; o < out; ++o) {
-    int n = 0;
-    for (int j = 0; j < k; ++j) {
-      const int64_t p = o * stride - pad_lo + static_cast<int64_t>(j) * dil;
-      n += p >= first && p < last;
-    }
-    c[o] = static_cast<float>(n);
-  }
-  return c;
-}
-
 template <bool Max>
-void pool_planes(const float* x, float* y, int64_t p0, int64_t p1, const CpuPool2d& g, int64_t H, int64_t W,
-                 const std::vector<float>& count_h, const std::vector<float>& count_w) {
+void pool_planes(const float* x, float* y, int64_t p0, int64_t p1, const CpuPool2d& g, int64_t H, int64_t W) {
   const int64_t OH = g.out_h, OW = g.out_w;
   const float init = Max ? -std::numeric_limits<float>::infinity() : 0.f;
   int64_t ow_lo, ow_hi;
@@ -139,8 +121,8 @@ void pool_planes(const float* x, float* y, int64_t p0, int64_t p1, const CpuPool
         fold_row<Max>(out, rows.data() + ih * OW, 0, OW, 1, OW);
       }
       if constexpr (!Max) {
-        const float ch = count_h[oh];
-        for (int64_t o = 0; o < OW; ++o) out[o] /= ch * count_w[o];
+        const float ch = g.count_h[oh];
+        for (int64_t o = 0; o < OW; ++o) out[o] /= ch * g.count_w[o];
       }
     }
   }
@@ -159,19 +141,14 @@ class Pool2d : public mx::UnaryPrimitive {
     enc.set_output_array(out);
     enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
                   H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
-      std::vector<float> ch, cw;
-      if (!g.max) {
-        ch = tap_counts(g.out_h, H, g.kernel_h, g.stride_h, g.dil_h, g.pad_top, g.pad_bottom, g.include_pad);
-        cw = tap_counts(g.out_w, W, g.kernel_w, g.stride_w, g.dil_w, g.pad_left, g.pad_right, g.include_pad);
-      }
       // Planes in shares of >= 32K input elements (~10 us of work, the price of a hand-off).
       const int64_t work = planes * H * W;
       const int parts = static_cast<int>(std::min<int64_t>({cpu_threads(), planes, work / (int64_t{1} << 15)}));
       cpu_parallel_for(planes, std::max(parts, 1), [&](int64_t p0, int64_t p1) {
         if (g.max)
-          pool_planes<true>(xp, yp, p0, p1, g, H, W, ch, cw);
+          pool_planes<true>(xp, yp, p0, p1, g, H, W);
         else
-          pool_planes<false>(xp, yp, p0, p1, g, H, W, ch, cw);
+          pool_planes<false>(xp, yp, p0, p1, g, H, W);
       });
     });
   }
@@ -198,7 +175,8 @@ class Pool2d : public mx::UnaryPrimitive {
 std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() != 4 ||
       x.size() == 0 || g.out_h <= 0 || g.out_w <= 0 || g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 ||
-      g.stride_w < 1 || g.dil_h < 1 || g.dil_w < 1)
+      g.stride_w < 1 || g.dil_h < 1 || g.dil_w < 1 ||
+      (!g.max && (g.count_h.size() != static_cast<size_t>(g.out_h) || g.count_w.size() != static_cast<size_t>(g.out_w))))
     return std::nullopt;
   auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
   return mx::array({x.shape(0), x.shape(1), g.out_h, g.out_w}, mx::float32, std::make_shared<Pool2d>(s, g), {xc});

@@ -190,13 +190,33 @@ std::vector<int> window_axes(const Window& w) {
   return a;
 }
 
+// How many window taps of each output position along axis d fall in [first, last) of the padded
+// axis: AveragePool's divisor along that axis.
+std::vector<float> axis_tap_counts(const Window& w, size_t d, bool include_pad) {
+  const int64_t first = include_pad ? -w.lo[d] : 0, last = include_pad ? w.in[d] + w.hi[d] : w.in[d];
+  std::vector<float> counts;
+  counts.reserve(w.out[d]);
+  for (int64_t o = 0; o < w.out[d]; ++o) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < w.kernel[d]; ++j) {
+      const int64_t p = o * w.stride[d] - w.lo[d] + j * w.dil[d];
+      n += (p >= first && p < last);
+    }
+    counts.push_back(static_cast<float>(n));
+  }
+  return counts;
+}
+
 // The EP's CPU kernel for 2-D float32 pooling (kernels/cpu/kernels.h), or std::nullopt where it
 // does not apply (then MLX's ops below).
 std::optional<mx::array> cpu_pool(const mx::array& x, const Window& w, bool max, bool include_pad, mx::Stream s) {
   if (w.nd != 2 || x.dtype() != mx::float32) return std::nullopt;
   CpuPool2d g;
   g.max = max;
-  g.include_pad = include_pad;
+  if (!max) {
+    g.count_h = axis_tap_counts(w, 0, include_pad);
+    g.count_w = axis_tap_counts(w, 1, include_pad);
+  }
   g.kernel_h = static_cast<int>(w.kernel[0]);
   g.kernel_w = static_cast<int>(w.kernel[1]);
   g.stride_h = static_cast<int>(w.stride[0]);
@@ -205,8 +225,6 @@ std::optional<mx::array> cpu_pool(const mx::array& x, const Window& w, bool max,
   g.dil_w = static_cast<int>(w.dil[1]);
   g.pad_top = static_cast<int>(w.lo[0]);
   g.pad_left = static_cast<int>(w.lo[1]);
-  g.pad_bottom = static_cast<int>(w.hi[0]);
-  g.pad_right = static_cast<int>(w.hi[1]);
   g.out_h = static_cast<int>(w.out[0]);
   g.out_w = static_cast<int>(w.out[1]);
   return cpu_pool_2d(x, g, s);
@@ -218,24 +236,15 @@ mx::array lowest(mx::Dtype t) {
   return mx::array(mx::iinfo(t).min, t);
 }
 
-// How many window taps of each output position fall in [first, last) of a padded axis: the
-// divisor of AveragePool. Separable over axes, so built as an outer product on the host.
+// AveragePool's divisor: separable over axes, so built as an outer product on the host.
 mx::array tap_counts(const Window& w, bool include_pad, mx::Dtype t) {
   std::vector<float> counts{1.f};
   mx::Shape shape;
   for (size_t d = 0; d < w.nd; ++d) {
-    int64_t first = include_pad ? -w.lo[d] : 0, last = include_pad ? w.in[d] + w.hi[d] : w.in[d];
     std::vector<float> next;
     next.reserve(counts.size() * w.out[d]);
     for (float prev : counts)
-      for (int64_t o = 0; o < w.out[d]; ++o) {
-        int64_t n = 0;
-        for (int64_t j = 0; j < w.kernel[d]; ++j) {
-          int64_t p = o * w.stride[d] - w.lo[d] + j * w.dil[d];
-          n += (p >= first && p < last);
-        }
-        next.push_back(prev * static_cast<float>(n));
-      }
+      for (float n : axis_tap_counts(w, d, include_pad)) next.push_back(prev * n);
     counts.swap(next);
     shape.push_back(static_cast<int>(w.out[d]));
   }
