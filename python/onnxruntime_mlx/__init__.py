@@ -94,8 +94,9 @@ OPTIONS: dict[str, tuple] = {
     "transposed_weights": (0, 1),
     "cpu_dnnl": (0, 1),
     "cpu_dnnl_min_flops": (0, 1 << 50),
+    "cpu_dnnl_parallel_min_flops": (0, 1 << 50),
     "cpu_dnnl_matmul": (0, 1),
-    "fuse_conv_relu": (0, 1),
+    "fuse_conv_activation": (0, 1),
     "cpu_fuse": (0, 1, "auto"),
     "int4_dense_rows": (0, 1 << 30),
 }

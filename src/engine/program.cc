@@ -17,7 +17,7 @@
 
 #include "engine/device_buffers.h"
 #include "graph/fuse_matmuls.h"
-#include "graph/fuse_conv_relu.h"
+#include "graph/fuse_conv_activation.h"
 #include "graph/transpose_weights.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/write_rows.h"
@@ -214,7 +214,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
       cache_(opt.cache_capacity), family_(opt.step_order, opt.log_level, where_) {
   if (opt_.fuse_matmuls) graph::fuse_sibling_matmuls(graph_);
   if (opt_.gpu && opt_.transposed_weights) graph::transpose_matmul_weights(graph_, output_names_);
-  if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_relu) graph::fuse_conv_relu(graph_, output_names_);
+  if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_activation) graph::fuse_conv_activation(graph_, output_names_);
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);

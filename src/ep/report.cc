@@ -51,6 +51,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_pinned_inputs\":" << kernels::cuda::pinned_copies()
     << ",\"process_pinned_bytes\":" << kernels::cuda::pinned_bytes()
     << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
+    << ",\"process_dnnl_one_thread_convs\":" << ops::cpu_dnnl_conv_one_thread_runs()
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
     << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()

@@ -191,6 +191,11 @@ mx::array exp_precise(const mx::array& x, mx::Stream s) {
   return mx::power(mx::array(M_E, mx::float64), x, s);
 }
 
+mx::array sigmoid_precise(const mx::array& x, mx::Stream s) {
+  if (x.dtype() != mx::float64) return mx::sigmoid(x, s);
+  return mx::reciprocal(mx::add(mx::array(1.0, mx::float64), exp_precise(mx::negative(x, s), s), s), s);
+}
+
 // max-shifted; a row whose max is infinite shifts by 0 so -inf rows give -inf, +inf gives +inf
 mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bool keepdims,
                             mx::Stream s) {

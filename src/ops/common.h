@@ -81,6 +81,7 @@ mx::array exp_precise(const mx::array& x, mx::Stream s);
 mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bool keepdims,
                             mx::Stream s);
 mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s);
+mx::array sigmoid_precise(const mx::array& x, mx::Stream s);
 
 // erf, and the erf-based GELU 0.5 x (1 + erf(x / sqrt 2)) in x's dtype: float32 on a CPU
 // stream through the EP's vectorized kernel (cpu_erf), otherwise MLX's ops.

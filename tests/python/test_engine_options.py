@@ -225,17 +225,19 @@ def test_cpu_poll(switch, tmp_path, value):
     every run: a poll that returned early would read unfinished results."""
     import gc
     import json
-    model, _ = _hard_swish_model()
+    model, _ = _hard_swish_model(c=2)
     report = tmp_path / "report.jsonl"
     sess = _session(model, report_path=str(report), **switch("cpu_poll", value))
     for i in range(20):
-        feeds = {"x": rng.standard_normal((2, 8, 16, 16)).astype(np.float32)}
+        feeds = {"x": rng.standard_normal((2, 2, 16, 16)).astype(np.float32)}
         (y,) = sess.run(None, feeds)
         np.testing.assert_allclose(y, run_cpu(model, feeds)[0], rtol=1e-5, atol=1e-5)
     del sess
     gc.collect()
     st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
     if value:
-        assert st["polled_evals"] >= 10, st  # the small model's runs after the first
+        # the runs after the first whose previous evaluation was short (most of them; fewer when
+        # other tests load the machine)
+        assert st["polled_evals"] >= 5, st
     else:
         assert st["polled_evals"] == 0, st

@@ -74,7 +74,7 @@ def test_conv(xs, ws, attrs, bias, cpu_dnnl):
 
 def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     """A Conv-Relu-Conv chain (strided, grouped, dilated, 1x1) gives ORT's CPU EP's outputs with
-    cpu_dnnl on (with and without fuse_conv_relu) and off. On MLX's CPU device the report counts
+    cpu_dnnl on (with and without fuse_conv_activation) and off. On MLX's CPU device the report counts
     a oneDNN convolution per Conv and run only when cpu_dnnl is on (none fail), and the fused Relu
     is one array fewer a run; on the GPU neither option changes anything. Each convolution is
     above cpu_dnnl_min_flops (1e5 by default); a small one after them stays MLX's."""
@@ -97,7 +97,7 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     x = rng.standard_normal((2, 8, 32, 32)).astype(np.float32)
     ref = run_cpu(m, {"x": x})[0]
     counts, arrays = {}, {}
-    for key, opts in (("fused", {"cpu_dnnl": 1}), ("unfused", {"cpu_dnnl": 1, "fuse_conv_relu": 0}),
+    for key, opts in (("fused", {"cpu_dnnl": 1}), ("unfused", {"cpu_dnnl": 1, "fuse_conv_activation": 0}),
                       ("off", {"cpu_dnnl": 0})):
         report = tmp_path / f"{key}.jsonl"
         s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
@@ -117,6 +117,113 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     else:
         assert counts["fused"] == counts["unfused"] == counts["off"] == 0, counts
         assert arrays["fused"] == arrays["unfused"], arrays
+
+
+def _activation_chain(steps):
+    """Conv (8 -> 16 channels, 3x3 on 2 x 16 x 16) followed by `steps`, each an op of
+    test_conv_activations_run_inside_the_convolution's list."""
+    rng = np.random.default_rng(11)
+    consts = {"k09": np.array([0.9], np.float32), "k05": np.array([0.5], np.float32),
+              "k3": np.array(3, np.float32), "k0": np.array(0, np.float32), "k6": np.array(6, np.float32),
+              "w": rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.3,
+              "b": rng.standard_normal(16).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["v"], pads=[1, 1, 1, 1])]
+    v = "v"
+    for i, k in enumerate(steps.split("+")):
+        o = f"s{i}"
+        nodes += {
+            "relu": lambda: [helper.make_node("Relu", [v], [o])],
+            "lrelu": lambda: [helper.make_node("LeakyRelu", [v], [o], alpha=0.3)],
+            "clip6": lambda: [helper.make_node("Clip", [v, "k0", "k6"], [o])],
+            "clip3": lambda: [helper.make_node("Clip", [v, "k05", "k3"], [o])],
+            "mul": lambda: [helper.make_node("Mul", ["k09", v], [o])],
+            "add": lambda: [helper.make_node("Add", [v, "k05"], [o])],
+            "hsig": lambda: [helper.make_node("HardSigmoid", [v], [o], alpha=0.2, beta=0.5)],
+            "hswish": lambda: [helper.make_node("HardSwish", [v], [o])],
+            "sigmoid": lambda: [helper.make_node("Sigmoid", [v], [o])],
+            "tanh": lambda: [helper.make_node("Tanh", [v], [o])],
+            "swish": lambda: [helper.make_node("Sigmoid", [v], [o + "s"]), helper.make_node("Mul", [v, o + "s"], [o])],
+            # hard-swish as exporters write it
+            "hsp": lambda: [helper.make_node("Add", [v, "k3"], [o + "t"]),
+                            helper.make_node("Clip", [o + "t", "k0", "k6"], [o + "c"]),
+                            helper.make_node("Mul", [v, o + "c"], [o + "m"]), helper.make_node("Div", [o + "m", "k6"], [o])],
+        }[k]()
+        v = o
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 8, 16, 16])],
+                          [helper.make_tensor_value_info(v, TP.FLOAT, None)],
+                          [numpy_helper.from_array(a, n) for n, a in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("steps", ["relu", "mul+add+hsp", "hsig", "hswish", "swish", "sigmoid+tanh",
+                                   "lrelu+relu", "clip6+clip3", "hsig+mul", "add+mul+clip6"])
+def test_conv_activations_run_inside_the_convolution(tmp_path, steps):
+    """The activation after a Conv (Relu, LeakyRelu, Clip, scalar Mul/Add, HardSigmoid, HardSwish
+    as an op and as exporters write it, Sigmoid, Tanh, Swish, and chains of them) runs inside the
+    oneDNN convolution on MLX's CPU device: ORT's CPU EP's outputs, and fewer arrays a run than
+    with fuse_conv_activation=0 (fallback=False: every node on MLX). Chains that oneDNN 2.6 would compute wrongly as post-ops (a
+    second clip or leaky relu with other parameters) keep those steps as MLX ops."""
+    m = _activation_chain(steps)
+    x = np.random.default_rng(12).standard_normal((2, 8, 16, 16)).astype(np.float32)
+    ref = run_cpu(m, {"x": x})[0]
+    arrays = {}
+    for fuse in (1, 0):
+        report = tmp_path / f"{fuse}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report),
+                                fuse_conv_activation=fuse)
+        for _ in range(3):
+            y = s.run(None, {"x": x})[0]
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        arrays[fuse] = line["eval_arrays"]
+        assert line["process_dnnl_failures"] == 0
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=2e-5, err_msg=f"fuse_conv_activation={fuse}")
+    if DEVICE == "cpu":
+        assert arrays[1] < arrays[0], arrays
+    else:
+        assert arrays[1] == arrays[0], arrays
+
+
+def test_small_convolutions_run_on_one_thread(tmp_path):
+    """Below cpu_dnnl_parallel_min_flops (5e6 by default) a oneDNN convolution runs on MLX's
+    stream thread alone (waking OpenMP's other threads costs more than it takes); above it, or
+    with the threshold at 0, on all of them. Counted by the report's process-wide
+    process_dnnl_one_thread_convs, which moves only for the small convolution here."""
+    import os
+    rng = np.random.default_rng(13)
+    w1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2   # 2 x 1152 x 256 = 0.6 MFLOP
+    w2 = rng.standard_normal((64, 16, 3, 3)).astype(np.float32) * 0.1  # 2 x 9216 x 256 = 4.7 MFLOP
+    w3 = rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05  # 19 MFLOP
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["b", "w3"], ["y"], pads=[1, 1, 1, 1])],
+        "c", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("w3", w3))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    ref = run_cpu(m, {"x": x})[0]
+    counts = []
+    for key, opts in (("all", {"cpu_dnnl_parallel_min_flops": 0}), ("default", {}), ("all2", {"cpu_dnnl_parallel_min_flops": 0})):
+        report = tmp_path / f"{key}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
+        for _ in range(4):
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        counts.append((line["process_dnnl_one_thread_convs"], line["process_dnnl_convs"]))
+    one = [c[0] for c in counts]
+    if DEVICE != "cpu":
+        assert one[0] == one[1] == one[2], counts
+        return
+    assert counts[1][1] - counts[0][1] == 3 * 4, counts  # every convolution through oneDNN, 4 runs
+    assert one[2] == one[1], counts  # the threshold at 0: none on one thread
+    threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    assert one[1] - one[0] == (2 * 4 if threads > 1 else 0), counts  # the two small ones
 
 
 @pytest.mark.parametrize("min_flops,through_dnnl", [(None, True), ("1000000", False)])

@@ -36,6 +36,7 @@ namespace {
 const DnnlLibrary& lib() { return dnnl_lib(); }
 
 std::atomic<uint64_t> g_runs{0};
+std::atomic<uint64_t> g_one_thread_runs{0};
 std::atomic<uint64_t> g_gemm_refusals{0};
 
 dnnl_format_tag_t plain_tag(int ndims) {
@@ -75,6 +76,7 @@ struct DnnlConvPlan {
   Step conv, src_in, w_in, dst_out;  // the reorders' p is null where the layouts agree
   size_t w_bytes = 0, src_bytes = 0, dst_bytes = 0;  // in the convolution's layouts
   bool bias = false;
+  int threads = 0;  // DnnlConvShape::threads, for every step's creation and execution
 
   DnnlConvPlan() = default;
   DnnlConvPlan(const DnnlConvPlan&) = delete;
@@ -109,10 +111,25 @@ Step make_reorder(const dnnl_memory_desc_t& from, const dnnl_memory_desc_t& to) 
   return make_step(pd);
 }
 
+dnnl_alg_kind_t eltwise_alg(ConvPostOp::Kind k) {
+  switch (k) {
+    case ConvPostOp::Relu: return dnnl_eltwise_relu;
+    case ConvPostOp::Clip: return dnnl_eltwise_clip;
+    case ConvPostOp::Linear: return dnnl_eltwise_linear;
+    case ConvPostOp::HardSwish: return dnnl_eltwise_hardswish;
+    case ConvPostOp::Logistic: return dnnl_eltwise_logistic;
+    case ConvPostOp::Tanh: return dnnl_eltwise_tanh;
+    case ConvPostOp::Swish: return dnnl_eltwise_swish;
+  }
+  return dnnl_alg_kind_undef;
+}
+
 std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   const auto& l = lib();
   const int nd = static_cast<int>(g.x.size()) - 2;
   auto p = std::make_shared<DnnlConvPlan>();
+  p->threads = g.threads;
+  const ThreadLimit limit(g.threads);
   std::vector<int64_t> x(g.x.begin(), g.x.end()), w(g.w.begin(), g.w.end()), y(g.y.begin(), g.y.end());
   p->src_plain = plain_md(x, plain_tag(nd + 2));
   p->dst_plain = plain_md(y, plain_tag(nd + 2));
@@ -151,18 +168,20 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
                    : l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct,
                                                             &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi);
   if (described != dnnl_success) throw std::runtime_error("oneDNN: convolution descriptor rejected");
-  // The relu as a post-op on top of the caller-provided scratch memory.
+  // The post-ops, on top of the caller-provided scratch memory.
   dnnl_primitive_attr_t attr = nullptr;
-  dnnl_post_ops_t relu = nullptr;
+  dnnl_post_ops_t ops = nullptr;
   bool attr_ok = l.primitive_attr_create(&attr) == dnnl_success &&
                  l.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
-  if (attr_ok && g.relu)
-    attr_ok = l.post_ops_create(&relu) == dnnl_success &&
-              l.post_ops_append_eltwise(relu, 1.f, dnnl_eltwise_relu, 0.f, 0.f) == dnnl_success &&
-              l.primitive_attr_set_post_ops(attr, relu) == dnnl_success;
+  if (attr_ok && !g.post_ops.empty()) {
+    attr_ok = l.post_ops_create(&ops) == dnnl_success;
+    for (const auto& op : g.post_ops)
+      attr_ok = attr_ok && l.post_ops_append_eltwise(ops, 1.f, eltwise_alg(op.kind), op.alpha, op.beta) == dnnl_success;
+    attr_ok = attr_ok && l.primitive_attr_set_post_ops(attr, ops) == dnnl_success;
+  }
   dnnl_primitive_desc_t pd = nullptr;
   const bool made = attr_ok && l.primitive_desc_create(&pd, &cd, attr, l.engine, nullptr) == dnnl_success;
-  if (relu) l.post_ops_destroy(relu);
+  if (ops) l.post_ops_destroy(ops);
   if (attr) l.primitive_attr_destroy(attr);
   if (!made) throw std::runtime_error("oneDNN: no convolution implementation");
   // A GEMM-based implementation runs oneDNN's JIT GEMM kernels, which (in the oneDNN versions
@@ -293,6 +312,7 @@ class DnnlConvWeights : public PlanPrimitive {
     enc.set_output_array(out);
     enc.dispatch([plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
                   wn = w.nbytes()] {
+      const ThreadLimit limit(plan->threads);
       if (!plan->w_in.p) {
         std::memcpy(yp, wp, wn);
         return;
@@ -319,6 +339,7 @@ class DnnlConv : public PlanPrimitive {
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
     enc.dispatch([plan = plan_, xp = ptr(inputs[0]), wp = ptr(inputs[1]),
                   bp = inputs.size() > 2 ? ptr(inputs[2]) : nullptr, yp = out.data<float>(), n = out.size()] {
+      const ThreadLimit limit(plan->threads);
       float* s = plan->src_in.p ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
       float* d = plan->dst_out.p ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
       if (!s || !d) return fail_output(yp, n);
@@ -341,6 +362,7 @@ class DnnlConv : public PlanPrimitive {
           return fail_output(yp, n);
       }
       g_runs.fetch_add(1, std::memory_order_relaxed);
+      if (limit.active()) g_one_thread_runs.fetch_add(1, std::memory_order_relaxed);
     });
   }
   const char* name() const override { return "DnnlConv"; }
@@ -349,6 +371,7 @@ class DnnlConv : public PlanPrimitive {
 }  // namespace
 
 uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
+uint64_t cpu_dnnl_conv_one_thread_runs() { return g_one_thread_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_failures() { return g_failures.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_gemm_refusals() { return g_gemm_refusals.load(std::memory_order_relaxed); }
 
@@ -359,7 +382,8 @@ std::string DnnlConvShape::key() const {
     k << '/';
   };
   put(x), put(w), put(y), put(stride), put(pad_lo), put(pad_hi), put(dilation);
-  k << groups << '/' << bias << '/' << relu << '/' << transposed;
+  k << groups << '/' << bias << '/' << transposed << '/' << threads << '/';
+  for (const auto& op : post_ops) k << op.kind << ':' << std::hexfloat << op.alpha << ':' << op.beta << std::defaultfloat << ';';
   return k.str();
 }
 
@@ -412,6 +436,7 @@ namespace ortmlx::ops {
 struct DnnlConvPlan {};
 
 uint64_t cpu_dnnl_conv_runs() { return 0; }
+uint64_t cpu_dnnl_conv_one_thread_runs() { return 0; }
 uint64_t cpu_dnnl_conv_failures() { return 0; }
 uint64_t cpu_dnnl_conv_gemm_refusals() { return 0; }
 std::string DnnlConvShape::key() const { return {}; }

@@ -47,6 +47,9 @@ DnnlLibrary::DnnlLibrary() {
     engine = nullptr;
     return;
   }
+  omp_set_num_threads = reinterpret_cast<void (*)(int)>(::dlsym(h, "omp_set_num_threads"));
+  omp_get_max_threads = reinterpret_cast<int (*)()>(::dlsym(h, "omp_get_max_threads"));
+  if (!omp_set_num_threads || !omp_get_max_threads) omp_set_num_threads = nullptr, omp_get_max_threads = nullptr;
   if (primitive_attr_create(&user_scratchpad) != dnnl_success ||
       primitive_attr_set_scratchpad_mode(user_scratchpad, dnnl_scratchpad_mode_user) != dnnl_success) {
     engine_destroy(engine);
@@ -65,6 +68,18 @@ const DnnlLibrary& dnnl_lib() {
 }
 
 bool cpu_dnnl_available() { return dnnl_lib().engine != nullptr; }
+
+ThreadLimit::ThreadLimit(int threads) {
+  const auto& l = dnnl_lib();
+  if (threads <= 0 || !l.omp_set_num_threads) return;
+  prev_ = l.omp_get_max_threads();
+  if (prev_ > threads) l.omp_set_num_threads(threads);
+  else prev_ = 0;
+}
+
+ThreadLimit::~ThreadLimit() {
+  if (prev_ > 0) dnnl_lib().omp_set_num_threads(prev_);
+}
 
 }  // namespace ortmlx::ops
 

@@ -33,11 +33,30 @@ struct DnnlLibrary {
   // Primitives take their scratch memory from the caller: oneDNN's own is per creating thread,
   // and plans are made on ORT's thread but run on MLX's stream thread.
   dnnl_primitive_attr_t user_scratchpad = nullptr;
+  // The OpenMP runtime oneDNN runs on (its dependency, looked up through its handle): a small
+  // convolution runs on the calling thread alone (ThreadLimit). Null where it is not found.
+  void (*omp_set_num_threads)(int) = nullptr;
+  int (*omp_get_max_threads)() = nullptr;
 
   DnnlLibrary();
   ~DnnlLibrary();
   DnnlLibrary(const DnnlLibrary&) = delete;
   DnnlLibrary& operator=(const DnnlLibrary&) = delete;
+};
+
+// While alive, oneDNN's primitives created or executed on this thread use at most `threads`
+// OpenMP threads (0: no limit). Why: waking the second thread costs more than a small
+// convolution or reorder takes, and a primitive keeps the thread count it was created with.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int threads);
+  ~ThreadLimit();
+  bool active() const { return prev_ > 0; }  // the limit is below what OpenMP would use
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int prev_ = 0;
 };
 
 // The process's one instance, loaded on first use and never destroyed: MLX's stream threads

@@ -85,13 +85,22 @@ std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, 
 // oneDNN's blocked-layout kernels reach on the same cores (docs/performance.md); oneDNN takes the
 // plain layouts in and out itself, so no NCHW<->NHWC transposes are added around it either.
 // The library is loaded at run time (libdnnl.so.2, this library's folder first).
+// An elementwise step oneDNN applies to each block of a convolution's output while it is in
+// cache (a post-op), in order.
+struct ConvPostOp {
+  enum Kind { Relu, Clip, Linear, HardSwish, Logistic, Tanh, Swish };
+  Kind kind = Relu;
+  // Relu: the slope below 0; Clip: the bounds; Linear: alpha * y + beta; Swish: y * sigmoid(alpha * y)
+  float alpha = 0.f, beta = 0.f;
+};
 struct DnnlConvShape {
   mx::Shape x, w, y;
   std::vector<int> stride, pad_lo, pad_hi, dilation;  // per spatial dim; padding non-negative
   int groups = 1;
   bool bias = false;
-  bool relu = false;  // max(y, 0) applied by the convolution itself (a oneDNN post-op)
+  std::vector<ConvPostOp> post_ops;  // applied by the convolution itself
   bool transposed = false;
+  int threads = 0;  // at most this many OpenMP threads for it (0: oneDNN's default, every core)
   std::string key() const;  // the geometry, for caches
 };
 struct DnnlConvPlan;  // oneDNN's objects for one geometry, shared by every program of the process
@@ -110,6 +119,8 @@ bool cpu_dnnl_available();
 // outputs are NaN).
 uint64_t cpu_dnnl_conv_runs();
 uint64_t cpu_dnnl_conv_failures();
+// Convolutions run on the calling thread alone (DnnlConvShape::threads below OpenMP's count).
+uint64_t cpu_dnnl_conv_one_thread_runs();
 // Geometries left to MLX because oneDNN offered only a GEMM-based implementation for them (its
 // JIT GEMM kernels are not safe against signals: dnnl_conv.cc).
 uint64_t cpu_dnnl_conv_gemm_refusals();

@@ -3,11 +3,12 @@
 // ONNX is channels-first with OIHW weights, MLX's conv_general is channels-last with OHWI
 // weights: inputs and weights are transposed in, the result back out.
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "graph/fuse_conv_relu.h"
+#include "graph/fuse_conv_activation.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
 #include "ops/switches.h"
@@ -212,6 +213,86 @@ mx::array grouped_conv(const mx::array& x, const mx::array& w, const std::vector
   return mx::concatenate(parts, -1, s);
 }
 
+namespace {
+
+using graph::ConvActivation;
+
+// The activation steps a fused Conv carries (graph/fuse_conv_activation.h) as MLX ops on its
+// output y, in y's dtype.
+mx::array apply_activations(const std::vector<ConvActivation>& steps, mx::array y, mx::Stream s) {
+  auto k = [&y](double v) { return mx::array(v, y.dtype()); };
+  for (const auto& st : steps) {
+    switch (st.kind) {
+      case ConvActivation::Kind::Relu: y = mx::maximum(y, k(0), s); break;
+      case ConvActivation::Kind::LeakyRelu:
+        y = mx::where(mx::less(y, k(0), s), mx::multiply(k(st.a), y, s), y, s);
+        break;
+      case ConvActivation::Kind::Clip:
+        if (std::isfinite(st.a)) y = mx::maximum(y, k(st.a), s);
+        if (std::isfinite(st.b)) y = mx::minimum(y, k(st.b), s);
+        break;
+      case ConvActivation::Kind::Mul: y = mx::multiply(y, k(st.a), s); break;
+      case ConvActivation::Kind::Add: y = mx::add(y, k(st.a), s); break;
+      case ConvActivation::Kind::HardSigmoid:
+        y = mx::minimum(mx::maximum(mx::add(mx::multiply(k(st.a), y, s), k(st.b), s), k(0), s), k(1), s);
+        break;
+      case ConvActivation::Kind::HardSwish:
+        y = mx::divide(mx::multiply(y, mx::minimum(mx::maximum(mx::add(y, k(3), s), k(0), s), k(6), s), s), k(6), s);
+        break;
+      case ConvActivation::Kind::Sigmoid: y = sigmoid_precise(y, s); break;
+      case ConvActivation::Kind::Tanh: y = mx::tanh(y, s); break;
+      case ConvActivation::Kind::Swish: y = mx::multiply(y, sigmoid_precise(y, s), s); break;
+    }
+  }
+  return y;
+}
+
+// The longest prefix of `steps` oneDNN applies as post-ops; `covered` says how many steps that is.
+// Consecutive scalar Mul/Add steps become one linear post-op, and a post-op whose kind came
+// earlier with other parameters ends the prefix: oneDNN 2.6 computes the later one with the
+// earlier one's parameters (two clips, two linears).
+std::vector<ConvPostOp> post_ops_of(const std::vector<ConvActivation>& steps, size_t& covered) {
+  std::vector<ConvPostOp> ops;
+  covered = 0;
+  for (const auto& st : steps) {
+    std::vector<ConvPostOp> more;
+    switch (st.kind) {
+      case ConvActivation::Kind::Relu: more = {{ConvPostOp::Relu}}; break;
+      case ConvActivation::Kind::LeakyRelu: more = {{ConvPostOp::Relu, st.a}}; break;
+      case ConvActivation::Kind::Clip: more = {{ConvPostOp::Clip, st.a, st.b}}; break;
+      case ConvActivation::Kind::Mul: more = {{ConvPostOp::Linear, st.a, 0.f}}; break;
+      case ConvActivation::Kind::Add: more = {{ConvPostOp::Linear, 1.f, st.a}}; break;
+      case ConvActivation::Kind::HardSigmoid: more = {{ConvPostOp::Linear, st.a, st.b}, {ConvPostOp::Clip, 0.f, 1.f}}; break;
+      case ConvActivation::Kind::HardSwish: more = {{ConvPostOp::HardSwish, 1.f / 6.f, 0.5f}}; break;
+      case ConvActivation::Kind::Sigmoid: more = {{ConvPostOp::Logistic}}; break;
+      case ConvActivation::Kind::Tanh: more = {{ConvPostOp::Tanh}}; break;
+      case ConvActivation::Kind::Swish: more = {{ConvPostOp::Swish, 1.f}}; break;
+    }
+    auto merged = ops;
+    for (const auto& op : more) {
+      if (op.kind == ConvPostOp::Linear && !merged.empty() && merged.back().kind == ConvPostOp::Linear) {
+        auto& l = merged.back();  // a * (alpha * y + beta), or (alpha * y + beta) + b
+        if (op.beta == 0.f) l.alpha *= op.alpha, l.beta *= op.alpha;
+        else if (op.alpha == 1.f) l.beta += op.beta;
+        else merged.push_back(op);
+      } else {
+        merged.push_back(op);
+      }
+    }
+    bool clash = false;
+    for (size_t i = 0; i < merged.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        clash |= merged[i].kind == merged[j].kind &&
+                 (merged[i].alpha != merged[j].alpha || merged[i].beta != merged[j].beta);
+    if (clash) break;
+    ops = std::move(merged);
+    ++covered;
+  }
+  return ops;
+}
+
+}  // namespace
+
 // A float32 convolution (or, g.transposed, a ConvTranspose) on MLX's CPU device through oneDNN
 // (kernels/cpu/dnnl_conv.cc), in ONNX's own layout, with the weight laid out for it once per
 // program; std::nullopt when that path is off, unavailable for this geometry or too small.
@@ -225,12 +306,14 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   // Below some work (a few microseconds of it) waking oneDNN's second thread and the layout
   // reorders cost more than they save: small convolutions stay MLX's.
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
-  auto plan = cpu_dnnl_conv_plan(g, c.s);
+  DnnlConvShape gt = g;
+  if (flops < static_cast<double>(translation_switches().cpu_conv_parallel_min_flops)) gt.threads = 1;
+  auto plan = cpu_dnnl_conv_plan(gt, c.s);
   if (!plan) return std::nullopt;
-  auto w = c.prepared("dnnl_conv_w/" + g.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
+  auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
-  return mx::astype(cpu_dnnl_conv(plan, g, x0, w, bias, c.s), x0.dtype(), c.s);
+  return mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s), x0.dtype(), c.s);
 }
 
 // 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
@@ -324,8 +407,7 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     bshape[0] = M;
     y = mx::add(y, mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s), c.s);
   }
-  if (c.node.attr_string(graph::kConvActivation, "") == "Relu") y = mx::maximum(y, mx::array(0, y.dtype()), c.s);
-  return mx::astype(y, x0.dtype(), c.s);
+  return mx::astype(apply_activations(graph::conv_activations(c.node), y, c.s), x0.dtype(), c.s);
 }
 
 }  // namespace
@@ -390,12 +472,16 @@ Outputs translate_conv(OpContext& c) {
     out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
   }
   if (x0.size() == 0 || w0.size() == 0) return {mx::zeros(out_shape, x0.dtype(), c.s)};
+  const auto steps = graph::conv_activations(n);
   if (!crop) {
-    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2),
-                          n.attr_string(graph::kConvActivation, "") == "Relu"};
+    size_t covered = 0;
+    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides),
+                          lo,         hi,         to_int(dil), groups,
+                          c.has(2),   post_ops_of(steps, covered)};
     if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
       if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
-    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape))) return {*y};
+    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape)))
+      return {apply_activations({steps.begin() + covered, steps.end()}, *y, c.s)};
     if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
   }
   if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
@@ -403,8 +489,7 @@ Outputs translate_conv(OpContext& c) {
   mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
   if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);  // (M,) on the channel axis
   y = mx::transpose(y, channels_first_perm(rank), c.s);
-  if (n.attr_string(graph::kConvActivation, "") == "Relu") y = mx::maximum(y, mx::array(0, y.dtype()), c.s);
-  return {mx::astype(y, x0.dtype(), c.s)};
+  return {mx::astype(apply_activations(steps, y, c.s), x0.dtype(), c.s)};
 }
 
 Support check_conv_transpose(const NodeQuery& q) { return check_conv_common(q); }

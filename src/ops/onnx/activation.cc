@@ -31,12 +31,7 @@ mx::array leaky_relu(const OpContext& c, const mx::array& x) {
   return mx::where(mx::less(x, sc(0, x), c.s), mx::multiply(alpha, x, c.s), x, c.s);
 }
 
-// float64: MLX's sigmoid/logaddexp use its float32-accurate exp (see exp_precise).
-mx::array sigmoid_of(const mx::array& x, mx::Stream s) {
-  if (x.dtype() != mx::float64) return mx::sigmoid(x, s);
-  return mx::reciprocal(mx::add(sc(1, x), exp_precise(mx::negative(x, s), s), s), s);
-}
-mx::array sigmoid(const OpContext& c, const mx::array& x) { return sigmoid_of(x, c.s); }
+mx::array sigmoid(const OpContext& c, const mx::array& x) { return sigmoid_precise(x, c.s); }
 mx::array tanh_(const OpContext& c, const mx::array& x) { return mx::tanh(x, c.s); }
 
 // clamp(alpha * x + beta, 0, 1)
@@ -103,7 +98,7 @@ mx::array gelu(const OpContext& c, const mx::array& x) {
 
 mx::array swish(const OpContext& c, const mx::array& x) {
   auto alpha = sc(attr(c, "alpha", 1.f), x);
-  return mx::multiply(x, sigmoid_of(mx::multiply(alpha, x, c.s), c.s), c.s);
+  return mx::multiply(x, sigmoid_precise(mx::multiply(alpha, x, c.s), c.s), c.s);
 }
 
 Support check_gelu(const NodeQuery& q) {

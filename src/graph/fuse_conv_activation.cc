@@ -1,0 +1,258 @@
+#include "graph/fuse_conv_activation.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace ortmlx::graph {
+
+namespace {
+
+using Kind = ConvActivation::Kind;
+
+constexpr std::pair<Kind, const char*> kNames[] = {
+    {Kind::Relu, "Relu"},         {Kind::LeakyRelu, "LeakyRelu"}, {Kind::Clip, "Clip"},
+    {Kind::Mul, "Mul"},           {Kind::Add, "Add"},             {Kind::HardSigmoid, "HardSigmoid"},
+    {Kind::HardSwish, "HardSwish"}, {Kind::Sigmoid, "Sigmoid"},   {Kind::Tanh, "Tanh"},
+    {Kind::Swish, "Swish"},
+};
+
+// The rewrite of one graph: who reads what, and which nodes are gone.
+class Fuser {
+ public:
+  Fuser(Graph& g, const std::vector<std::string>& graph_outputs)
+      : g_(g), kept_(graph_outputs.begin(), graph_outputs.end()), gone_(g.nodes.size(), false) {
+    for (const auto& n : g.nodes) {
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (n.has_input(i)) readers_[n.inputs[i]].push_back(n.index);
+      for (const auto& [attr, body] : n.subgraphs())
+        for (const auto& name : outer_names(*body)) kept_.insert(name);
+    }
+  }
+
+  // Fuses the steps after `conv`; returns how many nodes went.
+  int fuse(Node& conv) {
+    const size_t max_rank = conv_rank(conv);
+    std::string v = conv.outputs[0];
+    std::vector<ConvActivation> steps;
+    std::vector<size_t> taken;
+    for (;;) {
+      if (kept_.count(v)) break;
+      const auto& r = readers(v);
+      std::optional<std::string> next;
+      if (r.size() == 1) next = single(g_.nodes[r[0]], v, max_rank, steps, taken);
+      if (r.size() == 2 && r[0] != r[1]) next = pair(g_.nodes[r[0]], g_.nodes[r[1]], v, steps, taken);
+      if (!next) break;
+      v = *next;
+    }
+    if (steps.empty()) return 0;
+    for (size_t i : taken) gone_[i] = true;
+    conv.outputs[0] = v;
+    Attribute kinds, params;
+    kinds.type = AttrType::Strings;
+    params.type = AttrType::Floats;
+    for (const auto& s : steps) {
+      kinds.strings.push_back(activation_name(s.kind));
+      params.floats.push_back(s.a);
+      params.floats.push_back(s.b);
+    }
+    conv.attrs[kConvActivation] = std::move(kinds);
+    conv.attrs[kConvActivationParams] = std::move(params);
+    return static_cast<int>(taken.size());
+  }
+
+  const std::vector<bool>& gone() const { return gone_; }
+
+ private:
+  const std::vector<size_t>& readers(const std::string& v) const {
+    static const std::vector<size_t> none;
+    auto it = readers_.find(v);
+    return it == readers_.end() ? none : it->second;
+  }
+
+  // A value that only `node` reads and that stays inside the fused Conv.
+  bool only_read_by(const std::string& v, const Node& node) const {
+    const auto& r = readers(v);
+    return !kept_.count(v) && r.size() == 1 && r[0] == node.index;
+  }
+
+  static bool is(const Node& n, const char* op, size_t inputs) {
+    return n.domain.empty() && n.op_type == op && n.inputs.size() == inputs && n.outputs.size() == 1 &&
+           n.has_output(0);
+  }
+
+  // The Conv's rank, the most a scalar operand may have without changing the output's shape.
+  size_t conv_rank(const Node& conv) const {
+    if (auto* w = g_.constant(conv.inputs[1])) return w->shape.size();
+    if (auto* vi = g_.info(conv.outputs[0]); vi && vi->rank() >= 0) return static_cast<size_t>(vi->rank());
+    return 1;
+  }
+
+  // The value of a one-element float constant of at most `max_rank` dims.
+  std::optional<float> scalar(const std::string& name, size_t max_rank) const {
+    const ConstTensor* t = g_.constant(name);
+    if (!t || !is_float(t->dtype) || t->numel() != 1 || t->shape.size() > max_rank) return std::nullopt;
+    return static_cast<float>(t->float_at(0));
+  }
+
+  // The other operand of a two-input node that reads `v` once, as a scalar constant.
+  std::optional<float> other_scalar(const Node& n, const std::string& v, size_t max_rank) const {
+    if (n.inputs[0] == v && n.inputs[1] != v) return scalar(n.inputs[1], max_rank);
+    if (n.inputs[1] == v && n.inputs[0] != v) return scalar(n.inputs[0], max_rank);
+    return std::nullopt;
+  }
+
+  // Clip's bounds (attributes before opset 11, constant inputs since), when `n` is a Clip of `v`.
+  std::optional<std::pair<float, float>> clip_bounds(const Node& n, const std::string& v, size_t max_rank) const {
+    if (!n.domain.empty() || n.op_type != "Clip" || n.inputs.empty() || n.inputs[0] != v || n.outputs.size() != 1 ||
+        !n.has_output(0))
+      return std::nullopt;
+    const float inf = std::numeric_limits<float>::infinity();
+    if (n.since_version < 11) {
+      if (n.inputs.size() != 1) return std::nullopt;
+      return std::pair{n.attr_float("min", -inf), n.attr_float("max", inf)};
+    }
+    std::pair<float, float> b{-inf, inf};
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      if (!n.has_input(i)) continue;
+      if (n.inputs[i] == v || i > 2) return std::nullopt;
+      auto c = scalar(n.inputs[i], max_rank);
+      if (!c) return std::nullopt;
+      (i == 1 ? b.first : b.second) = *c;
+    }
+    return b;
+  }
+
+  // A step whose one node reads `v` alone; its output is the next value.
+  std::optional<std::string> single(const Node& n, const std::string& v, size_t max_rank,
+                                    std::vector<ConvActivation>& steps, std::vector<size_t>& taken) const {
+    std::optional<ConvActivation> s;
+    if (is(n, "Relu", 1)) s = ConvActivation{Kind::Relu};
+    else if (is(n, "LeakyRelu", 1)) s = ConvActivation{Kind::LeakyRelu, n.attr_float("alpha", 0.01f)};
+    else if (is(n, "Sigmoid", 1)) s = ConvActivation{Kind::Sigmoid};
+    else if (is(n, "Tanh", 1)) s = ConvActivation{Kind::Tanh};
+    else if (is(n, "HardSwish", 1)) s = ConvActivation{Kind::HardSwish};
+    else if (is(n, "HardSigmoid", 1))
+      s = ConvActivation{Kind::HardSigmoid, n.attr_float("alpha", 0.2f), n.attr_float("beta", 0.5f)};
+    else if (is(n, "Mul", 2) || is(n, "Add", 2)) {
+      if (auto c = other_scalar(n, v, max_rank)) s = ConvActivation{n.op_type == "Mul" ? Kind::Mul : Kind::Add, *c};
+    } else if (auto b = clip_bounds(n, v, max_rank)) {
+      s = ConvActivation{Kind::Clip, b->first, b->second};
+    }
+    if (!s) return std::nullopt;
+    steps.push_back(*s);
+    taken.push_back(n.index);
+    return n.outputs[0];
+  }
+
+  // The Mul of `v` by `t`, in either order.
+  static bool mul_of(const Node& m, const std::string& v, const std::string& t) {
+    return is(m, "Mul", 2) && ((m.inputs[0] == v && m.inputs[1] == t) || (m.inputs[0] == t && m.inputs[1] == v));
+  }
+
+  // The single reader of `v` when it is a Div by the constant `d`.
+  const Node* div_by(const std::string& v, float d) const {
+    const auto& r = readers(v);
+    if (kept_.count(v) || r.size() != 1) return nullptr;
+    const Node& n = g_.nodes[r[0]];
+    if (!is(n, "Div", 2) || n.inputs[0] != v) return nullptr;
+    auto c = scalar(n.inputs[1], 8);
+    return c && *c == d ? &n : nullptr;
+  }
+
+  // Steps whose two nodes read `v`: Mul(v, Sigmoid(v)) (Swish); Mul(v, HardSigmoid(v)) with
+  // HardSwish's constants; v * Clip(v + 3, 0, 6) / 6 (HardSwish as exporters write it, the Div
+  // after the Mul or before it).
+  std::optional<std::string> pair(const Node& p, const Node& q, const std::string& v,
+                                  std::vector<ConvActivation>& steps, std::vector<size_t>& taken) const {
+    for (const auto* first : {&p, &q}) {
+      const Node& f = *first;
+      const Node& m = first == &p ? q : p;  // the Mul that reads v and what `f` leads to
+      if (is(f, "Sigmoid", 1) && only_read_by(f.outputs[0], m) && mul_of(m, v, f.outputs[0])) {
+        steps.push_back({Kind::Swish});
+        taken.insert(taken.end(), {f.index, m.index});
+        return m.outputs[0];
+      }
+      if (is(f, "HardSigmoid", 1) && f.attr_float("alpha", 0.2f) == 1.f / 6.f && f.attr_float("beta", 0.5f) == 0.5f &&
+          only_read_by(f.outputs[0], m) && mul_of(m, v, f.outputs[0])) {
+        steps.push_back({Kind::HardSwish});
+        taken.insert(taken.end(), {f.index, m.index});
+        return m.outputs[0];
+      }
+      // v + 3 -> Clip(0, 6) -> [/ 6] -> * v -> [/ 6]
+      if (!is(f, "Add", 2) || other_scalar(f, v, 8) != 3.f) continue;
+      const auto& ra = readers(f.outputs[0]);
+      if (kept_.count(f.outputs[0]) || ra.size() != 1) continue;
+      const Node& clip = g_.nodes[ra[0]];
+      auto b = clip_bounds(clip, f.outputs[0], 8);
+      if (!b || b->first != 0.f || b->second != 6.f) continue;
+      const std::string& c = clip.outputs[0];
+      if (const Node* d = div_by(c, 6.f); d && only_read_by(d->outputs[0], m) && mul_of(m, v, d->outputs[0])) {
+        steps.push_back({Kind::HardSwish});
+        taken.insert(taken.end(), {f.index, clip.index, d->index, m.index});
+        return m.outputs[0];
+      }
+      if (!only_read_by(c, m) || !mul_of(m, v, c)) continue;
+      if (const Node* d = div_by(m.outputs[0], 6.f)) {
+        steps.push_back({Kind::HardSwish});
+        taken.insert(taken.end(), {f.index, clip.index, m.index, d->index});
+        return d->outputs[0];
+      }
+    }
+    return std::nullopt;
+  }
+
+  Graph& g_;
+  std::unordered_map<std::string, std::vector<size_t>> readers_;
+  std::unordered_set<std::string> kept_;
+  std::vector<bool> gone_;
+};
+
+}  // namespace
+
+const char* activation_name(ConvActivation::Kind k) {
+  for (const auto& [kind, name] : kNames)
+    if (kind == k) return name;
+  return "?";
+}
+
+std::vector<ConvActivation> conv_activations(const Node& conv) {
+  std::vector<ConvActivation> out;
+  const Attribute* kinds = conv.attr(kConvActivation);
+  const Attribute* params = conv.attr(kConvActivationParams);
+  if (!kinds || !params || params->floats.size() != 2 * kinds->strings.size()) return out;
+  for (size_t i = 0; i < kinds->strings.size(); ++i) {
+    ConvActivation s;
+    bool known = false;
+    for (const auto& [kind, name] : kNames)
+      if (kinds->strings[i] == name) s.kind = kind, known = true;
+    if (!known) throw std::invalid_argument("unknown fused activation '" + kinds->strings[i] + "'");
+    s.a = params->floats[2 * i];
+    s.b = params->floats[2 * i + 1];
+    out.push_back(s);
+  }
+  return out;
+}
+
+int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs) {
+  Fuser f(g, graph_outputs);
+  int done = 0;
+  for (auto& n : g.nodes)
+    if (n.domain.empty() && n.op_type == "Conv" && n.inputs.size() >= 2 && n.outputs.size() == 1 && n.has_output(0) &&
+        !n.has_attr(kConvActivation) && !f.gone()[n.index])
+      done += f.fuse(n);
+  if (!done) return 0;
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size() - done);
+  for (auto& n : g.nodes)
+    if (!f.gone()[n.index]) nodes.push_back(std::move(n));
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
+  g.nodes = std::move(nodes);
+  return done;
+}
+
+}  // namespace ortmlx::graph

@@ -1,0 +1,52 @@
+// The elementwise activation after a Conv as part of the Conv: the Conv node takes over the last
+// activation node's output and lists the steps in two attributes (kConvActivation: the kinds,
+// kConvActivationParams: two floats a step), and the activation nodes go.
+//
+// Why: on MLX's CPU device a convolution runs through oneDNN, which applies such steps to each
+// output block while it is still in cache (post-ops); as nodes of their own they are one more
+// pass over the activations each (single-threaded in MLX's CPU backend) and one more primitive
+// to schedule a run, which dominates small convolutional models (mobile OCR, SE blocks).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/view.h"
+
+namespace ortmlx::graph {
+
+// The attributes a fused Conv carries (internal names: ONNX attributes never start with '_').
+inline constexpr const char* kConvActivation = "_ortmlx_activation";
+inline constexpr const char* kConvActivationParams = "_ortmlx_activation_params";
+
+// One fused step, applied in order to the convolution's output y.
+struct ConvActivation {
+  enum class Kind {
+    Relu,         // max(y, 0)
+    LeakyRelu,    // y < 0 ? a * y : y
+    Clip,         // min(max(y, a), b); an absent bound is -inf / +inf
+    Mul,          // y * a (a constant scalar)
+    Add,          // y + a (a constant scalar)
+    HardSigmoid,  // clip(a * y + b, 0, 1)
+    HardSwish,    // y * clip(y + 3, 0, 6) / 6 (ONNX's HardSwish, or that pattern of nodes)
+    Sigmoid,      // 1 / (1 + exp(-y))
+    Tanh,
+    Swish,        // y * sigmoid(y) (a Mul of y by a Sigmoid of y)
+  };
+  Kind kind = Kind::Relu;
+  float a = 0.f, b = 0.f;
+};
+
+const char* activation_name(ConvActivation::Kind k);
+
+// The steps a (possibly) fused Conv node carries; empty when it carries none.
+std::vector<ConvActivation> conv_activations(const Node& conv);
+
+// Rewrites `g` in place (nodes stay in topological order and are renumbered). A value between
+// two fused steps (or between the Conv and its first step) must be read by the pattern's nodes
+// alone and be neither one of `graph_outputs` nor read inside a control-flow body; constants
+// (Clip's bounds, Mul's and Add's operand) must be scalar initializers of at most the Conv's
+// rank. Returns how many activation nodes were fused away.
+int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs);
+
+}  // namespace ortmlx::graph
