@@ -196,6 +196,12 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
     g_gemm_refusals.fetch_add(1, std::memory_order_relaxed);
     throw std::runtime_error("oneDNN: only a GEMM-based convolution (" + name + ")");
   }
+  // Post-ops some kernels lack send oneDNN to its reference loops (the deconvolutions' do):
+  // slower than the convolution without them and the steps as MLX ops (the caller's retry).
+  if (!g.post_ops.empty() && std::strncmp(impl, "ref", 3) == 0) {
+    l.primitive_desc_destroy(pd);
+    throw std::runtime_error("oneDNN: only a reference implementation with these post-ops");
+  }
   p->src_md = *l.primitive_desc_query_md(pd, dnnl_query_src_md, 0);
   p->w_md = *l.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   p->dst_md = *l.primitive_desc_query_md(pd, dnnl_query_dst_md, 0);

@@ -299,7 +299,8 @@ std::vector<ConvPostOp> post_ops_of(const std::vector<ConvActivation>& steps, si
 // `flops`: the product's work, 2 x weight elements x batch x (output or, transposed, input)
 // positions.
 std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0, const mx::array& w0,
-                                              const DnnlConvShape& g, double flops) {
+                                              const DnnlConvShape& g, double flops,
+                                              const std::vector<graph::ConvActivation>& steps) {
   if (c.s.device != mx::Device::cpu || !translation_switches().cpu_conv_library ||
       compute_dtype(x0, c.s) != mx::float32 || (c.has(2) && (c.in(2).ndim() != 1 || c.in(2).shape(0) != g.y[1])))
     return std::nullopt;
@@ -308,12 +309,20 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   DnnlConvShape gt = g;
   if (flops < static_cast<double>(translation_switches().cpu_conv_parallel_min_flops)) gt.threads = 1;
+  size_t covered = 0;
+  gt.post_ops = post_ops_of(steps, covered);
   auto plan = cpu_dnnl_conv_plan(gt, c.s);
+  if (!plan && covered) {  // no fast kernel with those post-ops: the convolution alone, steps as MLX ops
+    gt.post_ops.clear();
+    covered = 0;
+    plan = cpu_dnnl_conv_plan(gt, c.s);
+  }
   if (!plan) return std::nullopt;
   auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
-  return mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s), x0.dtype(), c.s);
+  auto y = mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s), x0.dtype(), c.s);
+  return apply_activations({steps.begin() + static_cast<std::ptrdiff_t>(covered), steps.end()}, y, c.s);
 }
 
 // 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
@@ -471,17 +480,13 @@ Outputs translate_conv(OpContext& c) {
     hi[d] = static_cast<int>(e);
     out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
   }
-  if (x0.size() == 0 || w0.size() == 0) return {mx::zeros(out_shape, x0.dtype(), c.s)};
   const auto steps = graph::conv_activations(n);
+  if (x0.size() == 0 || w0.size() == 0) return {apply_activations(steps, mx::zeros(out_shape, x0.dtype(), c.s), c.s)};
   if (!crop) {
-    size_t covered = 0;
-    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides),
-                          lo,         hi,         to_int(dil), groups,
-                          c.has(2),   post_ops_of(steps, covered)};
+    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2)};
     if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
       if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
-    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape)))
-      return {apply_activations({steps.begin() + covered, steps.end()}, *y, c.s)};
+    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape), steps)) return {*y};
     if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
   }
   if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
@@ -569,7 +574,7 @@ Outputs translate_conv_transpose(OpContext& c) {
     }
     DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), pl, pr, to_int(dil), groups, c.has(2)};
     g.transposed = true;
-    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, x0.shape()))) return {*y};
+    if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, x0.shape()), {})) return {*y};
   }
   mx::Dtype cd = compute_dtype(x0, c.s);
   mx::array x = mx::transpose(mx::astype(x0, cd, c.s), channels_last_perm(rank), c.s);
