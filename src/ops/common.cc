@@ -175,23 +175,35 @@ mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s) {
 }
 
 mx::array erf_of(const mx::array& x, mx::Stream s) {
-  if (auto y = cpu_erf(x, s)) return *y;
+  if (auto y = cpu_unary(CpuUnary::Erf, x, s)) return *y;
   return mx::erf(x, s);
 }
 
+// float64: tanh(x) = 1 - 2 / (exp(2x) + 1) through exp_precise (MLX's float64 tanh is only
+// float32-accurate).
+mx::array tanh_precise(const mx::array& x, mx::Stream s) {
+  if (auto y = cpu_unary(CpuUnary::Tanh, x, s)) return *y;
+  if (x.dtype() != mx::float64) return mx::tanh(x, s);
+  auto e = exp_precise(mx::multiply(x, mx::array(2.0, x.dtype()), s), s);
+  auto one = mx::array(1.0, x.dtype());
+  return mx::subtract(one, mx::divide(mx::array(2.0, x.dtype()), mx::add(e, one, s), s), s);
+}
+
 mx::array gelu_erf(const mx::array& x, mx::Stream s) {
-  if (auto y = cpu_erf(x, s, /*gelu=*/true)) return *y;
+  if (auto y = cpu_unary(CpuUnary::Gelu, x, s)) return *y;
   auto t = x.dtype();
   auto inner = mx::erf(mx::multiply(x, mx::array(M_SQRT1_2, t), s), s);
   return mx::multiply(mx::multiply(x, mx::array(0.5, t), s), mx::add(inner, mx::array(1.0, t), s), s);
 }
 
 mx::array exp_precise(const mx::array& x, mx::Stream s) {
+  if (auto y = cpu_unary(CpuUnary::Exp, x, s)) return *y;
   if (x.dtype() != mx::float64) return mx::exp(x, s);
   return mx::power(mx::array(M_E, mx::float64), x, s);
 }
 
 mx::array sigmoid_precise(const mx::array& x, mx::Stream s) {
+  if (auto y = cpu_unary(CpuUnary::Sigmoid, x, s)) return *y;
   if (x.dtype() != mx::float64) return mx::sigmoid(x, s);
   return mx::reciprocal(mx::add(mx::array(1.0, mx::float64), exp_precise(mx::negative(x, s), s), s), s);
 }

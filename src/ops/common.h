@@ -82,9 +82,11 @@ mx::array logsumexp_precise(const mx::array& x, const std::vector<int>& axes, bo
                             mx::Stream s);
 mx::array softmax_precise(const mx::array& x, int axis, mx::Stream s);
 mx::array sigmoid_precise(const mx::array& x, mx::Stream s);
+mx::array tanh_precise(const mx::array& x, mx::Stream s);
 
-// erf, and the erf-based GELU 0.5 x (1 + erf(x / sqrt 2)) in x's dtype: float32 on a CPU
-// stream through the EP's vectorized kernel (cpu_erf), otherwise MLX's ops.
+// erf and the erf-based GELU 0.5 x (1 + erf(x / sqrt 2)) in x's dtype: float32 on a CPU stream
+// through the EP's vectorized kernels (cpu_unary), otherwise MLX's ops. exp_precise,
+// sigmoid_precise and tanh_precise above take those kernels the same way.
 mx::array erf_of(const mx::array& x, mx::Stream s);
 mx::array gelu_erf(const mx::array& x, mx::Stream s);
 

@@ -200,3 +200,32 @@ def test_shrink(dtype, attrs):
         b, l = np.float32(attrs.get("bias", 0.0)), np.float32(attrs.get("lambd", 0.5))
         expected = [np.where(x < -l, x + b, np.where(x > l, x - b, 0.0))]
     check_node("Shrink", {"x": x}, attrs, opset=9, expected=expected)
+
+
+@pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Tanh", "TanhMap"), ("Exp", "ExpMap")])
+@pytest.mark.parametrize("cpu_gemv", [1, 0])
+def test_transcendentals_run_the_cpu_kernel(op, kernel, cpu_gemv, capfd):
+    """float32 Sigmoid, Tanh and Exp run as the EP's vectorized kernel on the CPU device
+    (kernels/cpu/unary.cc; MLX's evaluates them one lane at a time through libm), over values
+    from e^-80 to e^80 and +-inf, equal to ORT's CPU EP (tests/cpp/cpu_kernels_test.cc
+    holds them to libm in double precision); cpu_gemv=0 keeps MLX's ops.
+    The GPU device never runs the kernel."""
+    import re
+    import onnxruntime_mlx as om
+    # (MLX's own exp, cpu_gemv=0, flushes the denormals and overflows early: the C++ test takes the
+    # kernel to the ends of the range)
+    x = np.concatenate([np.linspace(-80, 80, 4093), [0.0, -0.0, np.inf, -np.inf, 1e-8, 0.6251]]).astype(np.float32)
+    x = x.reshape(1, -1)
+    model = make_node_model(op, {"x": x}, 1, {}, None, 13)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model.SerializeToString(),
+                                sess_options=om.session_options(oracle.DEVICE, fallback=False, log_level=3, cpu_gemv=cpu_gemv))
+    capfd.readouterr()
+    (got,) = sess.run(None, {"x": x})
+    evaluated = [line for line in capfd.readouterr().err.splitlines() if "evaluates:" in line]
+    assert evaluated
+    # ORT's logistic is a rational approximation off by up to ~1e-7 where the value is tiny
+    # (MLX's exp is off by up to ~3e-6 for large arguments)
+    np.testing.assert_allclose(got, want, rtol=2e-6 if cpu_gemv else 5e-6, atol=2e-7)
+    ran = any(re.search(rf"\b{kernel}\b", line) for line in evaluated)
+    assert ran == (oracle.DEVICE == "cpu" and cpu_gemv == 1), evaluated

@@ -66,12 +66,17 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
 // 1.2e-38). std::nullopt off the CPU or for other dtypes.
 std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s);
 
-// erf(x) (gelu: 0.5 x (1 + erf(x / sqrt 2)), the erf-based GELU) of a float32 array on MLX's
-// CPU stream, 8 lanes at a time where the CPU has AVX2, split over threads. Why: MLX's CPU erf
-// runs one lane at a time through libm's out-of-line fmaf (in the MiniLM encoder at batch
-// 8 x 128 its GELU took as long as all the matrix products). Same formula as MLX's erf
-// (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7). std::nullopt off the CPU or for other dtypes.
-std::optional<mx::array> cpu_erf(const mx::array& x, mx::Stream s, bool gelu = false);
+// A transcendental function of a float32 array on MLX's CPU stream, 8 lanes at a time where the
+// CPU has AVX2, split over threads (kernels/cpu/unary.cc). Why: MLX's CPU backend runs these one
+// lane at a time through libm's out-of-line fmaf (a sigmoid of 100K floats ~60x ORT's time; in
+// the MiniLM encoder at batch 8 x 128 its GELU took as long as all the matrix products).
+// Erf: MLX's formula (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7); Gelu: 0.5 x (1 + erf(x /
+// sqrt 2)); Exp: Cephes' expf over the whole range (within ~2 ulp; 0 where the true value is
+// below ~1e-45, inf above FLT_MAX); Sigmoid: 1 / (1 + exp(-x)); Tanh: Cephes' tanhf (a
+// polynomial under |x| 0.625, 1 - 2 / (exp(2|x|) + 1) above). NaN stays NaN. std::nullopt off
+// the CPU, with the CPU kernels off, or for other dtypes.
+enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
+std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
 
 // Concatenation of same-dtype arrays along `axis` on MLX's CPU stream, one memcpy per
 // contiguous chunk. Why: MLX's CPU concatenate copies each input through its generic strided

@@ -174,14 +174,6 @@ mx::array with_bias(OpContext& c, size_t bias_i, mx::Dtype ct) {
 }
 }  // namespace
 
-// tanh(x) = 1 - 2 / (exp(2x) + 1) through exp_precise: MLX's float64 tanh (and sigmoid) are only
-// float32-accurate, exp_precise is exact to float64 (and plain mx::exp for other types).
-mx::array tanh_precise(const mx::array& x, mx::Stream s) {
-  if (x.dtype() != mx::float64) return mx::tanh(x, s);
-  auto e = exp_precise(mx::multiply(x, mx::array(2.0, x.dtype()), s), s);
-  auto one = mx::array(1.0, x.dtype());
-  return mx::subtract(one, mx::divide(mx::array(2.0, x.dtype()), mx::add(e, one, s), s), s);
-}
 
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with an optional bias added first.
 Outputs translate_fast_gelu(OpContext& c) {

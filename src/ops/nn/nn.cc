@@ -240,7 +240,7 @@ mx::array apply_activations(const std::vector<ConvActivation>& steps, mx::array 
         y = mx::divide(mx::multiply(y, mx::minimum(mx::maximum(mx::add(y, k(3), s), k(0), s), k(6), s), s), k(6), s);
         break;
       case ConvActivation::Kind::Sigmoid: y = sigmoid_precise(y, s); break;
-      case ConvActivation::Kind::Tanh: y = mx::tanh(y, s); break;
+      case ConvActivation::Kind::Tanh: y = tanh_precise(y, s); break;
       case ConvActivation::Kind::Swish: y = mx::multiply(y, sigmoid_precise(y, s), s); break;
     }
   }

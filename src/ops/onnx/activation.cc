@@ -32,7 +32,7 @@ mx::array leaky_relu(const OpContext& c, const mx::array& x) {
 }
 
 mx::array sigmoid(const OpContext& c, const mx::array& x) { return sigmoid_precise(x, c.s); }
-mx::array tanh_(const OpContext& c, const mx::array& x) { return mx::tanh(x, c.s); }
+mx::array tanh_(const OpContext& c, const mx::array& x) { return tanh_precise(x, c.s); }
 
 // clamp(alpha * x + beta, 0, 1)
 mx::array hard_sigmoid_core(const OpContext& c, const mx::array& x, double alpha, double beta) {
@@ -81,7 +81,7 @@ mx::array thresholded_relu(const OpContext& c, const mx::array& x) {
   return mx::where(mx::greater(x, alpha, c.s), x, sc(0, x), c.s);
 }
 mx::array mish(const OpContext& c, const mx::array& x) {
-  return mx::multiply(x, mx::tanh(softplus(c, x), c.s), c.s);
+  return mx::multiply(x, tanh_precise(softplus(c, x), c.s), c.s);
 }
 
 mx::array gelu(const OpContext& c, const mx::array& x) {
@@ -91,7 +91,7 @@ mx::array gelu(const OpContext& c, const mx::array& x) {
     auto x3 = mx::multiply(mx::multiply(x, x, c.s), x, c.s);
     auto inner = mx::multiply(sc(std::sqrt(2.0 / M_PI), x),
                               mx::add(x, mx::multiply(sc(0.044715, x), x3, c.s), c.s), c.s);
-    return mx::multiply(half_x, mx::add(sc(1, x), mx::tanh(inner, c.s), c.s), c.s);
+    return mx::multiply(half_x, mx::add(sc(1, x), tanh_precise(inner, c.s), c.s), c.s);
   }
   return gelu_erf(x, c.s);  // 0.5 x (1 + erf(x / sqrt(2)))
 }

@@ -139,16 +139,10 @@ std::vector<Act> parse_activations(const graph::Node& n, Cell k, std::string* wh
 
 mx::array sc(double v, const mx::array& like) { return scalar_like(v, like); }
 
-mx::array sigmoid_of(const mx::array& x, mx::Stream s) {
-  // float64: MLX's sigmoid uses its float32-accurate exp (see exp_precise).
-  if (x.dtype() != mx::float64) return mx::sigmoid(x, s);
-  return mx::reciprocal(mx::add(sc(1, x), exp_precise(mx::negative(x, s), s), s), s);
-}
-
 mx::array apply_fn(const Act& a, const mx::array& x, mx::Stream s) {
   switch (a.fn) {
-    case Fn::Sigmoid: return sigmoid_of(x, s);
-    case Fn::Tanh: return mx::tanh(x, s);
+    case Fn::Sigmoid: return sigmoid_precise(x, s);
+    case Fn::Tanh: return tanh_precise(x, s);
     case Fn::Relu: return mx::maximum(x, sc(0, x), s);
     case Fn::Affine: return mx::add(mx::multiply(sc(a.alpha, x), x, s), sc(a.beta, x), s);
     case Fn::LeakyRelu:
@@ -156,7 +150,7 @@ mx::array apply_fn(const Act& a, const mx::array& x, mx::Stream s) {
     case Fn::ThresholdedRelu:  // ORT and the ThresholdedRelu operator: x > alpha
       return mx::where(mx::greater(x, sc(a.alpha, x), s), x, sc(0, x), s);
     case Fn::ScaledTanh:
-      return mx::multiply(sc(a.alpha, x), mx::tanh(mx::multiply(sc(a.beta, x), x, s), s), s);
+      return mx::multiply(sc(a.alpha, x), tanh_precise(mx::multiply(sc(a.beta, x), x, s), s), s);
     case Fn::HardSigmoid: {
       auto y = mx::add(mx::multiply(sc(a.alpha, x), x, s), sc(a.beta, x), s);
       return mx::minimum(mx::maximum(y, sc(0, x), s), sc(1, x), s);
