@@ -100,6 +100,7 @@ struct Stats {
   std::atomic<uint64_t> fusion_kept_fused{0}, fusion_kept_unfused{0};
   // cpu_poll: evaluations whose results the caller polled for before sleeping.
   std::atomic<uint64_t> polled_evals{0};
+  std::atomic<uint64_t> after_short_evals{0};  // CPU evaluations after one under cpu_poll's window
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).

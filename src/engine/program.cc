@@ -448,7 +448,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     {
       trace::Span span("phase", "evaluate");
       if (span.active()) span.arg("arrays", std::to_string(todo.size()));
-      const bool poll = !opt_.gpu && opt_.cpu_poll && last_eval_ns_.load(std::memory_order_relaxed) < kPollBelowNs;
+      const bool after_short = !opt_.gpu && last_eval_ns_.load(std::memory_order_relaxed) < kPollBelowNs;
+      const bool poll = after_short && opt_.cpu_poll;
+      stats_.after_short_evals += after_short;
       stats_.polled_evals += poll;
       evaluate(todo, poll);
     }

@@ -38,7 +38,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"eval_arrays\":" << st.eval_arrays << ",\"piecewise_runs\":" << st.piecewise_runs
     << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
     << ",\"empty_operand_runs\":" << st.empty_operand_runs
-    << ",\"polled_evals\":" << st.polled_evals
+    << ",\"polled_evals\":" << st.polled_evals << ",\"after_short_evals\":" << st.after_short_evals
     << ",\"fusion_kept_fused\":" << st.fusion_kept_fused << ",\"fusion_kept_unfused\":" << st.fusion_kept_unfused
     << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled

@@ -235,9 +235,8 @@ def test_cpu_poll(switch, tmp_path, value):
     del sess
     gc.collect()
     st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
-    if value:
-        # the runs after the first whose previous evaluation was short (most of them; fewer when
-        # other tests load the machine)
-        assert st["polled_evals"] >= 5, st
-    else:
-        assert st["polled_evals"] == 0, st
+    # every evaluation after a short one polls (after_short_evals counts them either way; how
+    # many there are depends on the machine's load)
+    assert st["polled_evals"] == (st["after_short_evals"] if value else 0), st
+    if value and st["after_short_evals"] == 0:
+        pytest.skip("no evaluation under 100 us on this machine now: polling never applied")
