@@ -18,11 +18,10 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
 
 // Cephes' expf on 8 lanes (range reduction by ln 2 split in two, degree-5 polynomial): within
 // ~2 ulp of expf for d in [-87.3, 0]; 0 below (the true value underflows to a denormal there).
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
-  __m256 x = _mm256_max_ps(d, lo);
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+// exp(x) = 2^fx * exp(r): fx = round(x / ln 2) (returned), exp(r) by Cephes' degree-5
+// polynomial on the remainder r (ln 2 split in two for the reduction).
+__attribute__((target("avx2,fma"))) inline __m256 exp_reduced_avx2(__m256 x, __m256& fx) {
+  fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
   __m256 y = _mm256_set1_ps(1.9875691500E-4f);
@@ -31,7 +30,14 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  return _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
+  __m256 fx;
+  const __m256 y = exp_reduced_avx2(_mm256_max_ps(d, lo), fx);
   const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
 }
@@ -40,17 +46,8 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 d) {
 // FLT_MAX and the denormals come out (+inf above ~88.72, 0 below ~-103.9); NaN stays NaN.
 __attribute__((target("avx2,fma"))) inline __m256 exp_any_avx2(__m256 d) {
   const __m256 nan = _mm256_cmp_ps(d, d, _CMP_UNORD_Q);
-  __m256 x = _mm256_min_ps(_mm256_max_ps(d, _mm256_set1_ps(-104.f)), _mm256_set1_ps(88.8f));
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  __m256 fx;
+  __m256 y = exp_reduced_avx2(_mm256_min_ps(_mm256_max_ps(d, _mm256_set1_ps(-104.f)), _mm256_set1_ps(88.8f)), fx);
   const __m256i n = _mm256_cvttps_epi32(fx);
   const __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
   const __m256i bias = _mm256_set1_epi32(127);
