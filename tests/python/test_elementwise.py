@@ -56,7 +56,7 @@ def test_unary_float(op, dtype):
 
 
 def test_erf_large_and_special_values():
-    # Big enough for the CPU kernel (kernels/cpu/erf.cc) to split over threads, an odd length (its
+    # Big enough for the CPU kernel (kernels/cpu/unary.cc) to split over threads, an odd length (its
     # scalar tail), and +-0, +-inf, NaN and huge values.
     x = rand((301, 257), np.float32, -6, 6)
     x.flat[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30]
