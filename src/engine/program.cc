@@ -66,9 +66,6 @@ namespace {
 thread_local bool tl_last_run_compiled = false;
 thread_local uint64_t tl_last_eval_ns = 0;
 thread_local const char* tl_last_run_path = "";
-}  // namespace
-
-namespace {
 
 // On MLX's CPU device an evaluation runs on the stream's thread while the caller sleeps on a
 // condition variable, and waking it again costs more than a small program's whole arithmetic.

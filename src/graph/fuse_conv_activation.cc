@@ -45,7 +45,7 @@ class Fuser {
       const auto& r = readers(v);
       std::optional<std::string> next;
       if (r.size() == 1) next = single(g_.nodes[r[0]], v, max_rank, steps, taken);
-      if (r.size() == 2 && r[0] != r[1]) next = pair(g_.nodes[r[0]], g_.nodes[r[1]], v, steps, taken);
+      if (r.size() == 2 && r[0] != r[1]) next = pair(g_.nodes[r[0]], g_.nodes[r[1]], v, max_rank, steps, taken);
       if (!next) break;
       v = *next;
     }
@@ -155,19 +155,19 @@ class Fuser {
   }
 
   // The single reader of `v` when it is a Div by the constant `d`.
-  const Node* div_by(const std::string& v, float d) const {
+  const Node* div_by(const std::string& v, float d, size_t max_rank) const {
     const auto& r = readers(v);
     if (kept_.count(v) || r.size() != 1) return nullptr;
     const Node& n = g_.nodes[r[0]];
     if (!is(n, "Div", 2) || n.inputs[0] != v) return nullptr;
-    auto c = scalar(n.inputs[1], 8);
+    auto c = scalar(n.inputs[1], max_rank);
     return c && *c == d ? &n : nullptr;
   }
 
   // Steps whose two nodes read `v`: Mul(v, Sigmoid(v)) (Swish); Mul(v, HardSigmoid(v)) with
   // HardSwish's constants; v * Clip(v + 3, 0, 6) / 6 (HardSwish as exporters write it, the Div
   // after the Mul or before it).
-  std::optional<std::string> pair(const Node& p, const Node& q, const std::string& v,
+  std::optional<std::string> pair(const Node& p, const Node& q, const std::string& v, size_t max_rank,
                                   std::vector<ConvActivation>& steps, std::vector<size_t>& taken) const {
     for (const auto* first : {&p, &q}) {
       const Node& f = *first;
@@ -184,20 +184,20 @@ class Fuser {
         return m.outputs[0];
       }
       // v + 3 -> Clip(0, 6) -> [/ 6] -> * v -> [/ 6]
-      if (!is(f, "Add", 2) || other_scalar(f, v, 8) != 3.f) continue;
+      if (!is(f, "Add", 2) || other_scalar(f, v, max_rank) != 3.f) continue;
       const auto& ra = readers(f.outputs[0]);
       if (kept_.count(f.outputs[0]) || ra.size() != 1) continue;
       const Node& clip = g_.nodes[ra[0]];
-      auto b = clip_bounds(clip, f.outputs[0], 8);
+      auto b = clip_bounds(clip, f.outputs[0], max_rank);
       if (!b || b->first != 0.f || b->second != 6.f) continue;
       const std::string& c = clip.outputs[0];
-      if (const Node* d = div_by(c, 6.f); d && only_read_by(d->outputs[0], m) && mul_of(m, v, d->outputs[0])) {
+      if (const Node* d = div_by(c, 6.f, max_rank); d && only_read_by(d->outputs[0], m) && mul_of(m, v, d->outputs[0])) {
         steps.push_back({Kind::HardSwish});
         taken.insert(taken.end(), {f.index, clip.index, d->index, m.index});
         return m.outputs[0];
       }
       if (!only_read_by(c, m) || !mul_of(m, v, c)) continue;
-      if (const Node* d = div_by(m.outputs[0], 6.f)) {
+      if (const Node* d = div_by(m.outputs[0], 6.f, max_rank)) {
         steps.push_back({Kind::HardSwish});
         taken.insert(taken.end(), {f.index, clip.index, m.index, d->index});
         return d->outputs[0];

@@ -169,6 +169,26 @@ TEST(FuseConvActivation, MobilePatterns) {
   EXPECT_EQ(muls, 2);  // e's per-channel scale and the gate
 }
 
+// A hard-swish whose Div constant has more dims than the Conv (its output gains a dim) stays nodes.
+TEST(FuseConvActivation, ConstantsOfHigherRankStay) {
+  graph::Graph g;
+  g.inputs = {"x"};
+  g.nodes.push_back(conv("x", "w1", "a"));
+  g.nodes.push_back(test::node("Add", {"a", "k3"}, {"t"}));
+  g.nodes.push_back(test::node("Clip", {"t", "k0", "k6"}, {"tc"}));
+  g.nodes.push_back(test::node("Mul", {"a", "tc"}, {"m"}));
+  g.nodes.push_back(test::node("Div", {"m", "k6r5"}, {"hs"}));
+  g.outputs = {"hs"};
+  g.constants["k3"] = scalar(3.f);
+  g.constants["k0"] = scalar(0.f);
+  g.constants["k6"] = scalar(6.f);
+  std::vector<float> six{6.f};
+  g.constants["k6r5"] = graph::ConstTensor::from_bytes(DType::Float32, {1, 1, 1, 1, 1}, six.data(), sizeof(float));
+  finish(g);
+  EXPECT_EQ(graph::fuse_conv_activation(g, g.outputs), 0);
+  EXPECT_EQ(g.nodes.size(), 5u);
+}
+
 TEST(FuseConvActivation, ProgramGivesTheSameOutputs) {
   expect_same_outputs(relus());
   expect_same_outputs(mobile());

@@ -400,7 +400,8 @@ namespace {
 std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array& x0, const mx::array& w0,
                                                    const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
                                                    const std::vector<int>& lo, const std::vector<int>& hi, int groups,
-                                                   const mx::Shape& out_shape, mx::Dtype cd) {
+                                                   const mx::Shape& out_shape, mx::Dtype cd,
+                                                   const std::vector<ConvActivation>& steps) {
   if (c.s.device != mx::Device::cpu || !cpu_row_kernels_enabled()) return std::nullopt;
   for (size_t d = 0; d < kernel.size(); ++d)
     if (kernel[d] != 1 || strides[d] != 1 || lo[d] != 0 || hi[d] != 0) return std::nullopt;
@@ -416,7 +417,7 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     bshape[0] = M;
     y = mx::add(y, mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s), c.s);
   }
-  return mx::astype(apply_activations(graph::conv_activations(c.node), y, c.s), x0.dtype(), c.s);
+  return mx::astype(apply_activations(steps, y, c.s), x0.dtype(), c.s);
 }
 
 }  // namespace
@@ -485,9 +486,9 @@ Outputs translate_conv(OpContext& c) {
   if (!crop) {
     const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2)};
     if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
-      if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
+      if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd, steps)) return {*y};
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape), steps)) return {*y};
-    if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd)) return {*y};
+    if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd, steps)) return {*y};
   }
   if (crop) x = mx::slice(x, crop_start, crop_stop, c.s);
 
