@@ -229,3 +229,62 @@ def test_transcendentals_run_the_cpu_kernel(op, kernel, cpu_gemv, capfd):
     np.testing.assert_allclose(got, want, rtol=2e-6 if cpu_gemv else 5e-6, atol=2e-7)
     ran = any(re.search(rf"\b{kernel}\b", line) for line in evaluated)
     assert ran == (oracle.DEVICE == "cpu" and cpu_gemv == 1), evaluated
+
+
+def _primitives(sess, feeds, capfd, runs=3):
+    """MLX primitives of the session's last run (log_level=3)."""
+    import re
+    capfd.readouterr()
+    for _ in range(runs):
+        out = sess.run(None, feeds)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+    assert lines
+    return out, dict((k, int(v)) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1]))
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+def test_small_transcendentals_fuse_with_their_neighbours(capfd):
+    """Under 256 elements Sigmoid and Tanh stay MLX's ops (kernels/cpu/kernels.h,
+    kCpuUnaryMinElements), which a compiled program fuses with the elementwise ops around them
+    into one primitive: each primitive costs a hand-off to MLX's stream thread, more than the
+    arithmetic on so few values. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Tanh", ["a"], ["t"]),
+             helper.make_node("Mul", ["t", "b"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y"])]
+    b = onnx.numpy_helper.from_array(np.linspace(-1, 1, 64).astype(np.float32), "b")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.linspace(-4, 4, 64, dtype=np.float32).reshape(1, 64)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # cpu_fuse=1: MLX's fused kernels always (the default times fused against unfused first)
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert "SigmoidMap" not in prims and "TanhMap" not in prims, prims
+    fused = [k for k in prims if k.startswith("Compiled")]
+    assert len(fused) == 1 and "Tanh" in fused[0] and "Sigmoid" in fused[0], prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Softmax", "RowSoftmax")])
+def test_row_kernels_read_views_in_place(op, kernel, capfd):
+    """The EP's row kernels (sigmoid, softmax) take a transposed view as their input and gather it
+    themselves (RowMajorInput): no Contiguous primitive in front of them. Outputs equal ORT's
+    CPU EP."""
+    import onnxruntime_mlx as om
+    from onnx import helper
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), helper.make_node(op, ["t"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 48, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40, 48])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.random.default_rng(3).standard_normal((2, 48, 40)).astype(np.float32) * 4
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    assert prims.get(kernel) == 1, prims
+    # the output's own row-contiguous copy is the only Contiguous left
+    assert prims.get("Contiguous", 0) <= 1 and prims.get("Transpose") == 1, prims

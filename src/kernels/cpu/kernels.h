@@ -74,7 +74,10 @@ std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s)
 // sqrt 2)); Exp: Cephes' expf over the whole range (within ~2 ulp; 0 where the true value is
 // below ~1e-45, inf above FLT_MAX); Sigmoid: 1 / (1 + exp(-x)); Tanh: Cephes' tanhf (a
 // polynomial under |x| 0.625, 1 - 2 / (exp(2|x|) + 1) above). NaN stays NaN. std::nullopt off
-// the CPU, with the CPU kernels off, or for other dtypes.
+// the CPU, with the CPU kernels off, for other dtypes, or under kCpuUnaryMinElements: there
+// MLX's own op costs less, since a compiled program fuses it with its elementwise neighbours
+// into one primitive, and each primitive costs a hand-off to the stream thread.
+inline constexpr size_t kCpuUnaryMinElements = 256;
 enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
 
@@ -179,5 +182,22 @@ int cpu_threads();
 // fewer worker than the cores (created on first use, shared by all programs); returns when all
 // are done.
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
+
+// A float32 input of a row kernel, read in row-major order. Made in a primitive's eval_cpu:
+// a row-contiguous input is read in place; any other view (broadcast, transposed, sliced) is
+// gathered into a scratch array by the dispatched task itself, so the graph needs no Contiguous
+// primitive in front of the kernel (each primitive costs a task hand-off, which on small tensors
+// is most of the work). `rows()` inside the task returns the row-major data.
+class RowMajorInput {
+ public:
+  explicit RowMajorInput(const mx::array& x);
+  const float* rows() const;  // call from the dispatched task only
+
+ private:
+  const float* src_;
+  std::shared_ptr<std::vector<float>> scratch_;  // null when x is row-contiguous
+  mx::Shape shape_;
+  mx::Strides strides_;
+};
 
 }  // namespace ortmlx::ops

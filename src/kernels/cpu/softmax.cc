@@ -126,15 +126,15 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::runtime_error("[RowSoftmax] input must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(x);
     enc.set_output_array(out);
     const int n = x.shape(-1);
     const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-    enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), n, rows] {
+    enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
       static const SoftmaxRow row = pick_softmax_row();
+      const float* xp = in.rows();
       auto run = [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) row(xp + r * n, yp + r * n, n);
       };
@@ -157,12 +157,42 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
 }  // namespace
 
+RowMajorInput::RowMajorInput(const mx::array& x) : src_(x.data<float>()) {
+  if (x.flags().row_contiguous) return;
+  scratch_ = std::make_shared<std::vector<float>>();
+  shape_ = x.shape();
+  strides_ = x.strides();
+}
+
+const float* RowMajorInput::rows() const {
+  if (!scratch_) return src_;
+  auto& out = *scratch_;
+  if (!out.empty()) return out.data();
+  int64_t total = 1;
+  for (auto d : shape_) total *= d;
+  out.resize(static_cast<size_t>(total));
+  const int nd = static_cast<int>(shape_.size());
+  const int64_t inner = shape_[nd - 1], step = strides_[nd - 1];
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  float* d = out.data();
+  for (int64_t done = 0; done < total; done += inner, d += inner) {
+    int64_t off = 0;
+    for (int k = 0; k + 1 < nd; ++k) off += idx[k] * strides_[k];
+    const float* p = src_ + off;
+    for (int64_t j = 0; j < inner; ++j) d[j] = p[j * step];
+    for (int k = nd - 2; k >= 0; --k) {
+      if (++idx[k] < shape_[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return out.data();
+}
+
 std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
       x.ndim() < 1 || x.size() == 0)
     return std::nullopt;
-  auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowSoftmax>(s), {xc});
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowSoftmax>(s), {x});
 }
 
 }  // namespace ortmlx::ops

@@ -147,12 +147,12 @@ class UnaryMap : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::runtime_error(std::string("[") + name() + "] input must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(x);
     enc.set_output_array(out);
-    enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
+    enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
+      const float* xp = in.rows();
       // Chunks of >= 32K elements (~10 us of work each, the price of a hand-off).
       const int parts = static_cast<int>(std::min<int64_t>(cpu_threads(), n / (int64_t{1} << 15)));
       cpu_parallel_for(n, parts, [&](int64_t b, int64_t e) { fn(xp + b, yp + b, e - b); });
@@ -178,10 +178,10 @@ class UnaryMap : public mx::UnaryPrimitive {
 }  // namespace
 
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s) {
-  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.size() == 0)
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
+      x.size() < kCpuUnaryMinElements)
     return std::nullopt;
-  auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
-  return mx::array(x.shape(), mx::float32, std::make_shared<UnaryMap>(s, f), {xc});
+  return mx::array(x.shape(), mx::float32, std::make_shared<UnaryMap>(s, f), {x});
 }
 
 }  // namespace ortmlx::ops
