@@ -14,24 +14,22 @@ namespace ortmlx::ops {
 
 namespace {
 
-// Row-contiguous inputs, so the output is, for each index of the axes before `axis`, one
-// contiguous chunk of each input in turn: one memcpy per chunk.
+// Inputs read row-major (RowMajorInput), so the output is, for each index of the axes before
+// `axis`, one contiguous chunk of each input in turn: one memcpy per chunk.
 class ChunkConcat : public mx::UnaryPrimitive {
  public:
   ChunkConcat(mx::Stream s, int axis) : mx::UnaryPrimitive(s), axis_(axis) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& x : inputs)
-      if (!x.flags().row_contiguous) throw std::runtime_error("[ChunkConcat] inputs must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
-    std::vector<const char*> src;
+    std::vector<RowMajorInput> src;  // views gathered in the task (no Contiguous primitives)
     std::vector<size_t> chunk;
     for (const auto& x : inputs) {
       enc.set_input_array(x);
       size_t inner = x.itemsize();
       for (int d = axis_; d < static_cast<int>(x.ndim()); ++d) inner *= static_cast<size_t>(x.shape(d));
-      src.push_back(x.data<char>());
+      src.emplace_back(x);
       chunk.push_back(inner);
     }
     enc.set_output_array(out);
@@ -41,7 +39,7 @@ class ChunkConcat : public mx::UnaryPrimitive {
       char* o = dst;
       for (size_t i = 0; i < outer; ++i)
         for (size_t k = 0; k < src.size(); ++k) {
-          if (chunk[k]) std::memcpy(o, src[k] + i * chunk[k], chunk[k]);
+          if (chunk[k]) std::memcpy(o, src[k].rows<char>() + i * chunk[k], chunk[k]);
           o += chunk[k];
         }
     });
@@ -80,7 +78,7 @@ std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, 
     for (int d = 0; d < nd; ++d)
       if (d != axis && x.shape(d) != first.shape(d)) return std::nullopt;
     out[axis] += x.shape(axis);
-    inputs.push_back(mx::contiguous(x, false, s));  // shares the buffer when already contiguous
+    inputs.push_back(x);
   }
   return mx::array(std::move(out), first.dtype(), std::make_shared<ChunkConcat>(s, axis), std::move(inputs));
 }

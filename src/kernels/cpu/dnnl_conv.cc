@@ -336,15 +336,19 @@ class DnnlConv : public PlanPrimitive {
   using PlanPrimitive::PlanPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs)
-      if (!a.flags().row_contiguous) throw std::runtime_error("[DnnlConv] inputs must be row-contiguous");
+    if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[DnnlConv] the prepared weights must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
-    enc.dispatch([plan = plan_, xp = ptr(inputs[0]), wp = ptr(inputs[1]),
-                  bp = inputs.size() > 2 ? ptr(inputs[2]) : nullptr, yp = out.data<float>(), n = out.size()] {
+    // x and the bias may be any view: gathered in the task when not row-contiguous
+    std::optional<RowMajorInput> b;
+    if (inputs.size() > 2) b.emplace(inputs[2]);
+    enc.dispatch([plan = plan_, x = RowMajorInput(inputs[0]), wp = ptr(inputs[1]), b = std::move(b),
+                  yp = out.data<float>(), n = out.size()] {
+      float* xp = const_cast<float*>(x.rows());
+      float* bp = b ? const_cast<float*>(b->rows()) : nullptr;
       const ThreadLimit limit(plan->threads);
       float* s = plan->src_in.p ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
       float* d = plan->dst_out.p ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
@@ -426,8 +430,8 @@ mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan,
 
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s) {
-  std::vector<mx::array> in{mx::contiguous(mx::astype(x, mx::float32, s), false, s), w_prepared};
-  if (bias) in.push_back(mx::contiguous(mx::astype(*bias, mx::float32, s), false, s));
+  std::vector<mx::array> in{mx::astype(x, mx::float32, s), w_prepared};
+  if (bias) in.push_back(mx::astype(*bias, mx::float32, s));
   return mx::array(g.y, mx::float32, std::make_shared<DnnlConv>(s, plan), std::move(in));
 }
 

@@ -183,19 +183,25 @@ int cpu_threads();
 // are done.
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
 
-// A float32 input of a row kernel, read in row-major order. Made in a primitive's eval_cpu:
-// a row-contiguous input is read in place; any other view (broadcast, transposed, sliced) is
-// gathered into a scratch array by the dispatched task itself, so the graph needs no Contiguous
+// An input of a CPU kernel, read in row-major order. Made in a primitive's eval_cpu: a
+// row-contiguous input is read in place; any other view (broadcast, transposed, sliced) is
+// gathered into scratch memory by the dispatched task itself, so the graph needs no Contiguous
 // primitive in front of the kernel (each primitive costs a task hand-off, which on small tensors
-// is most of the work). `rows()` inside the task returns the row-major data.
+// is most of the work; and in a compiled trace even a constant is a placeholder whose layout is
+// unknown). `rows()` inside the task returns the row-major data.
 class RowMajorInput {
  public:
   explicit RowMajorInput(const mx::array& x);
-  const float* rows() const;  // call from the dispatched task only
+  template <class T = float>
+  const T* rows() const {  // call from the dispatched task only
+    return static_cast<const T*>(bytes());
+  }
+  const void* bytes() const;
 
  private:
-  const float* src_;
-  std::shared_ptr<std::vector<float>> scratch_;  // null when x is row-contiguous
+  const char* src_;
+  size_t item_;
+  std::shared_ptr<std::vector<char>> scratch_;  // null when x is row-contiguous
   mx::Shape shape_;
   mx::Strides strides_;
 };

@@ -134,13 +134,13 @@ class Pool2d : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::runtime_error("[Pool2d] input must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(x);
     enc.set_output_array(out);
-    enc.dispatch([xp = x.data<float>(), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
+    enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
                   H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
+      const float* xp = in.rows();
       // Planes in shares of >= 32K input elements (~10 us of work, the price of a hand-off).
       const int64_t work = planes * H * W;
       const int parts = static_cast<int>(std::min<int64_t>({cpu_threads(), planes, work / (int64_t{1} << 15)}));
@@ -178,8 +178,7 @@ std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx:
       g.stride_w < 1 || g.dil_h < 1 || g.dil_w < 1 ||
       (!g.max && (g.count_h.size() != static_cast<size_t>(g.out_h) || g.count_w.size() != static_cast<size_t>(g.out_w))))
     return std::nullopt;
-  auto xc = mx::contiguous(x, false, s);  // shares the buffer when already row-contiguous
-  return mx::array({x.shape(0), x.shape(1), g.out_h, g.out_w}, mx::float32, std::make_shared<Pool2d>(s, g), {xc});
+  return mx::array({x.shape(0), x.shape(1), g.out_h, g.out_w}, mx::float32, std::make_shared<Pool2d>(s, g), {x});
 }
 
 }  // namespace ortmlx::ops

@@ -157,33 +157,50 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
 }  // namespace
 
-RowMajorInput::RowMajorInput(const mx::array& x) : src_(x.data<float>()) {
+RowMajorInput::RowMajorInput(const mx::array& x) : src_(x.data<char>()), item_(x.itemsize()) {
   if (x.flags().row_contiguous) return;
-  scratch_ = std::make_shared<std::vector<float>>();
+  scratch_ = std::make_shared<std::vector<char>>();
   shape_ = x.shape();
   strides_ = x.strides();
 }
 
-const float* RowMajorInput::rows() const {
+namespace {
+template <class T>
+void gather_rows(const T* src, const mx::Shape& shape, const mx::Strides& strides, T* dst) {
+  const int nd = static_cast<int>(shape.size());
+  int64_t total = 1;
+  for (auto d : shape) total *= d;
+  const int64_t inner = shape[nd - 1], step = strides[nd - 1];
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  for (int64_t done = 0; done < total; done += inner, dst += inner) {
+    int64_t off = 0;
+    for (int k = 0; k + 1 < nd; ++k) off += idx[k] * strides[k];
+    const T* p = src + off;
+    for (int64_t j = 0; j < inner; ++j) dst[j] = p[j * step];
+    for (int k = nd - 2; k >= 0; --k) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+struct Bytes16 { char b[16]; };
+}  // namespace
+
+const void* RowMajorInput::bytes() const {
   if (!scratch_) return src_;
   auto& out = *scratch_;
   if (!out.empty()) return out.data();
-  int64_t total = 1;
-  for (auto d : shape_) total *= d;
-  out.resize(static_cast<size_t>(total));
-  const int nd = static_cast<int>(shape_.size());
-  const int64_t inner = shape_[nd - 1], step = strides_[nd - 1];
-  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
-  float* d = out.data();
-  for (int64_t done = 0; done < total; done += inner, d += inner) {
-    int64_t off = 0;
-    for (int k = 0; k + 1 < nd; ++k) off += idx[k] * strides_[k];
-    const float* p = src_ + off;
-    for (int64_t j = 0; j < inner; ++j) d[j] = p[j * step];
-    for (int k = nd - 2; k >= 0; --k) {
-      if (++idx[k] < shape_[k]) break;
-      idx[k] = 0;
-    }
+  size_t total = item_;
+  for (auto d : shape_) total *= static_cast<size_t>(d);
+  out.resize(std::max<size_t>(total, 1));
+  if (shape_.empty() || total == 0) return out.data();  // (a 0-d array is always row-contiguous)
+  switch (item_) {
+    case 1: gather_rows(reinterpret_cast<const uint8_t*>(src_), shape_, strides_, reinterpret_cast<uint8_t*>(out.data())); break;
+    case 2: gather_rows(reinterpret_cast<const uint16_t*>(src_), shape_, strides_, reinterpret_cast<uint16_t*>(out.data())); break;
+    case 4: gather_rows(reinterpret_cast<const uint32_t*>(src_), shape_, strides_, reinterpret_cast<uint32_t*>(out.data())); break;
+    case 8: gather_rows(reinterpret_cast<const uint64_t*>(src_), shape_, strides_, reinterpret_cast<uint64_t*>(out.data())); break;
+    case 16: gather_rows(reinterpret_cast<const Bytes16*>(src_), shape_, strides_, reinterpret_cast<Bytes16*>(out.data())); break;
+    default: throw std::logic_error("[RowMajorInput] unsupported element size");
   }
   return out.data();
 }

@@ -409,13 +409,17 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
   if (cg == 1 && groups > 1) return std::nullopt;  // depthwise: a per-channel scale, not a product
   int P = 1;
   for (int d = 2; d < static_cast<int>(x0.ndim()); ++d) P *= x0.shape(d);
-  auto x = mx::reshape(mx::astype(x0, cd, c.s), {N, groups, cg, P}, c.s);
-  auto w = mx::reshape(mx::astype(w0, cd, c.s), {groups, mg, cg}, c.s);
+  // Weight and bias in their product shapes once per program, and a single image without its
+  // batch axis (no broadcast of w over it): each reshape or broadcast is a primitive every run.
+  const std::string dt = std::to_string(static_cast<int>(cd.val()));
+  auto w = c.prepared("pointwise_w/" + dt, {1}, [&] { return mx::reshape(mx::astype(w0, cd, c.s), {groups, mg, cg}, c.s); });
+  auto x = N == 1 ? mx::reshape(mx::astype(x0, cd, c.s), {groups, cg, P}, c.s)
+                  : mx::reshape(mx::astype(x0, cd, c.s), {N, groups, cg, P}, c.s);
   auto y = mx::reshape(mx::matmul(w, x, c.s), out_shape, c.s);  // (N, g, Mg, P) -> (N, M, D..)
   if (c.has(2)) {
     mx::Shape bshape(x0.ndim() - 1, 1);
     bshape[0] = M;
-    y = mx::add(y, mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s), c.s);
+    y = mx::add(y, c.prepared("pointwise_b/" + dt, {2}, [&] { return mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s); }), c.s);
   }
   return mx::astype(apply_activations(steps, y, c.s), x0.dtype(), c.s);
 }

@@ -1,0 +1,106 @@
+"""The CPU device's primitive count: each MLX primitive costs a hand-off to MLX's stream thread
+(several microseconds), more than the arithmetic of a small tensor. These tests hold the
+translators and the EP's CPU kernels to the forms that keep the count down, and compare every
+output with ORT's CPU EP."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+
+import oracle
+def _primitives(sess, feeds, capfd, runs=3):
+    """MLX primitives of the session's last run (log_level=3)."""
+    import re
+    capfd.readouterr()
+    for _ in range(runs):
+        out = sess.run(None, feeds)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
+    assert lines
+    return out, dict((k, int(v)) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1]))
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+def test_small_transcendentals_fuse_with_their_neighbours(capfd):
+    """Under 256 elements Sigmoid and Tanh stay MLX's ops (kernels/cpu/kernels.h,
+    kCpuUnaryMinElements), which a compiled program fuses with the elementwise ops around them
+    into one primitive: each primitive costs a hand-off to MLX's stream thread, more than the
+    arithmetic on so few values. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Tanh", ["a"], ["t"]),
+             helper.make_node("Mul", ["t", "b"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y"])]
+    b = onnx.numpy_helper.from_array(np.linspace(-1, 1, 64).astype(np.float32), "b")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.linspace(-4, 4, 64, dtype=np.float32).reshape(1, 64)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # cpu_fuse=1: MLX's fused kernels always (the default times fused against unfused first)
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert "SigmoidMap" not in prims and "TanhMap" not in prims, prims
+    fused = [k for k in prims if k.startswith("Compiled")]
+    assert len(fused) == 1 and "Tanh" in fused[0] and "Sigmoid" in fused[0], prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Softmax", "RowSoftmax"), ("Concat", "ChunkConcat"),
+                                       ("MaxPool", "MaxPool2d"), ("Conv", "DnnlConv")])
+def test_row_kernels_read_views_in_place(op, kernel, capfd):
+    """The EP's CPU kernels (sigmoid, softmax, concatenation, pooling, oneDNN's convolution) take
+    a transposed view as their input and gather it themselves (RowMajorInput): no Contiguous
+    primitive in front of them. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 8, 18, 16)).astype(np.float32) * 4
+    inits, attrs, ins = [], {}, ["t"]
+    if op == "Concat":
+        attrs, ins = {"axis": 1}, ["t", "t"]
+    elif op == "MaxPool":
+        attrs = {"kernel_shape": [3, 3], "strides": [2, 2]}
+    elif op == "Conv":
+        inits = [onnx.numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w"),
+                 onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")]
+        ins = ["t", "w", "b"]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]), helper.make_node(op, ins, ["y"], **attrs)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-5 if op == "Conv" else 1e-7)
+    assert prims.get(kernel) == 1, prims
+    # the output's own row-contiguous copy is the only Contiguous left
+    assert prims.get("Contiguous", 0) <= 1 and prims.get("Transpose") == 1, prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("batch", [1, 2])
+def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
+    """A grouped 1x1 convolution runs as one batched product over NCHW (nn.cc,
+    pointwise_conv_as_product) with its weight and bias reshaped once per program, and a single
+    image without a batch axis, so no Broadcast of the weight: x's reshape, the product, the
+    result's reshape and the bias add remain. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((batch, 12, 9, 7)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((20, 3, 1, 1)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal(20).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=4), helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert prims.get("Matmul") == 1, prims
+    assert "Broadcast" not in prims or batch > 1, prims
+    assert prims.get("Reshape", 0) <= 2, prims
