@@ -69,9 +69,13 @@ thread_local const char* tl_last_run_path = "";
 
 // On MLX's CPU device an evaluation runs on the stream's thread while the caller sleeps on a
 // condition variable, and waking it again costs more than a small program's whole arithmetic.
-// After a short previous evaluation (`poll`), the caller polls the results for a while first.
+// After a short polled evaluation (`poll`), the caller polls the results for a while first.
+// The choice rests on the last *polled* evaluation: one that slept takes the wake-up's time too,
+// so judging by it, one slow evaluation (another process on the core) would stop polling for
+// good. Every kPollProbeEvery-th evaluation polls regardless, to find out again.
 constexpr uint64_t kPollBelowNs = 100'000;
 constexpr auto kPollFor = std::chrono::microseconds(100);
+constexpr uint64_t kPollProbeEvery = 16;
 
 void evaluate(std::vector<mx::array>& arrays, bool poll) {
   if (!poll) return mx::eval(arrays);
@@ -442,17 +446,18 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
+    const bool after_short = !opt_.gpu && (last_polled_eval_ns_.load(std::memory_order_relaxed) < kPollBelowNs ||
+                                           evals_.fetch_add(1, std::memory_order_relaxed) % kPollProbeEvery == 0);
     {
       trace::Span span("phase", "evaluate");
       if (span.active()) span.arg("arrays", std::to_string(todo.size()));
-      const bool after_short = !opt_.gpu && last_eval_ns_.load(std::memory_order_relaxed) < kPollBelowNs;
       const bool poll = after_short && opt_.cpu_poll;
       stats_.after_short_evals += after_short;
       stats_.polled_evals += poll;
       evaluate(todo, poll);
     }
     tl_last_eval_ns = elapsed_ns(t0);
-    last_eval_ns_.store(tl_last_eval_ns, std::memory_order_relaxed);
+    if (after_short) last_polled_eval_ns_.store(tl_last_eval_ns, std::memory_order_relaxed);
     stats_.eval_ns += tl_last_eval_ns;
     if (index_check::take_flag(outs, num_outputs())) {
       // An index was out of range: the same run again, eagerly, checking on the host, names it.

@@ -166,7 +166,8 @@ class Program final : public FusedProgram {
   std::mutex mu_;
   SignatureCache<Entry> cache_;
   mutable Stats stats_;  // translate() (const) counts its own time
-  std::atomic<uint64_t> last_eval_ns_{0};  // the last run's evaluation (Options::cpu_poll)
+  // Options::cpu_poll: the last polled evaluation's time, and a count of the evaluations
+  std::atomic<uint64_t> last_polled_eval_ns_{0}, evals_{0};
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
   bool probed_once_ = false;     // a probe has run: the program's host reads are known
   ShapeFamily family_;

@@ -240,3 +240,27 @@ def test_cpu_poll(switch, tmp_path, value):
     assert st["polled_evals"] == (st["after_short_evals"] if value else 0), st
     if value and st["after_short_evals"] == 0:
         pytest.skip("no evaluation under 100 us on this machine now: polling never applied")
+
+
+def test_cpu_poll_probes_after_long_evaluations(tmp_path):
+    """Polling follows the last *polled* evaluation, and every 16th evaluation polls regardless
+    (engine/program.cc, kPollProbeEvery): judging by the last evaluation, which also took the
+    sleeping caller's wake-up, one slow run would stop polling for good. A program whose
+    evaluations take milliseconds polls in its first evaluation and in those probes only."""
+    import gc
+    import json
+    x = rng.standard_normal((1, 1 << 21)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    report = tmp_path / "report.jsonl"
+    sess = _session(model, report_path=str(report))
+    for _ in range(48):
+        sess.run(None, {"x": x})
+    del sess
+    gc.collect()
+    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    evals = st["runs"]  # one evaluation a run
+    assert st["polled_evals"] == st["after_short_evals"], st
+    assert 1 + (evals - 1) // 16 <= st["polled_evals"] <= 2 + evals // 16, st
