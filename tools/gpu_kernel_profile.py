@@ -4,7 +4,10 @@ alike), against the runs' wall time. Prints per run: wall ms, GPU busy ms (the u
 kernel and copy intervals), kernels launched, and the kernels taking the most GPU time.
 
     python3 tools/gpu_kernel_profile.py CASE... [--provider mlx|cuda] [--runs 10] [--top 12]
-        [--option key=value ...]
+        [--option key=value ...] [--timeline]
+
+--timeline also lists one more run's kernels in order, each with its start and end relative to
+the run's start on the host (when the GPU started each one, and how late after the host began).
 
 CASE is one of
     prefill:MODEL_DIR:LENGTH    a genai-format LLM's prompt of LENGTH tokens (empty past)
@@ -100,7 +103,31 @@ def busy_us(events) -> float:
     return total
 
 
-def profile_case(case: str, provider: str, runs: int, top: int, options: dict) -> None:
+def print_timeline(run) -> None:
+    """One run's kernels in order: start and end (us) from the host's start of the run."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("timeline_run"):
+            run()
+        torch.cuda.synchronize()
+    host = [e for e in prof.events() if e.name == "timeline_run" and getattr(e, "device_type", None) != DeviceType.CUDA]
+    if not host:
+        print("   timeline: the run's host span was not recorded")
+        return
+    h0, h1 = host[0].time_range.start, host[0].time_range.end
+    ev = sorted(device_events(prof), key=lambda x: x[1])
+    print(f"   timeline: host run {h1 - h0:.0f} us, {len(ev)} kernels+copies; start/end from the host's start, us")
+    prev = None
+    for name, s, e in ev:
+        gap = "" if prev is None else f" (+{s - prev:.0f})"
+        print(f"   {s - h0:8.0f} {e - h0:8.0f} {e - s:7.1f}{gap:>9}  {name[:90]}")
+        prev = e
+
+
+def profile_case(case: str, provider: str, runs: int, top: int, options: dict, timeline: bool = False) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
     kind, path, arg = parse_case(case)
@@ -132,6 +159,8 @@ def profile_case(case: str, provider: str, runs: int, top: int, options: dict) -
           f"{len(ev) / runs:.0f} kernels+copies/run", flush=True)
     for name, (count, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"   {us / runs:9.1f} us/run  {count / runs:6.1f}x  {name[:110]}")
+    if timeline:
+        print_timeline(run)
     if report:
         del run
         gc.collect()  # the session's end writes its statistics
@@ -152,11 +181,12 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--option", action="append", default=[], help="provider option key=value")
+    p.add_argument("--timeline", action="store_true", help="list one more run's kernels in order")
     a = p.parse_args()
     options = dict(o.split("=", 1) for o in a.option)
     for case in a.cases:
         try:
-            profile_case(case, a.provider, a.runs, a.top, dict(options))
+            profile_case(case, a.provider, a.runs, a.top, dict(options), a.timeline)
         except Exception as e:  # one case's failure (e.g. a missing model) does not end the others
             print(f"== {case} [{a.provider}] failed: {type(e).__name__}: {e}", flush=True)
     return 0

@@ -34,7 +34,8 @@ bool diagnosing();
 // Appends the flags (if any) to `outs` as one scalar bool.
 void append_flag(std::vector<mx::array>& outs, const std::vector<mx::array>& flags, mx::Stream s);
 
-// After evaluation: removes the flag output past the first `n` and says whether it was set.
-bool take_flag(std::vector<mx::array>& outs, size_t n);
+// After evaluation: removes the flag output past the first `n` and says whether it was set
+// (`driver_copy`: on MLX's CUDA backend read by one copy of the driver, Options::device_copies 2).
+bool take_flag(std::vector<mx::array>& outs, size_t n, bool driver_copy);
 
 }  // namespace ortmlx::engine::index_check

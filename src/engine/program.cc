@@ -459,7 +459,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     tl_last_eval_ns = elapsed_ns(t0);
     if (after_short) last_polled_eval_ns_.store(tl_last_eval_ns, std::memory_order_relaxed);
     stats_.eval_ns += tl_last_eval_ns;
-    if (index_check::take_flag(outs, num_outputs())) {
+    if (index_check::take_flag(outs, num_outputs(), opt_.device_copies == 2)) {
       // An index was out of range: the same run again, eagerly, checking on the host, names it.
       index_check::Diagnose diagnose;
       try {

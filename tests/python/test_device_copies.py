@@ -59,3 +59,39 @@ def test_outputs_copied_by_the_driver_equal_mlxs_host_read(tmp_path, mode):
     else:
         assert before == after == 0
         assert copies_after.skips["no_driver"] > 0, copies_after.skips
+
+
+def gather_model():
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], "flag",
+        [helper.make_tensor_value_info("x", TP.FLOAT, [10, 4]), helper.make_tensor_value_info("i", TP.INT64, [2])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+def test_index_flag_is_read_by_the_driver(tmp_path):
+    """A run's index check ends in a flag the host reads (engine/index_check.cc). On the GPU,
+    with device_copies=2, the driver copies it out: MLX keeps buffers of up to 8 bytes in shared
+    managed pages, and its host read moved that page to the host every run, so the next run's
+    first kernels stalled on page faults. One more driver copy a run than with device_copies=1
+    (whose output copy is the same here), and an index out of range is still an error."""
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    counts = {}
+    for mode in (1, 2):
+        report = tmp_path / f"flag{mode}.jsonl"
+        s = om.InferenceSession(gather_model(), DEVICE, fallback=False, report_path=str(report), device_copies=mode)
+        for _ in range(5):
+            (y,) = s.run(None, {"x": x, "i": np.array([3, -1], np.int64)})
+            np.testing.assert_array_equal(y, x[[3, -1]])
+        with pytest.raises(Exception, match="out of range|out of bounds|indices"):
+            s.run(None, {"x": x, "i": np.array([3, 10], np.int64)})
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        counts[mode] = line["process_device_copies"]
+    if DEVICE == "gpu":
+        # process totals: mode 2's session came second, so its count includes mode 1's
+        assert counts[2] - counts[1] >= counts[1] + 4, counts
+    else:
+        assert counts[1] == counts[2] == 0, counts
