@@ -87,6 +87,7 @@ struct Counters {
   std::atomic<uint64_t> outputs_rows_in_step{0};   // ... of those, by the run's own evaluation
   std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
+  std::atomic<uint64_t> copies_by_driver{0};  // ... of those, by the CUDA driver (not memcpy)
 };
 Counters& counters();
 

@@ -9,6 +9,7 @@
 
 #include "engine/device_buffers.h"
 #include "ep/error_wall.h"
+#include "kernels/cuda/device_copy.h"
 
 namespace ortmlx::ep {
 
@@ -81,7 +82,9 @@ struct MlxAllocator : OrtAllocator {
 
 // Copies between ORT's CPU memory and the EP's memory, both ways, and within the EP's memory.
 // Every one of them is host-addressable (MLX's CPU allocations, or CUDA managed memory on MLX's
-// CUDA backend), so a copy is a memcpy once MLX has no pending work writing the source.
+// CUDA backend), so a copy is a memcpy once MLX has no pending work writing the source; on the
+// CUDA backend the driver copies instead (kernels/cuda/device_copy.h: copy_bytes), leaving
+// managed pages on the GPU, unless ORT_MLX_DEVICE_COPIES is 0 or 1.
 struct MlxDataTransfer : OrtDataTransferImpl {
   MlxDataTransfer() : OrtDataTransferImpl{} {
     ort_version_supported = g_api_version;
@@ -114,6 +117,9 @@ struct MlxDataTransfer : OrtDataTransferImpl {
       // The EP evaluates before Compute returns, so its buffers are complete; synchronizing
       // MLX also covers work another caller queued on this thread's streams.
       if (reads_ours) mx::synchronize();
+      // Not a session's: the device_copies option's environment form chooses (0 or 1: memcpy).
+      const char* env = std::getenv("ORT_MLX_DEVICE_COPIES");
+      const bool by_driver = !env || !*env || std::strcmp(env, "2") == 0;
       auto& c = db::counters();
       for (size_t i = 0; i < n; ++i) {
         size_t src_bytes = 0, dst_bytes = 0;
@@ -127,7 +133,12 @@ struct MlxDataTransfer : OrtDataTransferImpl {
         void* to = nullptr;
         check(g_ort->GetTensorData(src[i], &from));
         check(g_ort->GetTensorMutableData(dst[i], &to));
-        if (src_bytes && from != to) std::memcpy(to, from, src_bytes);
+        if (src_bytes && from != to) {
+          if (by_driver && kernels::cuda::copy_bytes(to, from, src_bytes))
+            c.copies_by_driver++;
+          else
+            std::memcpy(to, from, src_bytes);
+        }
         const bool s = is_ep_memory(g_ep_api->Value_GetMemoryDevice(src[i]));
         const bool d = is_ep_memory(g_ep_api->Value_GetMemoryDevice(dst[i]));
         if (s && d) {

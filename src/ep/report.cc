@@ -78,7 +78,8 @@ std::string device_memory_line() {
     << ",\"outputs_rows_in_step\":" << c.outputs_rows_in_step
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h
     << ",\"copies_d2d\":" << c.copies_d2d << ",\"bytes_h2d\":" << c.bytes_h2d
-    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d << "}}\n";
+    << ",\"bytes_d2h\":" << c.bytes_d2h << ",\"bytes_d2d\":" << c.bytes_d2d
+    << ",\"copies_by_driver\":" << c.copies_by_driver << "}}\n";
   return f.str();
 }
 

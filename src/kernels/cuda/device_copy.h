@@ -19,6 +19,15 @@ namespace mx = mlx::core;
 // build does not know): the caller reads `a` as usual.
 bool copy_to_host(const mx::array& a, void* dst, bool unified);
 
+// Copies `bytes` bytes from `src` to `dst`, host-addressable buffers of any kind (CUDA managed,
+// pinned or pageable host memory), by one copy of the CUDA driver, which writes and reads
+// managed pages where they lie: a host memcpy into the EP's memory (managed on MLX's CUDA
+// backend) moves the written pages to the host, and the next kernel that reads them, or that
+// gets their buffer from MLX's cache for its output, stalls on page faults. Returns false,
+// having done nothing, without a CUDA driver loaded or with no CUDA context current on the
+// calling thread: the caller memcpys.
+bool copy_bytes(void* dst, const void* src, size_t bytes);
+
 // Whether `a`'s buffer is in CUDA device memory (so a.data() would move it to managed memory).
 bool in_device_memory(const mx::array& a);
 
