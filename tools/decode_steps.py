@@ -38,8 +38,20 @@ def parse_setting(text: str) -> tuple[dict, dict]:
 
 
 def run_setting(model, device, opts, env, context, steps, report, teacher_forced=False):
-    for k, v in env.items():
-        os.environ[k] = v
+    """The setting's environment variables hold for its own steps only."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _run_setting(model, device, opts, context, steps, report, teacher_forced)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_setting(model, device, opts, context, steps, report, teacher_forced):
     device = opts.pop("device", device)
     provider = opts.pop("provider", "mlx")
     share = opts.pop("share_buffer", "0") == "1"
