@@ -70,10 +70,7 @@ bool copy_bytes(void* dst, const void* src, size_t bytes) {
   if (!abi::driver().loaded() || !dst || !src || bytes == 0) return false;
   int current = -1;
   if (abi::driver().ctx_get_device(&current) != 0) return false;
-  if (abi::driver().memcpy(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(src), bytes) != 0)
-    return false;
-  g_copies.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return abi::driver().memcpy(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(src), bytes) == 0;
 }
 
 size_t host_copies() { return g_copies.load(std::memory_order_relaxed); }
