@@ -81,11 +81,49 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("groups,cin,cout,hw", [(4, 64, 20, (9, 7)), (3, 54, 21, (5, 3)), (1, 16, 13, (17, 1)),
+                                                (2, 136, 136, (14, 14))])
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", None])
+def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capfd):
+    """A 1x1 convolution that oneDNN does not take (grouped, or below its size) runs as the EP's
+    kernel over NCHW as it lies (kernels/cpu/pointwise.cc: 6 x 16 register tiles, masked at the
+    edges), its bias and a Relu after it inside: one primitive, where MLX's form was reshapes
+    around a batched product. Output channels not a multiple of 6 and positions not a multiple
+    of 16 take the edge tiles (groups of fewer than 16 input channels stay MLX's product, see
+    test_grouped_pointwise_conv_has_no_weight_views). Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((batch, cin, *hw)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((cout, cin // groups, 1, 1)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], group=groups)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # cpu_dnnl=0: the kernel also for the ungrouped case, which oneDNN would otherwise take
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1,
+                                                                       cpu_dnnl=0 if groups == 1 else 1))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert prims.get("PointwiseConv") == 1 and "Matmul" not in prims and "Broadcast" not in prims, prims
+    assert "Reshape" not in prims, prims
+    if act == "Relu" and groups > 1:  # (the Relu joins the Conv where oneDNN is on: graph/fuse_conv_activation)
+        assert "Maximum" not in prims and not any(k.startswith("Compiled") for k in prims), prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("batch", [1, 2])
 def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
-    """A grouped 1x1 convolution runs as one batched product over NCHW (nn.cc,
-    pointwise_conv_as_product) with its weight and bias reshaped once per program, and a single
-    image without a batch axis, so no Broadcast of the weight: x's reshape, the product, the
-    result's reshape and the bias add remain. Outputs equal ORT's CPU EP."""
+    """A grouped 1x1 convolution of fewer than 16 input channels a group runs as one batched
+    product over NCHW (nn.cc, pointwise_conv_as_product) with its weight and bias reshaped once
+    per program, and a single image without a batch axis, so no Broadcast of the weight: x's
+    reshape, the product, the result's reshape and the bias add remain. Outputs equal ORT's CPU
+    EP."""
     import onnx
     import onnxruntime_mlx as om
     from onnx import helper
@@ -101,6 +139,6 @@ def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
     sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
     (got,), prims = _primitives(sess, {"x": x}, capfd)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert prims.get("Matmul") == 1, prims
+    assert prims.get("Matmul") == 1 and "PointwiseConv" not in prims, prims
     assert "Broadcast" not in prims or batch > 1, prims
     assert prims.get("Reshape", 0) <= 2, prims

@@ -409,6 +409,17 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
   if (cg == 1 && groups > 1) return std::nullopt;  // depthwise: a per-channel scale, not a product
   int P = 1;
   for (int d = 2; d < static_cast<int>(x0.ndim()); ++d) P *= x0.shape(d);
+  if (cd == mx::float32 && x0.dtype() == mx::float32 && (!c.has(2) || c.in(2).ndim() == 1)) {
+    // The EP's kernel over NCHW as it lies (kernels/cpu/pointwise.cc), bias and a first Relu inside.
+    auto w = c.prepared("pointwise_conv_w", {1}, [&] { return mx::contiguous(mx::reshape(w0, {M, cg}, c.s), false, c.s); });
+    std::optional<mx::array> bias;
+    if (c.has(2)) bias = mx::astype(c.in(2), mx::float32, c.s);
+    const bool relu = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::Relu;
+    const double flops = 2.0 * N * M * cg * P;
+    const bool parallel = flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops);
+    if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.s))
+      return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s);
+  }
   // Weight and bias in their product shapes once per program, and a single image without its
   // batch axis (no broadcast of w over it): each reshape or broadcast is a primitive every run.
   const std::string dt = std::to_string(static_cast<int>(cd.val()));

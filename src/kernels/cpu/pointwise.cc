@@ -1,0 +1,212 @@
+// Pointwise (1x1, stride 1, unpadded) convolutions over NCHW as they lie: cpu_pointwise_conv of
+// kernels/cpu/kernels.h.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <typeinfo>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+struct PointwiseShape {
+  int64_t n, groups, cg, mg, positions;  // batch, groups, input / output channels per group, H*W...
+  bool relu;
+  bool operator==(const PointwiseShape&) const = default;
+};
+
+// One group of one image, output columns [p0, p1): y[m, p] = b[m] + sum_k w[m, k] x[k, p], then
+// max(y, 0) with relu. x rows (channels) are `positions` apart, as are y's.
+void panel_scalar(const float* x, const float* w, const float* b, float* y, const PointwiseShape& s, int64_t p0,
+                  int64_t p1) {
+  for (int64_t m = 0; m < s.mg; ++m) {
+    float* yr = y + m * s.positions;
+    for (int64_t p = p0; p < p1; ++p) yr[p] = b ? b[m] : 0.f;
+    for (int64_t k = 0; k < s.cg; ++k) {
+      const float wk = w[m * s.cg + k];
+      const float* xr = x + k * s.positions;
+      for (int64_t p = p0; p < p1; ++p) yr[p] += wk * xr[p];
+    }
+    if (s.relu)
+      for (int64_t p = p0; p < p1; ++p) yr[p] = std::max(yr[p], 0.f);
+  }
+}
+
+#ifdef ORTMLX_X86
+__attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, __m256 a1, bool relu, bool full,
+                                                           __m256i mask0, __m256i mask1) {
+  if (relu) {
+    a0 = _mm256_max_ps(a0, _mm256_setzero_ps());
+    a1 = _mm256_max_ps(a1, _mm256_setzero_ps());
+  }
+  if (full) {
+    _mm256_storeu_ps(yp, a0);
+    _mm256_storeu_ps(yp + 8, a1);
+  } else {
+    _mm256_maskstore_ps(yp, mask0, a0);
+    _mm256_maskstore_ps(yp + 8, mask1, a1);
+  }
+}
+
+// 6 output channels x 16 positions in 12 named accumulators (an array of them ends up on the
+// stack), over all input channels: the panel of x (cg rows of 16 floats) stays in L1 across the
+// channel blocks. Past the last channel the rows repeat the last one (computed, not stored);
+// fewer than 16 positions at the end go through masked loads and stores.
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w, const float* b, float* y,
+                                                    const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
+  const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
+  const int rows = static_cast<int>(std::min<int64_t>(6, s.mg - m0));
+  alignas(32) static const int lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const __m256i n = _mm256_set1_epi32(cols);
+  const __m256i mask0 = _mm256_cmpgt_epi32(n, _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)));
+  const __m256i mask1 = _mm256_cmpgt_epi32(n, _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8)));
+  int64_t m[6];
+  for (int r = 0; r < 6; ++r) m[r] = std::min(m0 + r, last);
+  const float *w0 = w + m[0] * K, *w1 = w + m[1] * K, *w2 = w + m[2] * K, *w3 = w + m[3] * K, *w4 = w + m[4] * K,
+              *w5 = w + m[5] * K;
+  float bias[6];
+  for (int r = 0; r < 6; ++r) bias[r] = b ? b[m[r]] : 0.f;
+  __m256 c00 = _mm256_set1_ps(bias[0]), c01 = c00, c10 = _mm256_set1_ps(bias[1]), c11 = c10;
+  __m256 c20 = _mm256_set1_ps(bias[2]), c21 = c20, c30 = _mm256_set1_ps(bias[3]), c31 = c30;
+  __m256 c40 = _mm256_set1_ps(bias[4]), c41 = c40, c50 = _mm256_set1_ps(bias[5]), c51 = c50;
+  const float* xp = x + p0;
+  if (cols == 16) {
+    for (int64_t k = 0; k < K; ++k, xp += P) {
+      const __m256 x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + 8);
+      __m256 v = _mm256_broadcast_ss(w0 + k);
+      c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
+      v = _mm256_broadcast_ss(w1 + k);
+      c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
+      v = _mm256_broadcast_ss(w2 + k);
+      c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
+      v = _mm256_broadcast_ss(w3 + k);
+      c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
+      v = _mm256_broadcast_ss(w4 + k);
+      c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
+      v = _mm256_broadcast_ss(w5 + k);
+      c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
+    }
+  } else {
+    for (int64_t k = 0; k < K; ++k, xp += P) {
+      const __m256 x0 = _mm256_maskload_ps(xp, mask0), x1 = _mm256_maskload_ps(xp + 8, mask1);
+      __m256 v = _mm256_broadcast_ss(w0 + k);
+      c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
+      v = _mm256_broadcast_ss(w1 + k);
+      c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
+      v = _mm256_broadcast_ss(w2 + k);
+      c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
+      v = _mm256_broadcast_ss(w3 + k);
+      c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
+      v = _mm256_broadcast_ss(w4 + k);
+      c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
+      v = _mm256_broadcast_ss(w5 + k);
+      c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
+    }
+  }
+  const __m256 a[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, cols == 16, mask0, mask1);
+}
+
+__attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float* w, const float* b, float* y,
+                                                     const PointwiseShape& s, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p += 16) {
+    const int cols = static_cast<int>(std::min<int64_t>(16, p1 - p));
+    for (int64_t m = 0; m < s.mg; m += 6) tile_avx2(x, w, b, y, s, m, p, cols);
+  }
+}
+#endif
+
+class PointwiseConv : public mx::UnaryPrimitive {
+ public:
+  PointwiseConv(mx::Stream st, const PointwiseShape& s, bool parallel)
+      : mx::UnaryPrimitive(st), s_(s), parallel_(parallel) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[PointwiseConv] the weight must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    std::optional<RowMajorInput> bias;
+    if (inputs.size() > 2) bias.emplace(inputs[2]);
+    enc.dispatch([x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
+                  yp = out.data<float>(), s = s_, parallel = parallel_] {
+      const float* xp = x.rows();
+      const float* bp = bias ? bias->rows() : nullptr;
+      // Work items: (image, group, 64-position stretch), split over the threads.
+      constexpr int64_t kStretch = 64;
+      const int64_t stretches = (s.positions + kStretch - 1) / kStretch;
+      const int64_t items = s.n * s.groups * stretches;
+#ifdef ORTMLX_X86
+      const bool avx2 = cpu_has_avx2_fma();
+#endif
+      auto run = [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t t = i % stretches, ng = i / stretches, g = ng % s.groups, img = ng / s.groups;
+          const int64_t p0 = t * kStretch, p1 = std::min(s.positions, p0 + kStretch);
+          const float* xg = xp + (img * s.groups + g) * s.cg * s.positions;
+          float* yg = yp + (img * s.groups + g) * s.mg * s.positions;
+          const float* wg = wp + g * s.mg * s.cg;
+          const float* bg = bp ? bp + g * s.mg : nullptr;
+#ifdef ORTMLX_X86
+          if (avx2) {
+            panel_avx2(xg, wg, bg, yg, s, p0, p1);
+            continue;
+          }
+#endif
+          panel_scalar(xg, wg, bg, yg, s, p0, p1);
+        }
+      };
+      cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, run);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[PointwiseConv] runs on the CPU stream only");
+  }
+  const char* name() const override { return "PointwiseConv"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const PointwiseConv*>(&other);
+    return o && o->s_ == s_ && o->parallel_ == parallel_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape out = inputs[0].shape();
+    out[1] = static_cast<int>(s_.groups * s_.mg);
+    return {out};
+  }
+
+ private:
+  PointwiseShape s_;
+  bool parallel_;
+};
+
+}  // namespace
+
+std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                                            int groups, bool relu, bool parallel, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
+      w.dtype() != mx::float32 || x.ndim() < 3 || w.ndim() != 2 || groups < 1 || x.size() == 0 || w.size() == 0 ||
+      (bias && (bias->dtype() != mx::float32 || bias->size() != static_cast<size_t>(w.shape(0)))))
+    return std::nullopt;
+  const int64_t C = x.shape(1), M = w.shape(0);
+  if (C % groups || M % groups || w.shape(1) * groups != C) return std::nullopt;
+  if (C / groups < kPointwiseMinDepth) return std::nullopt;
+  int64_t positions = 1;
+  for (int d = 2; d < static_cast<int>(x.ndim()); ++d) positions *= x.shape(d);
+  const PointwiseShape shape{x.shape(0), groups, C / groups, M / groups, positions, relu};
+  mx::Shape out = x.shape();
+  out[1] = static_cast<int>(M);
+  std::vector<mx::array> in{x, w};
+  if (bias) in.push_back(*bias);
+  return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel), std::move(in));
+}
+
+}  // namespace ortmlx::ops
