@@ -59,7 +59,7 @@ struct Options {
   bool transposed_weights = true;  // on the GPU, MatMul weights kept [N, K] (graph/transpose_weights.h)
   bool cpu_dnnl = true;            // on the CPU, float32 convolutions through oneDNN when it loads
   bool fuse_conv_activation = true;  // ... with the activation after a Conv as its post-ops (graph/fuse_conv_activation.h)
-  int64_t cpu_dnnl_min_flops = 100000;  // ... for convolutions (and products) of at least this many FLOPs
+  int64_t cpu_dnnl_min_flops = 0;  // ... for convolutions (and products) of at least this many FLOPs
   // ... and on the stream thread alone (one OpenMP thread) below this many
   int64_t cpu_dnnl_parallel_min_flops = 5000000;
   // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (1, MLX's

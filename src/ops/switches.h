@@ -20,7 +20,7 @@ struct TranslationSwitches {
   bool gqa_step_kernel = true;   // ... a shared-buffer decode step's GroupQueryAttention from its projections
   bool flat_products = true;     // products by a matrix read their rows flat (ops/common.h as_rows)
   bool cpu_conv_library = true;  // float32 convolutions on the CPU through oneDNN (kernels/cpu/dnnl_conv.cc)
-  int64_t cpu_conv_library_min_flops = 100000;  // ... those of at least this much work
+  int64_t cpu_conv_library_min_flops = 0;  // ... those of at least this much work
   int64_t cpu_conv_parallel_min_flops = 5000000;  // ... on one thread below this much
   int int4_dense_rows = 128;     // GPU MatMulNBits with this many rows: dequantize + dense product (0: never)
   // float32 products of several rows by a matrix on the CPU through oneDNN's sgemm

@@ -77,7 +77,8 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     cpu_dnnl on (with and without fuse_conv_activation) and off. On MLX's CPU device the report counts
     a oneDNN convolution per Conv and run only when cpu_dnnl is on (none fail), and the fused Relu
     is one array fewer a run; on the GPU neither option changes anything. Each convolution is
-    above cpu_dnnl_min_flops (1e5 by default); a small one after them stays MLX's."""
+    above cpu_dnnl_min_flops (set to 1e5 here; 0, every size, by default); a small one after them
+    stays the EP's own kernel."""
     rng = np.random.default_rng(3)
     w1, b1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
     w2 = rng.standard_normal((32, 8, 3, 3)).astype(np.float32)  # groups of 8: oneDNN's direct kernel
@@ -100,7 +101,8 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
     for key, opts in (("fused", {"cpu_dnnl": 1}), ("unfused", {"cpu_dnnl": 1, "fuse_conv_activation": 0}),
                       ("off", {"cpu_dnnl": 0})):
         report = tmp_path / f"{key}.jsonl"
-        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report),
+                                cpu_dnnl_min_flops=100000, **opts)
         for _ in range(4):
             y = s.run(None, {"x": x})[0]
         del s
@@ -230,8 +232,8 @@ def test_small_convolutions_run_on_one_thread(tmp_path):
 def test_conv_between_1e5_and_1e6_flops_goes_to_onednn_by_default(capfd, min_flops, through_dnnl):
     """A 3x3 convolution of 2 x 576 x 256 = 295K FLOPs (the size of a small OCR classifier's
     layers) runs through oneDNN (the DnnlConv primitive) under the default cpu_dnnl_min_flops
-    (1e5), and through MLX's convolution with the threshold at 1e6; ORT's CPU EP's outputs either
-    way. On the GPU device oneDNN never runs."""
+    (0: every size), and through MLX's convolution with the threshold at 1e6; ORT's CPU EP's
+    outputs either way. On the GPU device oneDNN never runs."""
     import onnxruntime as ort
     rng = np.random.default_rng(5)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
