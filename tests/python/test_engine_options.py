@@ -246,13 +246,15 @@ def test_cpu_poll_probes_after_long_evaluations(tmp_path):
     """Polling follows the last *polled* evaluation, and every 16th evaluation polls regardless
     (engine/program.cc, kPollProbeEvery): judging by the last evaluation, which also took the
     sleeping caller's wake-up, one slow run would stop polling for good. A program whose
-    evaluations take milliseconds polls in its first evaluation and in those probes only."""
+    evaluations take milliseconds (a cumulative sum of 4M floats: MLX's CPU scan is one thread on
+    any machine) polls in its first evaluation and in those probes only."""
     import gc
     import json
-    x = rng.standard_normal((1, 1 << 21)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])], "g",
+    x = rng.standard_normal((1, 1 << 22)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+                          [numpy_helper.from_array(np.array(1, np.int64), "axis")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     report = tmp_path / "report.jsonl"
     sess = _session(model, report_path=str(report))
