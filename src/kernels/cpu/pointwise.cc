@@ -60,6 +60,7 @@ __attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, 
 // stack), over all input channels: the panel of x (cg rows of 16 floats) stays in L1 across the
 // channel blocks. Past the last channel the rows repeat the last one (computed, not stored);
 // fewer than 16 positions at the end go through masked loads and stores.
+template <bool Full>  // all 16 positions, or `cols` of them (masked)
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w, const float* b, float* y,
                                                     const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
   const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
@@ -78,48 +79,39 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* 
   __m256 c20 = _mm256_set1_ps(bias[2]), c21 = c20, c30 = _mm256_set1_ps(bias[3]), c31 = c30;
   __m256 c40 = _mm256_set1_ps(bias[4]), c41 = c40, c50 = _mm256_set1_ps(bias[5]), c51 = c50;
   const float* xp = x + p0;
-  if (cols == 16) {
-    for (int64_t k = 0; k < K; ++k, xp += P) {
-      const __m256 x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + 8);
-      __m256 v = _mm256_broadcast_ss(w0 + k);
-      c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
-      v = _mm256_broadcast_ss(w1 + k);
-      c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
-      v = _mm256_broadcast_ss(w2 + k);
-      c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
-      v = _mm256_broadcast_ss(w3 + k);
-      c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
-      v = _mm256_broadcast_ss(w4 + k);
-      c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
-      v = _mm256_broadcast_ss(w5 + k);
-      c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
+  for (int64_t k = 0; k < K; ++k, xp += P) {
+    __m256 x0, x1;
+    if constexpr (Full) {
+      x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + 8);
+    } else {
+      x0 = _mm256_maskload_ps(xp, mask0), x1 = _mm256_maskload_ps(xp + 8, mask1);
     }
-  } else {
-    for (int64_t k = 0; k < K; ++k, xp += P) {
-      const __m256 x0 = _mm256_maskload_ps(xp, mask0), x1 = _mm256_maskload_ps(xp + 8, mask1);
-      __m256 v = _mm256_broadcast_ss(w0 + k);
-      c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
-      v = _mm256_broadcast_ss(w1 + k);
-      c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
-      v = _mm256_broadcast_ss(w2 + k);
-      c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
-      v = _mm256_broadcast_ss(w3 + k);
-      c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
-      v = _mm256_broadcast_ss(w4 + k);
-      c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
-      v = _mm256_broadcast_ss(w5 + k);
-      c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
-    }
+    __m256 v = _mm256_broadcast_ss(w0 + k);
+    c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
+    v = _mm256_broadcast_ss(w1 + k);
+    c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
+    v = _mm256_broadcast_ss(w2 + k);
+    c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
+    v = _mm256_broadcast_ss(w3 + k);
+    c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
+    v = _mm256_broadcast_ss(w4 + k);
+    c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
+    v = _mm256_broadcast_ss(w5 + k);
+    c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
   }
   const __m256 a[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, cols == 16, mask0, mask1);
+  for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, Full, mask0, mask1);
 }
 
 __attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float* w, const float* b, float* y,
                                                      const PointwiseShape& s, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; p += 16) {
     const int cols = static_cast<int>(std::min<int64_t>(16, p1 - p));
-    for (int64_t m = 0; m < s.mg; m += 6) tile_avx2(x, w, b, y, s, m, p, cols);
+    for (int64_t m = 0; m < s.mg; m += 6)
+      if (cols == 16)
+        tile_avx2<true>(x, w, b, y, s, m, p, cols);
+      else
+        tile_avx2<false>(x, w, b, y, s, m, p, cols);
   }
 }
 #endif
