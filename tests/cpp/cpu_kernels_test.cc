@@ -115,10 +115,15 @@ TEST(CpuErf, MatchesMlxErfAcrossThreadsAndTail) {
   y->eval();
   EXPECT_EQ(y->data<float>()[2], 1.f);
   EXPECT_EQ(y->data<float>()[3], -1.f);
-  auto nan = ortmlx::ops::cpu_unary(ortmlx::ops::CpuUnary::Erf, mx::array({std::nanf(""), 1.f}), cpu());
+  std::vector<float> with_nan(ortmlx::ops::kCpuUnaryMinElements, 1.f);
+  with_nan[0] = std::nanf("");
+  auto nan = ortmlx::ops::cpu_unary(ortmlx::ops::CpuUnary::Erf,
+                                    mx::array(with_nan.data(), {static_cast<int>(with_nan.size())}), cpu());
   ASSERT_TRUE(nan.has_value());
   nan->eval();
   EXPECT_TRUE(std::isnan(nan->data<float>()[0]));
+  // Under kCpuUnaryMinElements the caller keeps MLX's op (which compiled programs fuse).
+  EXPECT_FALSE(ortmlx::ops::cpu_unary(ortmlx::ops::CpuUnary::Erf, mx::array({std::nanf(""), 1.f}), cpu()).has_value());
 }
 
 TEST(CpuErf, GeluAndStridedInput) {
