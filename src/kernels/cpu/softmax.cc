@@ -1,5 +1,6 @@
-// The last-axis softmax of kernels/cpu/kernels.h (cpu_softmax_last_axis), and the row kernels' pool
-// (cpu_row_pool, cpu_parallel_for).
+// The last-axis softmax of kernels/cpu/kernels.h (cpu_softmax_last_axis), and what the CPU
+// kernels share: their pool (cpu_row_pool, cpu_parallel_for) and their inputs' row-major reads
+// (RowMajorInput).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
