@@ -142,3 +142,35 @@ def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
     assert prims.get("Matmul") == 1 and "PointwiseConv" not in prims, prims
     assert "Broadcast" not in prims or batch > 1, prims
     assert prims.get("Reshape", 0) <= 2, prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("shape,bias,transposed", [((2, 16, 384), True, False), ((3, 7, 37), False, False),
+                                                  ((4, 300, 24), True, True), ((1, 1, 5), True, False)])
+def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
+    """LayerNormalization over the last axis (float32, vector scale and bias) runs as the EP's
+    row kernel (kernels/cpu/layer_norm.cc): one primitive where MLX's CPU fast::layer_norm is its
+    composed form (two sums, a square and two elementwise kernels), also on a transposed view
+    and on rows whose length is not a multiple of 8. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    n = shape[1] if transposed else shape[-1]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "g")]
+    ins = ["t" if transposed else "x", "g"]
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("LayerNormalization", ins, ["y"], axis=-1, epsilon=1e-5)]
+    if transposed:
+        nodes.insert(0, helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert prims.get("RowLayerNorm") == 1 and "Sum" not in prims, prims

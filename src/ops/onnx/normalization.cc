@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 
 namespace ortmlx::ops {
@@ -162,6 +163,8 @@ Outputs translate_layer_norm(OpContext& c) {
   // One fused call when the parameters are plain vectors over the last axis.
   bool vec_params = axis == rank - 1 && scale.ndim() == 1 && scale.shape(0) == x.shape(-1) &&
                     (!bias || (bias->ndim() == 1 && bias->shape(0) == x.shape(-1)));
+  if (!want_stats && vec_params)
+    if (auto y = cpu_layer_norm(x, scale, bias, eps, c.s)) return {*y};  // one primitive on the CPU
   if (!want_stats && fast_ok(x) && vec_params && !compute_half_in_f32(x, c.s))
     return {mx::fast::layer_norm(x, scale, bias, eps, c.s)};
 
