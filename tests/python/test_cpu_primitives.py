@@ -174,3 +174,40 @@ def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
     (got,), prims = _primitives(sess, {"x": x}, capfd)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert prims.get("RowLayerNorm") == 1 and "Sum" not in prims, prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                                "SkipLayerNormalization"])
+def test_transformer_norms_are_one_kernel(op, capfd):
+    """RMS normalization (SimplifiedLayerNormalization, and the skip forms' normalization after
+    their add) runs as the same row kernel with the mean taken as 0 (RowRmsNorm), LayerNorm's
+    skip form as RowLayerNorm: no Sum among the primitives. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 5, 67)).astype(np.float32)
+    skip = rng.standard_normal((2, 5, 67)).astype(np.float32)
+    gamma = onnx.numpy_helper.from_array(rng.standard_normal(67).astype(np.float32), "g")
+    beta = onnx.numpy_helper.from_array(rng.standard_normal(67).astype(np.float32), "b")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
+    feeds = {"x": x}
+    if op == "SimplifiedLayerNormalization":
+        node = helper.make_node(op, ["x", "g"], ["y"], axis=-1, epsilon=1e-6)
+        inits = [gamma]
+    else:
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, list(skip.shape)))
+        feeds["s"] = skip
+        ins = ["x", "s", "g"] + (["b"] if op == "SkipLayerNormalization" else [])
+        node = helper.make_node(op, ins, ["y"], domain="com.microsoft", epsilon=1e-6)
+        inits = [gamma] + ([beta] if op == "SkipLayerNormalization" else [])
+    g = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = model.SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
+    (got,), prims = _primitives(sess, feeds, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    kernel = "RowLayerNorm" if op == "SkipLayerNormalization" else "RowRmsNorm"
+    assert prims.get(kernel) == 1 and "Sum" not in prims, prims

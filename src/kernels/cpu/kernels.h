@@ -97,11 +97,12 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
 // Layer normalization over the last axis of float32 `x`: (x - mean) / sqrt(var + eps) * scale
 // (+ bias), scale and bias float32 vectors over that axis; per row the mean, then the mean of
 // squared deviations (8 lanes at a time where the CPU has AVX2), rows split over the threads
-// from 64K elements. Why: MLX's CPU fast::layer_norm is its composed form, five primitives a
-// normalization (two single-threaded reductions among them). std::nullopt off the CPU, for
-// other dtypes or shapes.
+// from 64K elements. With `rms`, RMS normalization: the mean taken as 0 (x / sqrt(mean(x^2) +
+// eps) * scale). Why: MLX's CPU fast::layer_norm and fast::rms_norm are their composed forms,
+// five and four primitives a normalization (single-threaded reductions among them).
+// std::nullopt off the CPU, for other dtypes or shapes.
 std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& scale, const std::optional<mx::array>& bias,
-                                        float eps, mx::Stream s);
+                                        float eps, mx::Stream s, bool rms = false);
 
 // Concatenation of same-dtype arrays along `axis` on MLX's CPU stream, one memcpy per
 // contiguous chunk. Why: MLX's CPU concatenate copies each input through its generic strided

@@ -19,11 +19,14 @@ namespace {
 
 // y = (x - mean) / sqrt(var + eps) * scale (+ bias) for one row of n; the mean first, then the
 // variance as the mean of squared deviations (two passes, as MLX's composed form).
-using NormRow = void (*)(const float* x, const float* scale, const float* bias, float* y, int64_t n, float eps);
+// With `rms` the mean is taken as 0 (RMS normalization: x / sqrt(mean(x^2) + eps) * scale).
+using NormRow = void (*)(const float* x, const float* scale, const float* bias, float* y, int64_t n, float eps,
+                         bool rms);
 
-void norm_row_scalar(const float* x, const float* scale, const float* bias, float* y, int64_t n, float eps) {
+void norm_row_scalar(const float* x, const float* scale, const float* bias, float* y, int64_t n, float eps, bool rms) {
   float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  if (!rms)
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
   const float mean = sum / static_cast<float>(n);
   float sq = 0.f;
   for (int64_t i = 0; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
@@ -33,15 +36,18 @@ void norm_row_scalar(const float* x, const float* scale, const float* bias, floa
 
 #ifdef ORTMLX_X86
 __attribute__((target("avx2,fma"))) void norm_row_avx2(const float* x, const float* scale, const float* bias, float* y,
-                                                        int64_t n, float eps) {
+                                                        int64_t n, float eps, bool rms) {
   int64_t i = 0;
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
-  float sum = hsum8(acc);
-  for (; i < n; ++i) sum += x[i];
+  float sum = 0.f;
+  if (!rms) {
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
+    sum = hsum8(acc);
+    for (; i < n; ++i) sum += x[i];
+  }
   const float mean = sum / static_cast<float>(n);
   const __m256 m = _mm256_set1_ps(mean);
-  acc = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
   for (i = 0; i + 8 <= n; i += 8) {
     const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
     acc = _mm256_fmadd_ps(d, d, acc);
@@ -67,7 +73,7 @@ NormRow pick_norm_row() {
 
 class RowLayerNorm : public mx::UnaryPrimitive {
  public:
-  RowLayerNorm(mx::Stream s, float eps) : mx::UnaryPrimitive(s), eps_(eps) {}
+  RowLayerNorm(mx::Stream s, float eps, bool rms) : mx::UnaryPrimitive(s), eps_(eps), rms_(rms) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -79,14 +85,14 @@ class RowLayerNorm : public mx::UnaryPrimitive {
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     enc.dispatch([in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
-                  yp = out.data<float>(), n, rows, eps = eps_] {
+                  yp = out.data<float>(), n, rows, eps = eps_, rms = rms_] {
       static const NormRow row = pick_norm_row();
       const float* xp = in.rows();
       const float* sp = scale.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
       cpu_parallel_for(rows, parts, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) row(xp + r * n, sp, bp, yp + r * n, n, eps);
+        for (int64_t r = r0; r < r1; ++r) row(xp + r * n, sp, bp, yp + r * n, n, eps, rms);
       });
     });
   }
@@ -94,10 +100,10 @@ class RowLayerNorm : public mx::UnaryPrimitive {
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::logic_error("[RowLayerNorm] runs on the CPU stream only");
   }
-  const char* name() const override { return "RowLayerNorm"; }
+  const char* name() const override { return rms_ ? "RowRmsNorm" : "RowLayerNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const RowLayerNorm*>(&other);
-    return o && o->eps_ == eps_;
+    return o && o->eps_ == eps_ && o->rms_ == rms_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
@@ -105,19 +111,20 @@ class RowLayerNorm : public mx::UnaryPrimitive {
 
  private:
   float eps_;
+  bool rms_;
 };
 
 }  // namespace
 
 std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& scale, const std::optional<mx::array>& bias,
-                                        float eps, mx::Stream s) {
+                                        float eps, mx::Stream s, bool rms) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() < 1 ||
       x.size() == 0 || scale.dtype() != mx::float32 || scale.ndim() != 1 || scale.shape(0) != x.shape(-1) ||
       (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != x.shape(-1))))
     return std::nullopt;
   std::vector<mx::array> in{x, scale};
   if (bias) in.push_back(*bias);
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowLayerNorm>(s, eps), std::move(in));
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowLayerNorm>(s, eps, rms), std::move(in));
 }
 
 }  // namespace ortmlx::ops

@@ -8,6 +8,7 @@
 // axis; the statistics outputs (mean, inv_std_var) are composed and only evaluated when used.
 #include <cmath>
 
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda/skip_rms_norm.h"
 #include "ops/contrib/contrib_internal.h"
 #include "ops/switches.h"
@@ -49,13 +50,15 @@ Outputs skip_norm(OpContext& c, bool simplified) {
   if (!fused && c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
   auto gamma = mx::reshape(in_as(c, 2, ct), {D}, c.s);
   mx::array y = sum;
+  std::optional<mx::array> beta;
+  if (!simplified && c.has(3)) beta = mx::reshape(in_as(c, 3, ct), {D}, c.s);
   if (fused) {
     y = fused->first;
+  } else if (auto row = cpu_layer_norm(sum, gamma, beta, eps, c.s, simplified)) {
+    y = *row;  // one primitive on the CPU (kernels/cpu/layer_norm.cc)
   } else if (simplified) {
     y = mx::fast::rms_norm(sum, gamma, eps, c.s);
   } else {
-    std::optional<mx::array> beta;
-    if (c.has(3)) beta = mx::reshape(in_as(c, 3, ct), {D}, c.s);
     y = mx::fast::layer_norm(sum, gamma, beta, eps, c.s);
   }
   auto sum32 = mx::astype(sum, mx::float32, c.s);
@@ -104,9 +107,11 @@ Outputs translate_simplified_layer_norm(OpContext& c) {
   auto ms = mx::mean(mx::square(xc, c.s), axes, true, c.s);
   auto isv = mx::rsqrt(mx::add(ms, mx::array(eps, ct), c.s), c.s);
   mx::array y = xc;
-  if (axis == r - 1 && scale.size() == static_cast<size_t>(x.shape(-1)) && ct == mx::float32)
-    y = mx::fast::rms_norm(xc, mx::reshape(scale, {x.shape(-1)}, c.s), eps, c.s);
-  else
+  if (axis == r - 1 && scale.size() == static_cast<size_t>(x.shape(-1)) && ct == mx::float32) {
+    auto gamma = mx::reshape(scale, {x.shape(-1)}, c.s);
+    auto row = cpu_layer_norm(xc, gamma, std::nullopt, eps, c.s, /*rms=*/true);  // one primitive on the CPU
+    y = row ? *row : mx::fast::rms_norm(xc, gamma, eps, c.s);
+  } else
     y = mx::multiply(mx::multiply(xc, isv, c.s), scale, c.s);
   auto isv_t = c.out_dtype(1) != DType::Undefined ? mlx_dtype(c.out_dtype(1)) : mx::float32;
   return {mx::astype(y, out_t, c.s), mx::astype(isv, isv_t, c.s)};
