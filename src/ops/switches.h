@@ -26,6 +26,8 @@ struct TranslationSwitches {
   // float32 products of several rows by a matrix on the CPU through oneDNN's sgemm
   // (kernels/cpu/dnnl_matmul.cc), those of at least cpu_conv_library_min_flops
   bool cpu_matmul_library = false;  // off by default: not signal-safe (kernels.h)
+  // oneDNN convolutions leave their outputs blocked for a following one that reads that layout
+  bool cpu_conv_blocked = true;
 };
 
 // The calling thread's current switches.

@@ -74,6 +74,8 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
     sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
     (got,), prims = _primitives(sess, {"x": x}, capfd)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-5 if op == "Conv" else 1e-7)
+    if op == "Conv":  # (its output left blocked, then unblocked: cpu_dnnl_blocked)
+        prims[kernel] = prims.get(kernel, 0) + prims.pop("DnnlConvBlocked", 0)
     assert prims.get(kernel) == 1, prims
     # the output's own row-contiguous copy is the only Contiguous left
     assert prims.get("Contiguous", 0) <= 1 and prims.get("Transpose") == 1, prims
@@ -211,3 +213,38 @@ def test_transformer_norms_are_one_kernel(op, capfd):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     kernel = "RowLayerNorm" if op == "SkipLayerNormalization" else "RowRmsNorm"
     assert prims.get(kernel) == 1 and "Sum" not in prims, prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+@pytest.mark.parametrize("blocked", [1, 0])
+def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
+    """With cpu_dnnl_blocked=1 a oneDNN convolution leaves its output in its blocked layout
+    (DnnlConvBlocked) behind an unblocking (DnnlUnblock); the next convolution takes the blocked
+    buffer, so an unblocking runs only where something else reads the output: here the model's
+    output and the Add that also reads the first convolution's result (two of three). With 0 every
+    convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    w = lambda *s: onnx.numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32))  # noqa: E731
+    inits = [w(16, 16, 3, 3), w(16, 16, 3, 3), w(16, 16, 1, 1)]
+    for t, n in zip(inits, ("w1", "w2", "w3")):
+        t.name = n
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["b"], pads=[1, 1, 1, 1]),   # reads the blocked output
+             helper.make_node("Conv", ["b", "w3"], ["c"]),                      # and this one too
+             helper.make_node("Add", ["c", "r"], ["y"])]                        # r unblocked for the Add
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_dnnl_blocked=blocked))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if blocked:
+        assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 2 and "DnnlConv" not in prims, prims
+    else:
+        assert prims.get("DnnlConv") == 3 and "DnnlUnblock" not in prims and "DnnlConvBlocked" not in prims, prims

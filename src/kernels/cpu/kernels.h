@@ -141,10 +141,13 @@ std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape& g, m
 // The weight w (as in DnnlConvShape, any float dtype) in the plan's own layout: a 1-D array to
 // compute once per program and hand to every run's cpu_dnnl_conv.
 mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan, const mx::array& w, mx::Stream s);
-// y = conv(x, w) + bias (bias [M] or none; the plan says which), then max(y, 0) if the plan says
-// relu; float32.
+// y = conv(x, w) + bias (bias [M] or none; the plan says which), then the plan's post-ops;
+// float32. With `blocked_out` the convolution leaves its output in its own (blocked) layout and
+// y is an unblocking of it, which a following cpu_dnnl_conv whose plan reads that layout skips
+// (it takes the blocked output as it is): no reorder to ONNX's layout and back between them.
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
-                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s);
+                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
+                        bool blocked_out = false);
 bool cpu_dnnl_available();
 // Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
 // outputs are NaN).

@@ -321,7 +321,7 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
-  auto y = mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s), x0.dtype(), c.s);
+  auto y = mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s, translation_switches().cpu_conv_blocked), x0.dtype(), c.s);
   return apply_activations({steps.begin() + static_cast<std::ptrdiff_t>(covered), steps.end()}, y, c.s);
 }
 
