@@ -220,9 +220,9 @@ def test_transformer_norms_are_one_kernel(op, capfd):
 def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     """With cpu_dnnl_blocked=1 a oneDNN convolution leaves its output in its blocked layout
     (DnnlConvBlocked) behind an unblocking (DnnlUnblock); the next convolution takes the blocked
-    buffer, so an unblocking runs only where something else reads the output: here the model's
-    output and the Add that also reads the first convolution's result (two of three). With 0 every
-    convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
+    buffer, and a residual Add of two blocked outputs in one layout adds the blocked buffers
+    (kernels.h, cpu_dnnl_blocked_map), so the one unblocking evaluated is the pool's input. With
+    0 every convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
     import onnx
     import onnxruntime_mlx as om
     from onnx import helper
@@ -236,7 +236,8 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["b"], pads=[1, 1, 1, 1]),   # reads the blocked output
              helper.make_node("Conv", ["b", "w3"], ["c"]),                      # and this one too
-             helper.make_node("Add", ["c", "r"], ["y"])]                        # r unblocked for the Add
+             helper.make_node("Add", ["c", "r"], ["s"]),                        # on the blocked buffers
+             helper.make_node("MaxPool", ["s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]  # reads NCHW
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
@@ -245,6 +246,36 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     (got,), prims = _primitives(sess, {"x": x}, capfd)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     if blocked:
-        assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 2 and "DnnlConv" not in prims, prims
+        assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1 and "DnnlConv" not in prims, prims
+        assert prims.get("Add") == 1, prims  # (a flat add of the two blocked buffers)
     else:
         assert prims.get("DnnlConv") == 3 and "DnnlUnblock" not in prims and "DnnlConvBlocked" not in prims, prims
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+def test_residual_sum_and_relu_stay_blocked(capfd):
+    """A ResNet block as Caffe2 exports it: Sum of a convolution and the block's input (itself a
+    convolution's output), Relu, then the next convolution: the Sum and the Relu run on the blocked
+    buffers (they map zeros to zero, so the layout's channel padding stays zero), and only the
+    model's output is unblocked. Outputs equal ORT's CPU EP."""
+    import onnx
+    import onnxruntime_mlx as om
+    from onnx import helper
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    inits = []
+    for n, shape in (("w0", (16, 8, 3, 3)), ("w1", (16, 16, 3, 3)), ("w2", (16, 16, 1, 1))):
+        inits.append(onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), n))
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["b", "a"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
+    (got,), prims = _primitives(sess, {"x": x}, capfd)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1, prims

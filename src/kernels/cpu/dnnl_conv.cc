@@ -397,6 +397,7 @@ class DnnlUnblock : public PlanPrimitive {
  public:
   using PlanPrimitive::PlanPrimitive;
   const DnnlConvPlan& plan() const { return *plan_; }
+  const std::shared_ptr<const DnnlConvPlan>& plan_ptr() const { return plan_; }
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlUnblock] input must be row-contiguous");
@@ -464,6 +465,32 @@ mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan,
   return mx::array({n}, mx::float32, std::make_shared<DnnlConvWeights>(s, plan), {wc});
 }
 
+namespace {
+// The convolution `a` is an unblocking of (DnnlUnblock, not evaluated yet), or null.
+const DnnlUnblock* unblocking(const mx::array& a) {
+  if (!a.has_primitive() || a.is_available() || a.dtype() != mx::float32) return nullptr;
+  return dynamic_cast<const DnnlUnblock*>(&a.primitive());
+}
+}  // namespace
+
+std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
+                                              const std::function<mx::array(const std::vector<mx::array>&)>& f,
+                                              mx::Stream s) {
+  if (xs.empty() || s.device != mx::Device::cpu) return std::nullopt;
+  const DnnlUnblock* first = unblocking(xs[0]);
+  if (!first) return std::nullopt;
+  std::vector<mx::array> blocked;
+  for (const auto& x : xs) {
+    const DnnlUnblock* u = unblocking(x);
+    if (!u || x.shape() != xs[0].shape() || !lib().memory_desc_equal(&u->plan().dst_md, &first->plan().dst_md))
+      return std::nullopt;
+    blocked.push_back(x.inputs()[0]);
+  }
+  auto y = f(blocked);
+  if (y.dtype() != mx::float32 || y.shape() != blocked[0].shape()) return std::nullopt;
+  return mx::array(xs[0].shape(), mx::float32, std::make_shared<DnnlUnblock>(s, first->plan_ptr()), {y});
+}
+
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
                         bool blocked_out) {
@@ -504,6 +531,10 @@ std::string DnnlConvShape::key() const { return {}; }
 std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape&, mx::Stream) { return nullptr; }
 mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array&, mx::Stream) {
   throw std::logic_error("oneDNN is not in this build");
+}
+std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
+                                              const std::function<mx::array(const std::vector<mx::array>&)>&, mx::Stream) {
+  return std::nullopt;
 }
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
                         const mx::array&, const std::optional<mx::array>&, mx::Stream, bool) {

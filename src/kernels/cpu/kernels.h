@@ -148,6 +148,14 @@ mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan,
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
                         bool blocked_out = false);
+// An elementwise f of convolutions' outputs that keeps them blocked: when every x is the
+// unblocking of a convolution's blocked output, all in one layout and shape, f of the blocked
+// buffers under a new unblocking (so a following convolution takes the result blocked too);
+// std::nullopt otherwise. Only for f that maps zeros to zero (Add, Relu): oneDNN's blocked
+// layouts pad the channels, and the padding must stay zero.
+std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
+                                              const std::function<mx::array(const std::vector<mx::array>&)>& f,
+                                              mx::Stream s);
 bool cpu_dnnl_available();
 // Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
 // outputs are NaN).

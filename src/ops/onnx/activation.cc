@@ -4,6 +4,7 @@
 // float32-accurate exp (exp_precise in common.h).
 #include <cmath>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 
 namespace ortmlx::ops {
@@ -24,7 +25,12 @@ Outputs act(OpContext& c) {
 mx::array sc(double v, const mx::array& like) { return scalar_like(v, like); }
 float attr(const OpContext& c, const char* name, float def) { return c.node.attr_float(name, def); }
 
-mx::array relu(const OpContext& c, const mx::array& x) { return mx::maximum(x, sc(0, x), c.s); }
+mx::array relu(const OpContext& c, const mx::array& x) {
+  // a convolution's blocked output stays blocked through it (kernels.h, cpu_dnnl_blocked_map)
+  auto f = [&](const std::vector<mx::array>& b) { return mx::maximum(b[0], sc(0, b[0]), c.s); };
+  if (auto y = cpu_dnnl_blocked_map({x}, f, c.s)) return *y;
+  return mx::maximum(x, sc(0, x), c.s);
+}
 
 mx::array leaky_relu(const OpContext& c, const mx::array& x) {
   auto alpha = sc(attr(c, "alpha", 0.01f), x);

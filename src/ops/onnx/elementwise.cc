@@ -2,6 +2,7 @@
 // numpy, which is exactly ONNX's rule, so binary ops need no shape handling of their own.
 #include <cmath>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 
 namespace ortmlx::ops {
@@ -17,6 +18,14 @@ Outputs binary(OpContext& c) {
   return {F(c.in(0), c.in(1), c.s)};
 }
 
+// Add of two convolutions' blocked outputs (a residual) stays blocked on the CPU (kernels.h,
+// cpu_dnnl_blocked_map); anything else as binary<mx::add>.
+Outputs translate_add(OpContext& c) {
+  auto f = [&](const std::vector<mx::array>& b) { return mx::add(b[0], b[1], c.s); };
+  if (auto y = cpu_dnnl_blocked_map({c.in(0), c.in(1)}, f, c.s)) return {*y};
+  return binary<mx::add>(c);
+}
+
 template <UnaryFn F>
 Outputs unary(OpContext& c) {
   if (auto r = same_rows({c.in(0)})) return {rows_to(F((*r)[0], c.s), c.in(0), c.s)};
@@ -30,6 +39,21 @@ Outputs variadic(OpContext& c) {
   for (size_t i = 1; i < c.num_inputs(); ++i)
     if (c.has(i)) acc = F(acc, c.in(i), c.s);
   return {acc};
+}
+
+// Variadic Sum the same way (the ResNets exported from Caffe2 add their residuals with Sum).
+Outputs translate_sum(OpContext& c) {
+  std::vector<mx::array> xs;
+  for (size_t i = 0; i < c.num_inputs(); ++i)
+    if (c.has(i)) xs.push_back(c.in(i));
+  auto f = [&](const std::vector<mx::array>& b) {
+    mx::array acc = b[0];
+    for (size_t i = 1; i < b.size(); ++i) acc = mx::add(acc, b[i], c.s);
+    return acc;
+  };
+  if (xs.size() > 1)
+    if (auto y = cpu_dnnl_blocked_map(xs, f, c.s)) return {*y};
+  return variadic<mx::add>(c);
 }
 
 Outputs translate_mean(OpContext& c) {
@@ -171,7 +195,7 @@ Support check_where(const NodeQuery& q) { return input_dtype_in(q, 0, {DType::Bo
 
 const OpEntry kOps[] = {
     // arithmetic (numpy broadcasting)
-    {"", "Add", 1, kAnyOpset, check_numeric, binary<mx::add>},
+    {"", "Add", 1, kAnyOpset, check_numeric, translate_add},
     {"", "Sub", 1, kAnyOpset, check_numeric, binary<mx::subtract>},
     {"", "Mul", 1, kAnyOpset, check_numeric, binary<mx::multiply>},
     {"", "Div", 1, kAnyOpset, check_numeric, translate_div},
@@ -179,7 +203,7 @@ const OpEntry kOps[] = {
     {"", "Mod", 10, kAnyOpset, check_mod, translate_mod},
     {"", "Max", 1, kAnyOpset, check_numeric, variadic<mx::maximum>},
     {"", "Min", 1, kAnyOpset, check_numeric, variadic<mx::minimum>},
-    {"", "Sum", 1, kAnyOpset, check_numeric, variadic<mx::add>},
+    {"", "Sum", 1, kAnyOpset, check_numeric, translate_sum},
     {"", "Mean", 1, kAnyOpset, check_float, translate_mean},
     // unary math
     {"", "Neg", 1, kAnyOpset, check_signed, unary<mx::negative>},
