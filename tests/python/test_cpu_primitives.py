@@ -2,59 +2,64 @@
 (several microseconds), more than the arithmetic of a small tensor. These tests hold the
 translators and the EP's CPU kernels to the forms that keep the count down, and compare every
 output with ORT's CPU EP."""
+import re
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import oracle
-def _primitives(sess, feeds, capfd, runs=3):
-    """MLX primitives of the session's last run (log_level=3)."""
-    import re
+
+pytestmark = pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
+
+
+def _init(name, array):
+    return onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
+
+
+def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, **options):
+    """Runs a graph of `nodes` (inputs `feeds`, output "y") on the MLX EP's CPU device and on ORT's
+    CPU EP, asserts the outputs agree, and returns the MLX primitives of the EP's last run
+    (log_level=3)."""
+    import onnxruntime_mlx as om
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = model.SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, **options))
     capfd.readouterr()
     for _ in range(runs):
-        out = sess.run(None, feeds)
+        (got,) = sess.run(None, feeds)
     lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
     assert lines
-    return out, dict((k, int(v)) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1]))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return {k: int(v) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1])}
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 def test_small_transcendentals_fuse_with_their_neighbours(capfd):
     """Under 256 elements Sigmoid and Tanh stay MLX's ops (kernels/cpu/kernels.h,
     kCpuUnaryMinElements), which a compiled program fuses with the elementwise ops around them
     into one primitive: each primitive costs a hand-off to MLX's stream thread, more than the
     arithmetic on so few values. Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Tanh", ["a"], ["t"]),
              helper.make_node("Mul", ["t", "b"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y"])]
-    b = onnx.numpy_helper.from_array(np.linspace(-1, 1, 64).astype(np.float32), "b")
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [b])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     x = np.linspace(-4, 4, 64, dtype=np.float32).reshape(1, 64)
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     # cpu_fuse=1: MLX's fused kernels always (the default times fused against unfused first)
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    prims = _run(nodes, {"x": x}, [_init("b", np.linspace(-1, 1, 64))], capfd, 1e-6, 1e-7, cpu_fuse=1)
     assert "SigmoidMap" not in prims and "TanhMap" not in prims, prims
     fused = [k for k in prims if k.startswith("Compiled")]
     assert len(fused) == 1 and "Tanh" in fused[0] and "Sigmoid" in fused[0], prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Softmax", "RowSoftmax"), ("Concat", "ChunkConcat"),
                                        ("MaxPool", "MaxPool2d"), ("Conv", "DnnlConv")])
 def test_row_kernels_read_views_in_place(op, kernel, capfd):
     """The EP's CPU kernels (sigmoid, softmax, concatenation, pooling, oneDNN's convolution) take
     a transposed view as their input and gather it themselves (RowMajorInput): no Contiguous
     primitive in front of them. Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 8, 18, 16)).astype(np.float32) * 4
     inits, attrs, ins = [], {}, ["t"]
@@ -63,17 +68,10 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
     elif op == "MaxPool":
         attrs = {"kernel_shape": [3, 3], "strides": [2, 2]}
     elif op == "Conv":
-        inits = [onnx.numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w"),
-                 onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")]
+        inits = [_init("w", rng.standard_normal((16, 8, 3, 3))), _init("b", rng.standard_normal(16))]
         ins = ["t", "w", "b"]
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]), helper.make_node(op, ins, ["y"], **attrs)]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-5 if op == "Conv" else 1e-7)
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-6, 2e-5 if op == "Conv" else 1e-7)
     if op == "Conv":  # (its output left blocked, then unblocked: cpu_dnnl_blocked)
         prims[kernel] = prims.get(kernel, 0) + prims.pop("DnnlConvBlocked", 0)
     assert prims.get(kernel) == 1, prims
@@ -81,7 +79,6 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
     assert prims.get("Contiguous", 0) <= 1 and prims.get("Transpose") == 1, prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("groups,cin,cout,hw", [(4, 64, 20, (9, 7)), (3, 54, 21, (5, 3)), (1, 16, 13, (17, 1)),
                                                 (2, 136, 136, (14, 14))])
@@ -93,32 +90,20 @@ def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capf
     around a batched product. Output channels not a multiple of 6 and positions not a multiple
     of 16 take the edge tiles (groups of fewer than 16 input channels stay MLX's product, see
     test_grouped_pointwise_conv_has_no_weight_views). Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(5)
     x = rng.standard_normal((batch, cin, *hw)).astype(np.float32)
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((cout, cin // groups, 1, 1)).astype(np.float32), "w"),
-             onnx.numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    inits = [_init("w", rng.standard_normal((cout, cin // groups, 1, 1))), _init("b", rng.standard_normal(cout))]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], group=groups)]
     if act:
         nodes.append(helper.make_node(act, ["c"], ["y"]))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     # cpu_dnnl=0: the kernel also for the ungrouped case, which oneDNN would otherwise take
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1,
-                                                                       cpu_dnnl=0 if groups == 1 else 1))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_fuse=1, cpu_dnnl=0 if groups == 1 else 1)
     assert prims.get("PointwiseConv") == 1 and "Matmul" not in prims and "Broadcast" not in prims, prims
     assert "Reshape" not in prims, prims
     if act == "Relu" and groups > 1:  # (the Relu joins the Conv where oneDNN is on: graph/fuse_conv_activation)
         assert "Maximum" not in prims and not any(k.startswith("Compiled") for k in prims), prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("batch", [1, 2])
 def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
     """A grouped 1x1 convolution of fewer than 16 input channels a group runs as one batched
@@ -126,27 +111,16 @@ def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
     per program, and a single image without a batch axis, so no Broadcast of the weight: x's
     reshape, the product, the result's reshape and the bias add remain. Outputs equal ORT's CPU
     EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(5)
     x = rng.standard_normal((batch, 12, 9, 7)).astype(np.float32)
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((20, 3, 1, 1)).astype(np.float32), "w"),
-             onnx.numpy_helper.from_array(rng.standard_normal(20).astype(np.float32), "b")]
+    inits = [_init("w", rng.standard_normal((20, 3, 1, 1))), _init("b", rng.standard_normal(20))]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=4), helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_fuse=1)
     assert prims.get("Matmul") == 1 and "PointwiseConv" not in prims, prims
     assert "Broadcast" not in prims or batch > 1, prims
     assert prims.get("Reshape", 0) <= 2, prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("shape,bias,transposed", [((2, 16, 384), True, False), ((3, 7, 37), False, False),
                                                   ((4, 300, 24), True, True), ((1, 1, 5), True, False)])
 def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
@@ -154,68 +128,44 @@ def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
     row kernel (kernels/cpu/layer_norm.cc): one primitive where MLX's CPU fast::layer_norm is its
     composed form (two sums, a square and two elementwise kernels), also on a transposed view
     and on rows whose length is not a multiple of 8. Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(9)
     x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
     n = shape[1] if transposed else shape[-1]
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "g")]
+    inits = [_init("g", rng.standard_normal(n))]
     ins = ["t" if transposed else "x", "g"]
     if bias:
-        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+        inits.append(_init("b", rng.standard_normal(n)))
         ins.append("b")
     nodes = [helper.make_node("LayerNormalization", ins, ["y"], axis=-1, epsilon=1e-5)]
     if transposed:
         nodes.insert(0, helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
     assert prims.get("RowLayerNorm") == 1 and "Sum" not in prims, prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                                 "SkipLayerNormalization"])
 def test_transformer_norms_are_one_kernel(op, capfd):
     """RMS normalization (SimplifiedLayerNormalization, and the skip forms' normalization after
     their add) runs as the same row kernel with the mean taken as 0 (RowRmsNorm), LayerNorm's
     skip form as RowLayerNorm: no Sum among the primitives. Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(13)
-    x = rng.standard_normal((2, 5, 67)).astype(np.float32)
-    skip = rng.standard_normal((2, 5, 67)).astype(np.float32)
-    gamma = onnx.numpy_helper.from_array(rng.standard_normal(67).astype(np.float32), "g")
-    beta = onnx.numpy_helper.from_array(rng.standard_normal(67).astype(np.float32), "b")
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
-    feeds = {"x": x}
+    feeds = {"x": rng.standard_normal((2, 5, 67)).astype(np.float32)}
+    inits = [_init("g", rng.standard_normal(67))]
     if op == "SimplifiedLayerNormalization":
         node = helper.make_node(op, ["x", "g"], ["y"], axis=-1, epsilon=1e-6)
-        inits = [gamma]
     else:
-        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, list(skip.shape)))
-        feeds["s"] = skip
-        ins = ["x", "s", "g"] + (["b"] if op == "SkipLayerNormalization" else [])
+        feeds["s"] = rng.standard_normal((2, 5, 67)).astype(np.float32)
+        ins = ["x", "s", "g"]
+        if op == "SkipLayerNormalization":
+            inits.append(_init("b", rng.standard_normal(67)))
+            ins.append("b")
         node = helper.make_node(op, ins, ["y"], domain="com.microsoft", epsilon=1e-6)
-        inits = [gamma] + ([beta] if op == "SkipLayerNormalization" else [])
-    g = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    model = model.SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3))
-    (got,), prims = _primitives(sess, feeds, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    prims = _run([node], feeds, inits, capfd, 1e-5, 1e-5)
     kernel = "RowLayerNorm" if op == "SkipLayerNormalization" else "RowRmsNorm"
     assert prims.get(kernel) == 1 and "Sum" not in prims, prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 @pytest.mark.parametrize("blocked", [1, 0])
 def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     """With cpu_dnnl_blocked=1 a oneDNN convolution leaves its output in its blocked layout
@@ -223,28 +173,17 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     buffer, and a residual Add of two blocked outputs in one layout adds the blocked buffers
     (kernels.h, cpu_dnnl_blocked_map), so the one unblocking evaluated is the pool's input. With
     0 every convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(17)
     x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
-    w = lambda *s: onnx.numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32))  # noqa: E731
-    inits = [w(16, 16, 3, 3), w(16, 16, 3, 3), w(16, 16, 1, 1)]
-    for t, n in zip(inits, ("w1", "w2", "w3")):
-        t.name = n
+    inits = [_init(n, rng.standard_normal(s) * 0.2) for n, s in
+             (("w1", (16, 16, 3, 3)), ("w2", (16, 16, 3, 3)), ("w3", (16, 16, 1, 1)))]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["b"], pads=[1, 1, 1, 1]),   # reads the blocked output
              helper.make_node("Conv", ["b", "w3"], ["c"]),                      # and this one too
              helper.make_node("Add", ["c", "r"], ["s"]),                        # on the blocked buffers
              helper.make_node("MaxPool", ["s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]  # reads NCHW
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_dnnl_blocked=blocked))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_blocked=blocked)
     if blocked:
         assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1 and "DnnlConv" not in prims, prims
         assert prims.get("Add") == 1, prims  # (a flat add of the two blocked buffers)
@@ -252,30 +191,19 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
         assert prims.get("DnnlConv") == 3 and "DnnlUnblock" not in prims and "DnnlConvBlocked" not in prims, prims
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's kernels")
 def test_residual_sum_and_relu_stay_blocked(capfd):
     """A ResNet block as Caffe2 exports it: Sum of a convolution and the block's input (itself a
     convolution's output), Relu, then the next convolution: the Sum and the Relu run on the blocked
     buffers (they map zeros to zero, so the layout's channel padding stays zero), and only the
     model's output is unblocked. Outputs equal ORT's CPU EP."""
-    import onnx
-    import onnxruntime_mlx as om
-    from onnx import helper
     rng = np.random.default_rng(19)
     x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
-    inits = []
-    for n, shape in (("w0", (16, 8, 3, 3)), ("w1", (16, 16, 3, 3)), ("w2", (16, 16, 1, 1))):
-        inits.append(onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), n))
+    inits = [_init(n, rng.standard_normal(s) * 0.2) for n, s in
+             (("w0", (16, 8, 3, 3)), ("w1", (16, 16, 3, 3)), ("w2", (16, 16, 1, 1)))]
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
              helper.make_node("Sum", ["b", "a"], ["s"]),
              helper.make_node("Relu", ["s"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, cpu_fuse=1))
-    (got,), prims = _primitives(sess, {"x": x}, capfd)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_fuse=1)
     assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1, prims
