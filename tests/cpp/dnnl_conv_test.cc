@@ -115,7 +115,7 @@ TEST(DnnlConv, NoPlanWhereOnlyAGemmBasedImplementationExists) {
   ASSERT_TRUE(cpu_dnnl_available());
   const mx::Stream s = mx::default_stream(mx::Device::cpu);
   const uint64_t before = cpu_dnnl_conv_gemm_refusals();
-  DnnlConvShape g{{2, 16, 12, 12}, {32, 4, 3, 3}, {2, 32, 12, 12}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 4, true};
+  DnnlConvShape g{{2, 16, 12, 12}, {32, 4, 3, 3}, {2, 32, 12, 12}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 4, true, {}};
   EXPECT_FALSE(cpu_dnnl_conv_plan(g, s));
   EXPECT_EQ(cpu_dnnl_conv_gemm_refusals(), before + 1);
   EXPECT_FALSE(cpu_dnnl_conv_plan(g, s));  // remembered: not planned (nor counted) again
@@ -123,7 +123,7 @@ TEST(DnnlConv, NoPlanWhereOnlyAGemmBasedImplementationExists) {
 }
 
 TEST(DnnlConv, NoPlanOffTheCpuOrForBadGeometry) {
-  DnnlConvShape g{{1, 4, 8, 8}, {4, 4, 3, 3}, {1, 4, 6, 6}, {1, 1}, {0, 0}, {0, 0}, {1, 1}, 1, false};
+  DnnlConvShape g{{1, 4, 8, 8}, {4, 4, 3, 3}, {1, 4, 6, 6}, {1, 1}, {0, 0}, {0, 0}, {1, 1}, 1, false, {}};
   g.stride = {1};  // one stride for two spatial dims
   EXPECT_FALSE(cpu_dnnl_conv_plan(g, mx::default_stream(mx::Device::cpu)));
 }

@@ -21,18 +21,15 @@ class ChunkConcat : public mx::UnaryPrimitive {
   ChunkConcat(mx::Stream s, int axis) : mx::UnaryPrimitive(s), axis_(axis) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
+    auto& enc = begin_output(inputs, out, stream());
     std::vector<RowMajorInput> src;  // views gathered in the task (no Contiguous primitives)
     std::vector<size_t> chunk;
     for (const auto& x : inputs) {
-      enc.set_input_array(x);
       size_t inner = x.itemsize();
       for (int d = axis_; d < static_cast<int>(x.ndim()); ++d) inner *= static_cast<size_t>(x.shape(d));
       src.emplace_back(x);
       chunk.push_back(inner);
     }
-    enc.set_output_array(out);
     size_t outer = 1;
     for (int d = 0; d < axis_; ++d) outer *= static_cast<size_t>(out.shape(d));
     enc.dispatch([dst = out.data<char>(), src = std::move(src), chunk = std::move(chunk), outer] {

@@ -312,10 +312,7 @@ class DnnlConvWeights : public PlanPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& w = inputs[0];
     if (!w.flags().row_contiguous) throw std::runtime_error("[DnnlConvWeights] weight must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(w);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     enc.dispatch([plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
                   wn = w.nbytes()] {
       const ThreadLimit limit(plan->threads);
@@ -342,10 +339,7 @@ class DnnlConv : public PlanPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[DnnlConv] the prepared weights must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
     // x and the bias may be any view: gathered in the task when not row-contiguous
     std::optional<RowMajorInput> b;
@@ -401,10 +395,7 @@ class DnnlUnblock : public PlanPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlUnblock] input must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     enc.dispatch([plan = plan_, xp = const_cast<float*>(inputs[0].data<float>()), yp = out.data<float>(), n = out.size()] {
       const ThreadLimit limit(plan->threads);
       Memory from(plan->dst_md, xp), to(plan->dst_plain, yp);

@@ -123,10 +123,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[PointwiseConv] the weight must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     enc.dispatch([x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),

@@ -134,10 +134,7 @@ class Pool2d : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
                   H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
       const float* xp = in.rows();

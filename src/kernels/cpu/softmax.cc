@@ -127,10 +127,7 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     const int n = x.shape(-1);
     const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
     enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
@@ -157,6 +154,14 @@ class RowSoftmax : public mx::UnaryPrimitive {
 };
 
 }  // namespace
+
+mx::cpu::CommandEncoder& begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  return enc;
+}
 
 RowMajorInput::RowMajorInput(const mx::array& x) : src_(x.data<char>()), item_(x.itemsize()) {
   if (x.flags().row_contiguous) return;

@@ -147,10 +147,7 @@ class UnaryMap : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
+    auto& enc = begin_output(inputs, out, stream());
     enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
       const float* xp = in.rows();
       // Chunks of >= 32K elements (~10 us of work each, the price of a hand-off).

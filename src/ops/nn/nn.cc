@@ -499,7 +499,7 @@ Outputs translate_conv(OpContext& c) {
   const auto steps = graph::conv_activations(n);
   if (x0.size() == 0 || w0.size() == 0) return {apply_activations(steps, mx::zeros(out_shape, x0.dtype(), c.s), c.s)};
   if (!crop) {
-    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2)};
+    const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2), {}};
     if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
       if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd, steps)) return {*y};
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape), steps)) return {*y};
@@ -588,7 +588,7 @@ Outputs translate_conv_transpose(OpContext& c) {
       pl[d] = dk - 1 - lo[d];
       pr[d] = dk - 1 - hi[d];
     }
-    DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), pl, pr, to_int(dil), groups, c.has(2)};
+    DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), pl, pr, to_int(dil), groups, c.has(2), {}};
     g.transposed = true;
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, x0.shape()), {})) return {*y};
   }
