@@ -72,6 +72,10 @@ struct Options {
   // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
   // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).
   bool cpu_poll = true;
+  // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
+  // launched again with its inputs copied into the buffers it reads, without MLX's per-array
+  // host work (kernels/cuda/graph_replay.h).
+  bool gpu_graph_replay = true;
 };
 
 struct Stats {
@@ -102,6 +106,9 @@ struct Stats {
   // cpu_poll: evaluations whose results the caller polled for before sleeping.
   std::atomic<uint64_t> polled_evals{0};
   std::atomic<uint64_t> after_short_evals{0};  // CPU evaluations after one under cpu_poll's window
+  // gpu_graph_replay: runs kept as a CUDA graph, runs that launched one, and kept graphs
+  // dropped (a bound buffer moved) or not made (graph_replay.h's reasons; log_level 1 says which).
+  std::atomic<uint64_t> replay_captures{0}, replay_runs{0}, replay_drops{0}, replay_failures{0};
 };
 
 // Raw bytes of one fused-node input or output (owned by ORT).
@@ -139,6 +146,9 @@ std::unique_ptr<FusedProgram> make_program(std::string name, const graph::Graph&
 
 // Whether the calling thread's last run() went through a compiled function.
 bool last_run_compiled();
+// Whether it launched a kept CUDA graph (gpu_graph_replay): its outputs are held by the graph,
+// to be copied out by the driver, never adopted.
+bool last_run_replayed();
 // The way the calling thread's last run() went (trace and profile events): "compiled",
 // "compiled (new trace)", "shape family", "eager (new signature)", "eager", ...
 const char* last_run_path();
@@ -180,6 +190,9 @@ class OutputBufferScope {
 void copy_out(const mx::array& a, void* dst, graph::DType t, int device_copies = 2);
 // The same, byte for byte (nbytes = size * itemsize).
 void copy_out(const mx::array& a, void* dst, int device_copies = 2);
+// An output of a kept graph's launch (last_run_replayed) into `dst` by one copy of the CUDA
+// driver. False, having done nothing, where it cannot (the caller uses copy_out).
+bool copy_out_kept(const mx::array& a, void* dst);
 // Whether `dst` already is `a`'s data (an output written in place), asked without moving a
 // device buffer to host memory (which array::data would).
 bool holds_data_at(const mx::array& a, const void* dst);

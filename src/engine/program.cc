@@ -20,6 +20,7 @@
 #include "graph/fuse_conv_activation.h"
 #include "graph/transpose_weights.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/write_rows.h"
 #include "engine/index_check.h"
 #include "engine/memory_guard.h"
@@ -64,6 +65,7 @@ namespace {
 // The calling thread's last run: which path it took and its time inside mx::eval (statistics
 // for the ABI layer's overhead figure; per thread because runs of a program may interleave).
 thread_local bool tl_last_run_compiled = false;
+thread_local bool tl_last_run_replayed = false;
 thread_local uint64_t tl_last_eval_ns = 0;
 thread_local const char* tl_last_run_path = "";
 
@@ -94,6 +96,12 @@ void evaluate(std::vector<mx::array>& arrays, bool poll) {
 
 bool Program::last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_compiled() { return tl_last_run_compiled; }
+bool last_run_replayed() { return tl_last_run_replayed; }
+
+bool copy_out_kept(const mx::array& a, void* dst) {
+  void* src = kernels::cuda::device_address(a);
+  return src && dst && a.flags().row_contiguous && kernels::cuda::copy_bytes(dst, src, a.nbytes());
+}
 const char* last_run_path() { return tl_last_run_path; }
 
 namespace {
@@ -383,6 +391,111 @@ std::string Program::signature_with(const std::vector<HostTensor>& raw,
   return sig;
 }
 
+// gpu_graph_replay. A signature is kept after this many compiled calls (the first traces and
+// compiles MLX's kernels); captures tried or kept graphs dropped before it stays with the call.
+constexpr int kKeptAfterCalls = 2;
+constexpr int kKeptMaxTries = 3;
+// A fused input in EP memory larger than this is read by the kept graph where it lies, and
+// must be there again on every launch (a bound KV cache); smaller ones are copied in each run.
+constexpr size_t kKeptCopyMaxBytes = 64 << 10;
+
+struct Program::KeptGraph {
+  std::unique_ptr<kernels::cuda::GraphReplay> graph;
+  // Per fused input: the buffer the graph reads, whether each run copies the input into it (else
+  // the input must be that buffer), and its size.
+  std::vector<void*> reads;
+  std::vector<bool> copied;
+  std::vector<size_t> nbytes;
+  std::vector<mx::array> owned;  // the copied inputs' buffers
+  std::vector<mx::array> outs;   // the capturing run's results (the index-check flag included)
+  std::vector<RowUpdate> rows;
+};
+
+bool Program::keepable(const std::vector<HostTensor>& raw) const {
+  for (const auto& t : raw) {
+    if (t.kind != HostTensor::Kind::Tensor || !t.data || ops::lowp::is_lowp(t.dtype)) return false;
+    for (auto d : t.shape)
+      if (d <= 0) return false;
+  }
+  return true;
+}
+
+std::vector<mx::array> Program::capture_arguments(const std::vector<HostTensor>& raw,
+                                                  const std::vector<mx::array>& args,
+                                                  const std::vector<const void*>& in_place_rows, KeptGraph& k) const {
+  std::vector<mx::array> out = args;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const auto& t = raw[i];
+    const size_t n = args[i].nbytes();
+    const bool rows = std::find(in_place_rows.begin(), in_place_rows.end(), t.data) != in_place_rows.end();
+    const bool in_place = opt_.device_memory && (rows || n > kKeptCopyMaxBytes) && device_buffers::owns(t.data) &&
+                          kernels::cuda::device_address(args[i]) == t.data;
+    k.nbytes.push_back(n);
+    k.copied.push_back(!in_place);
+    if (in_place) {
+      k.reads.push_back(const_cast<void*>(t.data));
+      k.owned.push_back(args[i]);
+      continue;
+    }
+    auto buffer = mx::array(mx::allocator::malloc(n), args[i].shape(), args[i].dtype());
+    void* p = kernels::cuda::device_address(buffer);
+    if (!p || buffer.nbytes() != n || !kernels::cuda::copy_bytes(p, t.data, n)) return {};
+    k.reads.push_back(p);
+    k.owned.push_back(buffer);
+    out[i] = buffer;
+  }
+  return out;
+}
+
+std::optional<std::vector<mx::array>> Program::run_kept(Entry& e, const std::vector<HostTensor>& raw, mx::Stream s) {
+  KeptGraph& k = *e.kept;
+  auto drop = [&]() -> std::optional<std::vector<mx::array>> {
+    e.kept.reset();
+    ++e.kept_tries;
+    ++stats_.replay_drops;
+    return std::nullopt;
+  };
+  if (raw.size() != k.reads.size()) return drop();
+  for (size_t i = 0; i < raw.size(); ++i)
+    if (!k.copied[i] && raw[i].data != k.reads[i]) return drop();  // a new cache buffer, say
+  for (const auto& r : k.rows)
+    if (r.written && (!tl_output_buffer || tl_output_buffer(r.output, k.outs[r.output]) != r.input_data))
+      return drop();
+  for (size_t i = 0; i < raw.size(); ++i)
+    if (k.copied[i] && !k.graph->copy_in(k.reads[i], raw[i].data, k.nbytes[i])) return drop();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    trace::Span span("phase", "launch kept graph");
+    if (!k.graph->launch()) return drop();
+  }
+  tl_last_eval_ns = elapsed_ns(t0);
+  stats_.eval_ns += tl_last_eval_ns;
+  stats_.eval_ns_compiled += tl_last_eval_ns;
+  ++e.hits;
+  ++stats_.replay_runs;
+  ++stats_.compiled_runs;
+  tl_last_run_compiled = tl_last_run_replayed = true;
+  tl_last_run_path = "kept graph";
+  tl_row_updates = k.rows;
+  auto outs = k.outs;
+  if (index_check::take_flag(outs, num_outputs(), opt_.device_copies == 2)) {
+    auto args = arguments(raw);
+    args.insert(args.end(), constants_.begin(), constants_.end());
+    diagnose_index(args, layout_of(raw), s);
+  }
+  return outs;
+}
+
+void Program::diagnose_index(const std::vector<mx::array>& args, const Layout& layout, mx::Stream s) const {
+  index_check::Diagnose diagnose;
+  try {
+    (void)translate(args, layout, Mode::Eager, nullptr, nullptr, s);
+  } catch (const std::exception& e) {
+    throw index_check::IndexError(e.what());
+  }
+  throw index_check::IndexError("an index is out of range (its node could not be named)");
+}
+
 // Long: the run's modes (probe, eager, compiled replay, piecewise family segments, the GPU's
 // zero-size fallback) share the argument list, the lock and eval_all, and each falls through to
 // the next; the modes' own work lives in translation.cc and shape_family.cc.
@@ -391,18 +504,25 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     throw std::invalid_argument("[MLX EP] fused node '" + name_ + "' expects " +
                                 std::to_string(input_names_.size()) + " inputs, got " +
                                 std::to_string(raw.size()));
-  std::vector<mx::array> args = arguments(raw);
   const Layout layout = layout_of(raw);
-  args.insert(args.end(), constants_.begin(), constants_.end());
 
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.runs;
   tl_last_run_compiled = false;
+  tl_last_run_replayed = false;
   tl_last_run_path = "eager";
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
   tl_row_updates.clear();
-  auto eval_all = [&, this](std::vector<mx::array> outs) {
+  std::string shapes;  // the run's signature without input data (signature_of)
+  std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
+  if (opt_.gpu && opt_.gpu_graph_replay)
+    if (Entry* e = cache_.find(sig); e && e->kept)
+      if (auto outs = run_kept(*e, raw, s)) return std::move(*outs);
+  std::vector<mx::array> args = arguments(raw);
+  args.insert(args.end(), constants_.begin(), constants_.end());
+  // `keep`: the evaluation is kept as a CUDA graph (gpu_graph_replay) into it, when it can be.
+  auto eval_all = [&, this](std::vector<mx::array> outs, KeptGraph* keep = nullptr) {
     // Outputs that may be rows written into their own input buffer (RowUpdate) are left out of
     // the evaluation; their rows and positions are evaluated instead.
     std::vector<mx::array> todo;
@@ -454,28 +574,29 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       const bool poll = after_short && opt_.cpu_poll;
       stats_.after_short_evals += after_short;
       stats_.polled_evals += poll;
-      evaluate(todo, poll);
+      if (keep) {
+        std::string why;
+        keep->graph = kernels::cuda::GraphReplay::capture(todo, s, &why);
+        if (keep->graph) {
+          keep->outs = outs;  // the index-check flag included: each launch reads it
+          keep->rows = tl_row_updates;
+        } else if (opt_.log_level >= 1) {
+          std::cerr << "[MLX EP] fused node '" << name_ << "': run not kept as a CUDA graph: " << why << "\n";
+        }
+      } else {
+        evaluate(todo, poll);
+      }
     }
     tl_last_eval_ns = elapsed_ns(t0);
     if (after_short) last_polled_eval_ns_.store(tl_last_eval_ns, std::memory_order_relaxed);
     stats_.eval_ns += tl_last_eval_ns;
-    if (index_check::take_flag(outs, num_outputs(), opt_.device_copies == 2)) {
-      // An index was out of range: the same run again, eagerly, checking on the host, names it.
-      index_check::Diagnose diagnose;
-      try {
-        (void)translate(args, layout, Mode::Eager, nullptr, nullptr, s);
-      } catch (const std::exception& e) {
-        throw index_check::IndexError(e.what());
-      }
-      throw index_check::IndexError("an index is out of range (its node could not be named)");
-    }
+    if (index_check::take_flag(outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
     return outs;
   };
 
   // A probe: translate with the real data, learning which host reads the graph makes and
   // whether they depend only on shapes (compilable) or on tensor data (eager only). Returns the
   // outputs; `restart` when an input newly joined the signature (its key changed).
-  std::string shapes;  // the run's signature without input data (signature_of)
   auto probe = [&](Entry& entry, bool& restart, StepInfos* steps) {
     HostRecord record;
     std::vector<int> deps;
@@ -510,7 +631,6 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     return outs;
   };
 
-  std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
   Entry* found = cache_.find(sig);
   if (!found) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.
@@ -609,13 +729,48 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       // cpu_fuse=2: calls alternate between the fused and the unfused trace while tuning.
       const bool tuning = static_cast<bool>(e.fn_unfused);
       const bool use_unfused = tuning ? e.tuning_calls % 2 == 1 : e.unfused;
+      // A warm compiled signature is kept as one CUDA graph (gpu_graph_replay): its later runs
+      // launch that graph (run_kept, above) instead of calling the compiled function.
+      ++e.compiled_calls;
+      std::shared_ptr<KeptGraph> kept;
+      std::vector<mx::array> kept_args;
+      if (opt_.gpu && opt_.gpu_graph_replay && !tuning && !e.kept && e.kept_tries < kKeptMaxTries &&
+          e.compiled_calls > kKeptAfterCalls && keepable(raw)) {
+        kept = std::make_shared<KeptGraph>();
+        // Which inputs the run writes rows into (found on a call that is not evaluated): the
+        // graph takes those where they lie.
+        std::vector<const void*> rows;
+        if (opt_.inplace_rows && device_memory()) {
+          auto dry = [&] {
+            CompiledCallScope call(use_unfused);
+            return e.fn(args);
+          }();
+          for (size_t i = 0; i < num_outputs() && i < dry.size(); ++i) {
+            std::optional<mx::array> buffer;
+            if (auto r = row_update_of(dry[i], i, raw, &buffer)) rows.push_back(r->input_data);
+          }
+        }
+        kept_args = capture_arguments(raw, args, rows, *kept);
+        if (kept_args.empty()) {
+          kept.reset();
+          ++e.kept_tries;
+          ++stats_.replay_failures;
+        }
+      }
       const auto t_call = std::chrono::steady_clock::now();
       auto traced = [&] {
         CompiledCallScope call(use_unfused);
-        return (tuning && use_unfused ? e.fn_unfused : e.fn)(args);
+        return (tuning && use_unfused ? e.fn_unfused : e.fn)(kept ? kept_args : args);
       }();
       const auto call_ns = elapsed_ns(t_call);
-      auto outs = eval_all(std::move(traced));
+      auto outs = eval_all(std::move(traced), kept.get());
+      if (kept) {
+        ++(kept->graph ? stats_.replay_captures : stats_.replay_failures);
+        if (kept->graph)
+          e.kept = std::move(kept);
+        else
+          ++e.kept_tries;
+      }
       if (tuning) tune_fusion(e, use_unfused, elapsed_ns(t_call));
       stats_.call_ns_compiled += call_ns;
       ++stats_.compiled_runs;

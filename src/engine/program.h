@@ -73,6 +73,7 @@ class Program final : public FusedProgram {
   using HostRecord = std::vector<mx::array>;
   enum class Mode { Probe, Eager, Replay };
   struct Run;
+  struct KeptGraph;  // gpu_graph_replay: a signature's run kept as one CUDA graph (program.cc)
   struct Entry {
     bool eager_only = false;
     // MLX's CUDA kernels fault on zero-size arrays (SIGFPE/SIGSEGV in launch arithmetic): a
@@ -91,7 +92,26 @@ class Program final : public FusedProgram {
     bool unfused = false;  // `fn` was traced without fusion
     int tuning_calls = 0;
     double best_fused_ns = 0, best_unfused_ns = 0;
+    // gpu_graph_replay: compiled calls so far, the kept graph, and captures tried or dropped
+    // (a few, then this signature stays with the compiled call).
+    int compiled_calls = 0;
+    std::shared_ptr<KeptGraph> kept;
+    int kept_tries = 0;
   };
+
+  // gpu_graph_replay: whether this run's inputs allow keeping its graph; the arguments of the
+  // capturing run (inputs the graph will copy in each run replaced by buffers of its own) and
+  // the graph's input plan in `k`.
+  bool keepable(const std::vector<HostTensor>& raw) const;
+  // `in_place`: inputs whose rows the run writes into their own buffer (RowUpdate), which the
+  // graph must read and write where they lie, as large inputs in EP memory.
+  std::vector<mx::array> capture_arguments(const std::vector<HostTensor>& raw, const std::vector<mx::array>& args,
+                                           const std::vector<const void*>& in_place, KeptGraph& k) const;
+  // A launch of the kept graph, or nullopt (nothing run) when the bound buffers moved or the
+  // driver refused: the caller runs the compiled call.
+  std::optional<std::vector<mx::array>> run_kept(Entry& e, const std::vector<HostTensor>& raw, mx::Stream s);
+  // An index was out of range: the same run again, eagerly, checking on the host, names it.
+  [[noreturn]] void diagnose_index(const std::vector<mx::array>& args, const Layout& layout, mx::Stream s) const;
 
   // cpu_fuse=2: one timed call of a tuning entry; after enough of both, keeps the faster trace.
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);

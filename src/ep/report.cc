@@ -6,6 +6,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/pinned_inputs.h"
 #include "kernels/cuda/skip_rms_norm.h"
 #include "ep/ort_api.h"
@@ -44,6 +45,9 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
     << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled
     << ",\"inputs_ns_compiled\":" << st.inputs_ns_compiled << ",\"call_ns_compiled\":" << st.call_ns_compiled
+    << ",\"replay_captures\":" << st.replay_captures << ",\"replay_runs\":" << st.replay_runs
+    << ",\"replay_drops\":" << st.replay_drops << ",\"replay_failures\":" << st.replay_failures
+    << ",\"process_replay_launches\":" << kernels::cuda::graph_replay_counters().launches
     << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()
     << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()

@@ -109,8 +109,10 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     // buffer, the allocation ORT makes for this output inside GetOutput (through our
     // allocator, same size) is given that buffer instead of a new one. Proven by the
     // pointer ORT hands back; otherwise the result is copied as usual (device_buffers.h).
+    // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
+    const bool kept = engine::last_run_replayed();
     std::optional<db::Armed> armed;
-    if (device_memory && db::adoptable(outputs[i])) armed.emplace(a);
+    if (device_memory && !kept && db::adoptable(outputs[i])) armed.emplace(a);
     check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
     void* const taken = armed ? armed->taken() : nullptr;
     void* dst = nullptr;
@@ -128,6 +130,10 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     }
     if (device_memory && db::owns(dst)) counters.outputs_copied++;
     if (engine::holds_data_at(a, dst)) continue;  // already there
+    if (kept && !ops::lowp::is_lowp(to_dtype(out_et)) && engine::copy_out_kept(a, dst)) {
+      if (device_memory && db::owns(dst)) counters.outputs_written_on_device++;  // device to device
+      continue;
+    }
     if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && db::owns(dst)) {
       device_writes.emplace_back(dst, a);
       continue;

@@ -256,6 +256,7 @@ def test_cpu_poll_probes_after_long_evaluations(tmp_path):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
                           [numpy_helper.from_array(np.array(1, np.int64), "axis")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # (onnxruntime-gpu 1.31 reads IR versions up to 13)
     report = tmp_path / "report.jsonl"
     sess = _session(model, report_path=str(report))
     for _ in range(48):
