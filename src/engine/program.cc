@@ -411,6 +411,15 @@ struct Program::KeptGraph {
   std::vector<RowUpdate> rows;
 };
 
+bool Program::graph_replay_here(mx::Stream s) {
+  std::string why;
+  if (kernels::cuda::graph_replay_available(s, &why)) return true;
+  if (opt_.log_level >= 1 && !replay_unavailable_logged_)
+    std::cerr << "[MLX EP] fused node '" << name_ << "': runs are not kept as CUDA graphs: " << why << "\n";
+  replay_unavailable_logged_ = true;
+  return false;
+}
+
 bool Program::keepable(const std::vector<HostTensor>& raw) const {
   for (const auto& t : raw) {
     if (t.kind != HostTensor::Kind::Tensor || !t.data || ops::lowp::is_lowp(t.dtype)) return false;
@@ -735,7 +744,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       std::shared_ptr<KeptGraph> kept;
       std::vector<mx::array> kept_args;
       if (opt_.gpu && opt_.gpu_graph_replay && !tuning && !e.kept && e.kept_tries < kKeptMaxTries &&
-          e.compiled_calls > kKeptAfterCalls && keepable(raw)) {
+          e.compiled_calls > kKeptAfterCalls && keepable(raw) && graph_replay_here(s)) {
         kept = std::make_shared<KeptGraph>();
         // Which inputs the run writes rows into (found on a call that is not evaluated): the
         // graph takes those where they lie.

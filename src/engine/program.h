@@ -103,6 +103,9 @@ class Program final : public FusedProgram {
   // capturing run (inputs the graph will copy in each run replaced by buffers of its own) and
   // the graph's input plan in `k`.
   bool keepable(const std::vector<HostTensor>& raw) const;
+  // Whether this process can keep graphs on `s` (kernels/cuda/graph_replay.h); says why not
+  // once, at log_level 1.
+  bool graph_replay_here(mx::Stream s);
   // `in_place`: inputs whose rows the run writes into their own buffer (RowUpdate), which the
   // graph must read and write where they lie, as large inputs in EP memory.
   std::vector<mx::array> capture_arguments(const std::vector<HostTensor>& raw, const std::vector<mx::array>& args,
@@ -190,6 +193,7 @@ class Program final : public FusedProgram {
   std::atomic<uint64_t> last_polled_eval_ns_{0}, evals_{0};
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
   bool probed_once_ = false;     // a probe has run: the program's host reads are known
+  bool replay_unavailable_logged_ = false;
   ShapeFamily family_;
 };
 
