@@ -104,6 +104,28 @@ def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capf
         assert "Maximum" not in prims and not any(k.startswith("Compiled") for k in prims), prims
 
 
+def test_pointwise_conv_weight_fed_each_run_is_read_each_run():
+    """The kernel lays a constant weight out for its tiles once (kernels/cpu/pointwise.cc); a
+    weight that is a graph input is laid out again on every run, even when it comes in the same
+    buffer with new values (here one numpy array rewritten in place between compiled runs).
+    Every run's output equals ORT's CPU EP's."""
+    import onnxruntime_mlx as om
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 32, 6, 10)).astype(np.float32)
+    w = np.zeros((20, 16, 1, 1), np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, list(w.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False))
+    for k in range(6):
+        w[...] = rng.standard_normal(w.shape)
+        np.testing.assert_allclose(sess.run(None, {"x": x, "w": w})[0], ref.run(None, {"x": x, "w": w})[0],
+                                   rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
     """A grouped 1x1 convolution of fewer than 16 input channels a group runs as one batched

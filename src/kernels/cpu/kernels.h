@@ -95,8 +95,11 @@ std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s)
 // kPointwiseMinDepth input channels a group (a tile's loads and stores then outweigh its sums:
 // shufflenet's 6-channel groups ran 1.7x OpenBLAS's time).
 inline constexpr int64_t kPointwiseMinDepth = 16;
+// `constant_weight`: `w` is a constant of the graph, whose buffer keeps its contents, so the
+// kernel's layout of it is made once (else on every run).
 std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                                            int groups, bool relu, bool parallel, mx::Stream s);
+                                            int groups, bool relu, bool parallel, bool constant_weight,
+                                            mx::Stream s);
 
 // Layer normalization over the last axis of float32 `x`: (x - mean) / sqrt(var + eps) * scale
 // (+ bias), scale and bias float32 vectors over that axis; per row the mean, then the mean of

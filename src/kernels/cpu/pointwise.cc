@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <typeinfo>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include <mlx/backend/cpu/encoder.h>
@@ -40,6 +42,20 @@ void panel_scalar(const float* x, const float* w, const float* b, float* y, cons
   }
 }
 
+// The weight [groups * mg, cg] as the AVX2 tiles read it: per group, blocks of six output
+// channels, each [cg][6] (channel k's six weights side by side, one stream for the tile instead
+// of six rows cg apart); the last block's missing rows repeat its last row (computed, not stored).
+std::vector<float> packed_weight(const float* w, const PointwiseShape& s) {
+  const int64_t blocks = (s.mg + 5) / 6;
+  std::vector<float> out(static_cast<size_t>(s.groups * blocks * 6 * s.cg));
+  float* o = out.data();
+  for (int64_t g = 0; g < s.groups; ++g)
+    for (int64_t blk = 0; blk < blocks; ++blk)
+      for (int64_t k = 0; k < s.cg; ++k)
+        for (int64_t r = 0; r < 6; ++r) *o++ = w[(g * s.mg + std::min(blk * 6 + r, s.mg - 1)) * s.cg + k];
+  return out;
+}
+
 #ifdef ORTMLX_X86
 __attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, __m256 a1, bool relu, bool full,
                                                            __m256i mask0, __m256i mask1) {
@@ -61,7 +77,7 @@ __attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, 
 // channel blocks. Past the last channel the rows repeat the last one (computed, not stored);
 // fewer than 16 positions at the end go through masked loads and stores.
 template <bool Full>  // all 16 positions, or `cols` of them (masked)
-__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w, const float* b, float* y,
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w6, const float* b, float* y,
                                                     const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
   const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
   const int rows = static_cast<int>(std::min<int64_t>(6, s.mg - m0));
@@ -71,72 +87,80 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* 
   const __m256i mask1 = _mm256_cmpgt_epi32(n, _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8)));
   int64_t m[6];
   for (int r = 0; r < 6; ++r) m[r] = std::min(m0 + r, last);
-  const float *w0 = w + m[0] * K, *w1 = w + m[1] * K, *w2 = w + m[2] * K, *w3 = w + m[3] * K, *w4 = w + m[4] * K,
-              *w5 = w + m[5] * K;
   float bias[6];
   for (int r = 0; r < 6; ++r) bias[r] = b ? b[m[r]] : 0.f;
   __m256 c00 = _mm256_set1_ps(bias[0]), c01 = c00, c10 = _mm256_set1_ps(bias[1]), c11 = c10;
   __m256 c20 = _mm256_set1_ps(bias[2]), c21 = c20, c30 = _mm256_set1_ps(bias[3]), c31 = c30;
   __m256 c40 = _mm256_set1_ps(bias[4]), c41 = c40, c50 = _mm256_set1_ps(bias[5]), c51 = c50;
   const float* xp = x + p0;
-  for (int64_t k = 0; k < K; ++k, xp += P) {
+  const float* wk = w6;  // the block's six weights of channel k, side by side (packed_weight)
+  for (int64_t k = 0; k < K; ++k, xp += P, wk += 6) {
     __m256 x0, x1;
     if constexpr (Full) {
       x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + 8);
     } else {
       x0 = _mm256_maskload_ps(xp, mask0), x1 = _mm256_maskload_ps(xp + 8, mask1);
     }
-    __m256 v = _mm256_broadcast_ss(w0 + k);
+    __m256 v = _mm256_broadcast_ss(wk);
     c00 = _mm256_fmadd_ps(v, x0, c00), c01 = _mm256_fmadd_ps(v, x1, c01);
-    v = _mm256_broadcast_ss(w1 + k);
+    v = _mm256_broadcast_ss(wk + 1);
     c10 = _mm256_fmadd_ps(v, x0, c10), c11 = _mm256_fmadd_ps(v, x1, c11);
-    v = _mm256_broadcast_ss(w2 + k);
+    v = _mm256_broadcast_ss(wk + 2);
     c20 = _mm256_fmadd_ps(v, x0, c20), c21 = _mm256_fmadd_ps(v, x1, c21);
-    v = _mm256_broadcast_ss(w3 + k);
+    v = _mm256_broadcast_ss(wk + 3);
     c30 = _mm256_fmadd_ps(v, x0, c30), c31 = _mm256_fmadd_ps(v, x1, c31);
-    v = _mm256_broadcast_ss(w4 + k);
+    v = _mm256_broadcast_ss(wk + 4);
     c40 = _mm256_fmadd_ps(v, x0, c40), c41 = _mm256_fmadd_ps(v, x1, c41);
-    v = _mm256_broadcast_ss(w5 + k);
+    v = _mm256_broadcast_ss(wk + 5);
     c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
   }
   const __m256 a[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, Full, mask0, mask1);
 }
 
-__attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float* w, const float* b, float* y,
+// `w6`: the group's weight as packed_weight lays it out.
+__attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float* w6, const float* b, float* y,
                                                      const PointwiseShape& s, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; p += 16) {
     const int cols = static_cast<int>(std::min<int64_t>(16, p1 - p));
     for (int64_t m = 0; m < s.mg; m += 6)
       if (cols == 16)
-        tile_avx2<true>(x, w, b, y, s, m, p, cols);
+        tile_avx2<true>(x, w6 + m * s.cg, b, y, s, m, p, cols);
       else
-        tile_avx2<false>(x, w, b, y, s, m, p, cols);
+        tile_avx2<false>(x, w6 + m * s.cg, b, y, s, m, p, cols);
   }
 }
 #endif
 
 class PointwiseConv : public mx::UnaryPrimitive {
  public:
-  PointwiseConv(mx::Stream st, const PointwiseShape& s, bool parallel)
-      : mx::UnaryPrimitive(st), s_(s), parallel_(parallel) {}
+  PointwiseConv(mx::Stream st, const PointwiseShape& s, bool parallel, bool constant_weight)
+      : mx::UnaryPrimitive(st),
+        s_(s),
+        parallel_(parallel),
+        constant_weight_(constant_weight),
+        cache_(constant_weight ? std::make_shared<PackedWeight>() : nullptr) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[PointwiseConv] the weight must be row-contiguous");
     auto& enc = begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    enc.dispatch([x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
+    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
                   yp = out.data<float>(), s = s_, parallel = parallel_] {
       const float* xp = x.rows();
+#ifdef ORTMLX_X86
+      const bool avx2 = cpu_has_avx2_fma();
+      // A constant weight is packed once (a compiled function's runs share this primitive);
+      // any other on every run.
+      std::shared_ptr<const std::vector<float>> packed;
+      if (avx2) packed = cache ? cache->packed_for(wp, s) : std::make_shared<const std::vector<float>>(packed_weight(wp, s));
+#endif
       const float* bp = bias ? bias->rows() : nullptr;
       // Work items: (image, group, 64-position stretch), split over the threads.
       constexpr int64_t kStretch = 64;
       const int64_t stretches = (s.positions + kStretch - 1) / kStretch;
       const int64_t items = s.n * s.groups * stretches;
-#ifdef ORTMLX_X86
-      const bool avx2 = cpu_has_avx2_fma();
-#endif
       auto run = [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t t = i % stretches, ng = i / stretches, g = ng % s.groups, img = ng / s.groups;
@@ -147,7 +171,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
           const float* bg = bp ? bp + g * s.mg : nullptr;
 #ifdef ORTMLX_X86
           if (avx2) {
-            panel_avx2(xg, wg, bg, yg, s, p0, p1);
+            panel_avx2(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, yg, s, p0, p1);
             continue;
           }
 #endif
@@ -164,7 +188,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
   const char* name() const override { return "PointwiseConv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PointwiseConv*>(&other);
-    return o && o->s_ == s_ && o->parallel_ == parallel_;
+    return o && o->s_ == s_ && o->parallel_ == parallel_ && o->constant_weight_ == constant_weight_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -173,14 +197,33 @@ class PointwiseConv : public mx::UnaryPrimitive {
   }
 
  private:
+  // A constant weight's packed layout, made on the first run for its buffer (on the stream
+  // thread). Held by the tasks too: an eager run's primitive may go before its task runs.
+  struct PackedWeight {
+    std::shared_ptr<const std::vector<float>> packed_for(const float* w, const PointwiseShape& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (src != w || !packed) {
+        packed = std::make_shared<const std::vector<float>>(packed_weight(w, s));
+        src = w;
+      }
+      return packed;
+    }
+    std::mutex mu;
+    const float* src = nullptr;
+    std::shared_ptr<const std::vector<float>> packed;
+  };
+
   PointwiseShape s_;
   bool parallel_;
+  bool constant_weight_;  // the weight is a constant of the graph: its buffer never changes
+  std::shared_ptr<PackedWeight> cache_;  // with constant_weight_
 };
 
 }  // namespace
 
 std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                                            int groups, bool relu, bool parallel, mx::Stream s) {
+                                            int groups, bool relu, bool parallel, bool constant_weight,
+                                            mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 3 || w.ndim() != 2 || groups < 1 || x.size() == 0 || w.size() == 0 ||
       (bias && (bias->dtype() != mx::float32 || bias->size() != static_cast<size_t>(w.shape(0)))))
@@ -195,7 +238,8 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
   out[1] = static_cast<int>(M);
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
-  return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel), std::move(in));
+  return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel, constant_weight),
+                   std::move(in));
 }
 
 }  // namespace ortmlx::ops

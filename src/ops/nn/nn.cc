@@ -417,7 +417,7 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     const bool relu = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::Relu;
     const double flops = 2.0 * N * M * cg * P;
     const bool parallel = flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops);
-    if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.s))
+    if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.is_constant(1), c.s))
       return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s);
   }
   // Weight and bias in their product shapes once per program, and a single image without its
