@@ -429,9 +429,22 @@ bool Program::keepable(const std::vector<HostTensor>& raw) const {
   return true;
 }
 
-std::vector<mx::array> Program::capture_arguments(const std::vector<HostTensor>& raw,
-                                                  const std::vector<mx::array>& args,
-                                                  const std::vector<const void*>& in_place_rows, KeptGraph& k) const {
+std::vector<mx::array> Program::capture_arguments(Entry& e, const std::vector<HostTensor>& raw,
+                                                  const std::vector<mx::array>& args, bool unfused,
+                                                  KeptGraph& k) const {
+  // Which inputs the run writes rows into (found on a call that is not evaluated): the graph
+  // takes those where they lie.
+  std::vector<const void*> in_place_rows;
+  if (opt_.inplace_rows && device_memory()) {
+    auto dry = [&] {
+      CompiledCallScope call(unfused);
+      return e.fn(args);
+    }();
+    for (size_t i = 0; i < num_outputs() && i < dry.size(); ++i) {
+      std::optional<mx::array> buffer;
+      if (auto r = row_update_of(dry[i], i, raw, &buffer)) in_place_rows.push_back(r->input_data);
+    }
+  }
   std::vector<mx::array> out = args;
   for (size_t i = 0; i < raw.size(); ++i) {
     const auto& t = raw[i];
@@ -746,20 +759,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       if (opt_.gpu && opt_.gpu_graph_replay && !tuning && !e.kept && e.kept_tries < kKeptMaxTries &&
           e.compiled_calls > kKeptAfterCalls && keepable(raw) && graph_replay_here(s)) {
         kept = std::make_shared<KeptGraph>();
-        // Which inputs the run writes rows into (found on a call that is not evaluated): the
-        // graph takes those where they lie.
-        std::vector<const void*> rows;
-        if (opt_.inplace_rows && device_memory()) {
-          auto dry = [&] {
-            CompiledCallScope call(use_unfused);
-            return e.fn(args);
-          }();
-          for (size_t i = 0; i < num_outputs() && i < dry.size(); ++i) {
-            std::optional<mx::array> buffer;
-            if (auto r = row_update_of(dry[i], i, raw, &buffer)) rows.push_back(r->input_data);
-          }
-        }
-        kept_args = capture_arguments(raw, args, rows, *kept);
+        kept_args = capture_arguments(e, raw, args, use_unfused, *kept);
         if (kept_args.empty()) {
           kept.reset();
           ++e.kept_tries;

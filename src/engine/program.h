@@ -106,10 +106,10 @@ class Program final : public FusedProgram {
   // Whether this process can keep graphs on `s` (kernels/cuda/graph_replay.h); says why not
   // once, at log_level 1.
   bool graph_replay_here(mx::Stream s);
-  // `in_place`: inputs whose rows the run writes into their own buffer (RowUpdate), which the
-  // graph must read and write where they lie, as large inputs in EP memory.
-  std::vector<mx::array> capture_arguments(const std::vector<HostTensor>& raw, const std::vector<mx::array>& args,
-                                           const std::vector<const void*>& in_place, KeptGraph& k) const;
+  // Inputs whose rows the run writes into their own buffer (RowUpdate) are read and written
+  // where they lie, as are large inputs in EP memory. Empty when a buffer could not be made.
+  std::vector<mx::array> capture_arguments(Entry& e, const std::vector<HostTensor>& raw,
+                                           const std::vector<mx::array>& args, bool unfused, KeptGraph& k) const;
   // A launch of the kept graph, or nullopt (nothing run) when the bound buffers moved or the
   // driver refused: the caller runs the compiled call.
   std::optional<std::vector<mx::array>> run_kept(Entry& e, const std::vector<HostTensor>& raw, mx::Stream s);
