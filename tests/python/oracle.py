@@ -79,10 +79,17 @@ def run_cpu(model: onnx.ModelProto, feeds: dict) -> list:
     return s.run(None, feeds)
 
 
-def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: int = 3,
+# Runs of each oracle model: the engine compiles on the 2nd run; on the GPU a signature is kept
+# as one CUDA graph on its 4th and the graph launched on the 5th (gpu_graph_replay): every
+# path's result is checked.
+DEFAULT_RUNS = 5 if DEVICE == "gpu" else 3
+
+
+def run_mlx(model: onnx.ModelProto, feeds: dict, fallback: bool = False, runs: int | None = None,
             **options) -> tuple[list, dict]:
-    """Runs `runs` times (the engine compiles on the 2nd run: both paths are checked) and
+    """Runs `runs` times (DEFAULT_RUNS: eager, compiled and, on the GPU, kept-graph runs) and
     returns the last outputs and ORT's placement. Every run's result must agree."""
+    runs = DEFAULT_RUNS if runs is None else runs
     if DEVICE == "gpu" and not fallback and uses_float64(model, feeds):
         import pytest
         pytest.skip("float64 is declined on the GPU at claim time (MLX has no GPU float64); "
