@@ -133,6 +133,7 @@ def main() -> int:
             per_compiled = lambda key: ms_per_compiled(st, key)  # noqa: E731
             print(f"round {r} [{text}]: step median {med:.2f} ms ({1e3 / med:.1f} tok/s), prompt {prompt_s * 1e3:.0f} ms,"
                   f" per run: host reads {st['host_reads'] / runs:.1f}, folds {st.get('host_folds', 0) / runs:.1f},"
+                  f" kept-graph launches {st.get('replay_runs', 0)} of {st['runs']} runs,"
                   f" MLX arrays evaluated {st.get('eval_arrays', 0) / runs:.0f}, segment calls"
                   f" {st.get('segment_calls', 0) / runs:.1f}, translation {st['translate_ns'] / runs / 1e6:.2f} ms,"
                   f" compiled runs: Compute {per_compiled('compute_ns_compiled'):.2f} ms"

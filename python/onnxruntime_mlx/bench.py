@@ -211,7 +211,7 @@ def _llm_ort(spec: dict) -> dict:
         tot = _fused_node_totals(report)
         # empty_operand_runs > 0 on the GPU: runs that went to MLX's CPU stream (a zero-size
         # array in the graph), the cause of the fp16 prompts of 2026-12-01 at 5 tok/s.
-        res["ep_stats"] = {k: tot.get(k) for k in ("runs", "compiled_runs", "piecewise_runs",
+        res["ep_stats"] = {k: tot.get(k) for k in ("runs", "compiled_runs", "replay_runs", "piecewise_runs",
                                                     "eval_arrays", "host_reads", "host_folds",
                                                     "empty_operand_runs")}
     return res
@@ -766,12 +766,13 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
             lines.append(f"| {s} | " + " | ".join(cells) + " |")
     stats = [r for r in results if isinstance(r["result"].get("ep_stats"), dict)]
     if stats:
-        lines += ["", "| EP statistics (whole case) | runs | compiled | shape family | MLX arrays evaluated | "
-                  "host reads | host folds | runs touching a zero-size array |", "|---|" + "---:|" * 7]
+        lines += ["", "| EP statistics (whole case) | runs | compiled | of them kept CUDA graphs | shape family | "
+                  "MLX arrays evaluated | host reads | host folds | runs touching a zero-size array |",
+                  "|---|" + "---:|" * 8]
         for r in stats:
             s = r["result"]["ep_stats"]
             lines.append(f"| {r['subject']} | " + " | ".join(str(s.get(k, "-")) for k in (
-                "runs", "compiled_runs", "piecewise_runs", "eval_arrays", "host_reads", "host_folds",
+                "runs", "compiled_runs", "replay_runs", "piecewise_runs", "eval_arrays", "host_reads", "host_folds",
                 "empty_operand_runs")) + " |")
     failed = [r for r in results if not r["result"].get("ok")]
     if failed:
