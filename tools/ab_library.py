@@ -6,7 +6,9 @@ B/A ratio of their medians.
     python tools/ab_library.py --a OLD.so --b NEW.so MODEL.onnx... [--rounds 5] [--runs 500]
         [--device cpu] [--dim name=value]
 
-Used for changes whose cost should be nil when unused, e.g. the trace spans with tracing off."""
+Used for changes whose cost should be nil when unused, e.g. the trace spans with tracing off.
+A copy of the library loads oneDNN from its own folder: put libdnnl.so.2 and libOpenCL.so.1 (links
+to build/'s) beside each copy, or its convolutions run as MLX's own."""
 import argparse
 import json
 import os

@@ -110,6 +110,7 @@ mx::array concat_nonempty(std::vector<mx::array> xs, int axis, mx::Stream s) {
   // row-contiguous as a concatenation would make it, since it is usually a transposed view and
   // its consumers (present output, repeat_kv reshapes) would each copy it otherwise.
   if (xs.size() == 1) return given == 1 ? xs[0] : mx::contiguous(xs[0], false, s);
+  if (auto y = cpu_dnnl_blocked_concat(xs, axis, s)) return *y;
   if (auto y = cpu_concat(xs, axis, s)) return *y;
   return mx::concatenate(std::move(xs), axis, s);
 }

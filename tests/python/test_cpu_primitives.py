@@ -104,6 +104,34 @@ def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capf
         assert "Maximum" not in prims and not any(k.startswith("Compiled") for k in prims), prims
 
 
+@pytest.mark.parametrize("channels,then", [((16, 24), "Conv"), ((16, 24), "MaxPool"), ((12, 24), "Conv")])
+def test_concatenated_convolutions_stay_blocked(channels, then, capfd):
+    """A channel concatenation of oneDNN convolutions' blocked outputs (squeezenet's fire
+    modules, inception's branches) is made in their blocked layout (cpu_dnnl_blocked_concat): one
+    copy per input, no unblocking of each input, and a following convolution takes the result
+    as it is; a pooling after it unblocks the concatenation once. Channels that are not a
+    multiple of the layout's block (12) take the plain path. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 8, 12, 10)).astype(np.float32)
+    c1, c2 = channels
+    inits = [_init("w1", rng.standard_normal((c1, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((c2, 8, 3, 3)) * 0.3),
+             _init("w3", rng.standard_normal((16, c1 + c2, 1, 1)) * 0.3)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1)]
+    if then == "Conv":
+        nodes.append(helper.make_node("Conv", ["c", "w3"], ["y"]))
+    else:
+        nodes.append(helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2]))
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
+    blocked = c1 % 8 == 0 and c2 % 8 == 0
+    assert prims.get("DnnlBlockedConcat", 0) == (1 if blocked else 0), prims
+    if blocked:
+        # no unblocking of the two inputs; the pooling's concatenation is unblocked once, and the
+        # convolution's output (the graph's) once
+        assert prims.get("DnnlUnblock", 0) == 1 and "ChunkConcat" not in prims, prims
+
+
 def test_pointwise_conv_weight_fed_each_run_is_read_each_run():
     """The kernel lays a constant weight out for its tiles once (kernels/cpu/pointwise.cc); a
     weight that is a graph input is laid out again on every run, even when it comes in the same

@@ -406,6 +406,73 @@ class DnnlUnblock : public PlanPrimitive {
   const char* name() const override { return "DnnlUnblock"; }
 };
 
+// Convolutions' blocked outputs of one image layout (nChw8c or nChw16c, channels a multiple of
+// the block: no padding) concatenated along the channels in that layout: per image each
+// input's block is contiguous ([C / b][H][W][b]), so the concatenation is one copy per input
+// and image. The plan is the output's (its layout and the unblocking of it).
+class DnnlBlockedConcat : public PlanPrimitive {
+ public:
+  DnnlBlockedConcat(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, int64_t images, std::vector<int64_t> sizes)
+      : PlanPrimitive(s, std::move(plan)), images_(images), sizes_(std::move(sizes)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (const auto& x : inputs)
+      if (!x.flags().row_contiguous) throw std::runtime_error("[DnnlBlockedConcat] inputs must be row-contiguous");
+    auto& enc = begin_output(inputs, out, stream());
+    std::vector<const float*> from;
+    for (const auto& x : inputs) from.push_back(x.data<float>());
+    enc.dispatch([from = std::move(from), yp = out.data<float>(), images = images_, sizes = sizes_] {
+      int64_t per_image = 0;
+      for (auto n : sizes) per_image += n;
+      for (int64_t i = 0; i < images; ++i) {
+        float* y = yp + i * per_image;
+        for (size_t k = 0; k < from.size(); ++k) {
+          std::memcpy(y, from[k] + i * sizes[k], static_cast<size_t>(sizes[k]) * sizeof(float));
+          y += sizes[k];
+        }
+      }
+    });
+  }
+  const char* name() const override { return "DnnlBlockedConcat"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const DnnlBlockedConcat*>(&other);
+    return o && PlanPrimitive::is_equivalent(other) && o->images_ == images_ && o->sizes_ == sizes_;
+  }
+
+ private:
+  int64_t images_;
+  std::vector<int64_t> sizes_;  // floats of one image of each input
+};
+
+// A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
+// reorder between them (what DnnlUnblock runs). Shared by every program of the process.
+std::shared_ptr<const DnnlConvPlan> layout_plan(const std::vector<int64_t>& dims, dnnl_format_tag_t tag, int threads) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<DnnlConvPlan>> plans;
+  std::ostringstream k;
+  for (auto d : dims) k << d << ',';
+  k << '/' << static_cast<int>(tag) << '/' << threads;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = plans.find(k.str()); it != plans.end()) return it->second;
+  std::shared_ptr<DnnlConvPlan> p;
+  try {
+    p = std::make_shared<DnnlConvPlan>();
+    p->dst_md = plain_md(dims, tag);
+    p->dst_plain = plain_md(dims, plain_tag(static_cast<int>(dims.size())));
+    p->threads = threads;
+    {
+      const ThreadLimit limit(threads);
+      p->dst_out = make_reorder(p->dst_md, p->dst_plain);
+    }
+    p->dst_bytes = lib().memory_desc_get_size(&p->dst_md);
+  } catch (const std::exception&) {
+    p = nullptr;
+  }
+  if (plans.size() >= 4096) plans.clear();
+  plans.emplace(k.str(), p);
+  return p;
+}
+
 }  // namespace
 
 uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
@@ -482,6 +549,46 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
   return mx::array(xs[0].shape(), mx::float32, std::make_shared<DnnlUnblock>(s, first->plan_ptr()), {y});
 }
 
+std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s) {
+  if (xs.size() < 2 || s.device != mx::Device::cpu || xs[0].ndim() != 4 || (axis != 1 && axis != -3))
+    return std::nullopt;
+  const DnnlUnblock* first = unblocking(xs[0]);
+  if (!first) return std::nullopt;
+  // The layout of the first input: one of the two channel-blocked image layouts, found by
+  // comparison (a plan's dst_md is whatever oneDNN picked for its convolution).
+  auto dims_of = [](const mx::array& x) { return std::vector<int64_t>(x.shape().begin(), x.shape().end()); };
+  dnnl_format_tag_t tag = dnnl_format_tag_undef;
+  int64_t block = 0;
+  for (auto [t, b] : {std::pair{dnnl_nChw8c, int64_t{8}}, std::pair{dnnl_nChw16c, int64_t{16}}}) {
+    const auto md = plain_md(dims_of(xs[0]), t);
+    if (lib().memory_desc_equal(&md, &first->plan().dst_md)) tag = t, block = b;
+  }
+  if (tag == dnnl_format_tag_undef) return std::nullopt;
+  std::vector<mx::array> blocked;
+  std::vector<int64_t> sizes;
+  int64_t channels = 0;
+  for (const auto& x : xs) {
+    const DnnlUnblock* u = unblocking(x);
+    if (!u || x.shape(0) != xs[0].shape(0) || x.shape(2) != xs[0].shape(2) || x.shape(3) != xs[0].shape(3) ||
+        x.shape(1) % block)
+      return std::nullopt;
+    const auto md = plain_md(dims_of(x), tag);
+    if (!lib().memory_desc_equal(&md, &u->plan().dst_md)) return std::nullopt;
+    blocked.push_back(x.inputs()[0]);
+    sizes.push_back(static_cast<int64_t>(x.shape(1)) * x.shape(2) * x.shape(3));
+    channels += x.shape(1);
+  }
+  auto dims = dims_of(xs[0]);
+  dims[1] = channels;
+  auto plan = layout_plan(dims, tag, first->plan().threads);
+  const int64_t floats = dims[0] * channels * dims[2] * dims[3];
+  if (!plan || plan->dst_bytes != static_cast<size_t>(floats) * sizeof(float)) return std::nullopt;
+  auto flat = mx::array({static_cast<int>(floats)}, mx::float32,
+                        std::make_shared<DnnlBlockedConcat>(s, plan, dims[0], std::move(sizes)), std::move(blocked));
+  mx::Shape shape(dims.begin(), dims.end());
+  return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
+}
+
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
                         bool blocked_out) {
@@ -527,6 +634,7 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
                                               const std::function<mx::array(const std::vector<mx::array>&)>&, mx::Stream) {
   return std::nullopt;
 }
+std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
                         const mx::array&, const std::optional<mx::array>&, mx::Stream, bool) {
   throw std::logic_error("oneDNN is not in this build");

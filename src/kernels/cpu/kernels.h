@@ -163,6 +163,11 @@ mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const D
 std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
                                               const std::function<mx::array(const std::vector<mx::array>&)>& f,
                                               mx::Stream s);
+// A concatenation along the channels of convolutions' blocked outputs (4-D, one channel-blocked
+// layout, channels a multiple of its block) in that layout, under a new unblocking: a following
+// convolution reading that layout takes it as it is (no unblocking of each input, no reorder
+// of the result). std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
 bool cpu_dnnl_available();
 // Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
 // outputs are NaN).
