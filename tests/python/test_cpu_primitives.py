@@ -132,6 +132,33 @@ def test_concatenated_convolutions_stay_blocked(channels, then, capfd):
         assert prims.get("DnnlUnblock", 0) == 1 and "ChunkConcat" not in prims, prims
 
 
+@pytest.mark.parametrize("first", ["MaxPool", "Conv"])
+def test_densenet_layer_stays_blocked(first, capfd):
+    """densenet's layer: a concatenation (its first input a pooling's plain output, reordered into
+    the blocked layout once, or a convolution's), then BatchNormalization, a per-channel Mul and
+    Add and a Relu (cpu_dnnl_blocked_channel_map: per-channel parameters laid out like the
+    blocked buffer), then a convolution that takes the blocked result as it is: no unblocking
+    but the graph output's. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    c = 16 + 8
+    inits = [_init("w0", rng.standard_normal((16, 16, 3, 3)) * 0.2), _init("w1", rng.standard_normal((8, 16, 3, 3)) * 0.2),
+             _init("w2", rng.standard_normal((8, c, 1, 1)) * 0.2), _init("scale", rng.uniform(0.5, 1.5, c)),
+             _init("bias", rng.standard_normal(c)), _init("mean", rng.standard_normal(c) * 0.1),
+             _init("var", rng.uniform(0.5, 1.5, c)), _init("k", rng.uniform(0.5, 1.5, (1, c, 1, 1))),
+             _init("d", rng.standard_normal((c, 1, 1)))]
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[1, 1]) if first == "MaxPool"
+             else helper.make_node("Conv", ["x", "w0"], ["p"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w1"], ["q"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["p", "q"], ["c"], axis=1),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+             helper.make_node("Mul", ["k", "n"], ["m"]), helper.make_node("Add", ["m", "d"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
+    assert prims.get("DnnlBlockedConcat") == 1 and prims.get("DnnlUnblock") == 1, prims
+    assert prims.get("DnnlBlock", 0) == (1 if first == "MaxPool" else 0), prims
+
+
 def test_pointwise_conv_weight_fed_each_run_is_read_each_run():
     """The kernel lays a constant weight out for its tiles once (kernels/cpu/pointwise.cc); a
     weight that is a graph input is laid out again on every run, even when it comes in the same

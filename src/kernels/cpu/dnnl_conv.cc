@@ -444,8 +444,26 @@ class DnnlBlockedConcat : public PlanPrimitive {
   std::vector<int64_t> sizes_;  // floats of one image of each input
 };
 
+// A plain NCHW tensor reordered into a layout plan's blocked layout (flat), for a channel
+// concatenation whose other inputs are blocked.
+class DnnlBlock : public PlanPrimitive {
+ public:
+  using PlanPrimitive::PlanPrimitive;
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto& enc = begin_output(inputs, out, stream());
+    enc.dispatch([plan = plan_, x = RowMajorInput(inputs[0]), yp = out.data<float>(), n = out.size()] {
+      const ThreadLimit limit(plan->threads);
+      Memory from(plan->dst_plain, const_cast<float*>(x.rows())), to(plan->dst_md, yp);
+      if (!from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
+        fail_output(yp, n);
+    });
+  }
+  const char* name() const override { return "DnnlBlock"; }
+};
+
 // A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
-// reorder between them (what DnnlUnblock runs). Shared by every program of the process.
+// reorders between them (dst_out, what DnnlUnblock runs; src_in, what DnnlBlock runs). Shared by
+// every program of the process.
 std::shared_ptr<const DnnlConvPlan> layout_plan(const std::vector<int64_t>& dims, dnnl_format_tag_t tag, int threads) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<DnnlConvPlan>> plans;
@@ -463,6 +481,7 @@ std::shared_ptr<const DnnlConvPlan> layout_plan(const std::vector<int64_t>& dims
     {
       const ThreadLimit limit(threads);
       p->dst_out = make_reorder(p->dst_md, p->dst_plain);
+      p->src_in = make_reorder(p->dst_plain, p->dst_md);  // the other way (DnnlBlock)
     }
     p->dst_bytes = lib().memory_desc_get_size(&p->dst_md);
   } catch (const std::exception&) {
@@ -549,32 +568,89 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
   return mx::array(xs[0].shape(), mx::float32, std::make_shared<DnnlUnblock>(s, first->plan_ptr()), {y});
 }
 
+namespace {
+std::vector<int64_t> dims_of(const mx::array& x) { return std::vector<int64_t>(x.shape().begin(), x.shape().end()); }
+
+// The layout of `x`, an unblocking `u`: one of the two 4-D channel-blocked image layouts
+// (nChw8c, nChw16c), found by comparison (a plan's dst_md is whatever oneDNN picked for its
+// convolution), and its channel block; {undef, 0} otherwise.
+std::pair<dnnl_format_tag_t, int64_t> channel_blocked(const mx::array& x, const DnnlUnblock& u) {
+  if (x.ndim() != 4) return {dnnl_format_tag_undef, 0};
+  for (auto [t, b] : {std::pair{dnnl_nChw8c, int64_t{8}}, std::pair{dnnl_nChw16c, int64_t{16}}}) {
+    const auto md = plain_md(dims_of(x), t);
+    if (lib().memory_desc_equal(&md, &u.plan().dst_md)) return {t, b};
+  }
+  return {dnnl_format_tag_undef, 0};
+}
+}  // namespace
+
+std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const std::vector<mx::array>& params,
+                                                      const std::function<mx::array(const std::vector<mx::array>&)>& f,
+                                                      mx::Stream s) {
+  if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32) return std::nullopt;
+  const DnnlUnblock* u = unblocking(x);
+  if (!u) return std::nullopt;
+  const auto [tag, block] = channel_blocked(x, *u);
+  const int C = x.shape(1);
+  if (!block || C % block) return std::nullopt;
+  // The blocked buffer as [N, C / b, H * W, b] (no padding: C is a multiple of b); each
+  // parameter, [C] or broadcast as [1, C, 1, 1] (or one value), as [1, C / b, 1, b].
+  const int b = static_cast<int>(block);
+  const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b}, param{1, C / b, 1, b};
+  const auto& buffer = x.inputs()[0];
+  std::vector<mx::array> args{buffer.shape() == view ? buffer : mx::reshape(buffer, view, s)};
+  for (const auto& p : params) {
+    if (p.dtype() != mx::float32) return std::nullopt;
+    if (p.size() == 1) {
+      args.push_back(p);  // broadcasts as it is
+      continue;
+    }
+    if (p.size() != static_cast<size_t>(C) || p.ndim() > 4) return std::nullopt;
+    for (int d = 0; d < static_cast<int>(p.ndim()); ++d)  // the channel is axis 1 of 4 (ndim - 3)
+      if (p.shape(d) != (d == static_cast<int>(p.ndim()) - 3 ? C : 1)) return std::nullopt;
+    auto laid = mx::reshape(p, param, s);
+    // A constant parameter's view is made now, once, not as a primitive of every run.
+    if (p.is_available() && !p.is_tracer()) mx::eval(laid);
+    args.push_back(laid);
+  }
+  auto y = f(args);
+  if (y.dtype() != mx::float32 || y.shape() != args[0].shape()) return std::nullopt;
+  return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
+}
+
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s) {
   if (xs.size() < 2 || s.device != mx::Device::cpu || xs[0].ndim() != 4 || (axis != 1 && axis != -3))
     return std::nullopt;
-  const DnnlUnblock* first = unblocking(xs[0]);
+  // The layout: that of the first input that is a convolution's blocked output.
+  const DnnlUnblock* first = nullptr;
+  std::pair<dnnl_format_tag_t, int64_t> layout{dnnl_format_tag_undef, 0};
+  for (const auto& x : xs)
+    if (const DnnlUnblock* u = unblocking(x); u && !first) {
+      layout = channel_blocked(x, *u);
+      if (layout.second) first = u;
+    }
   if (!first) return std::nullopt;
-  // The layout of the first input: one of the two channel-blocked image layouts, found by
-  // comparison (a plan's dst_md is whatever oneDNN picked for its convolution).
-  auto dims_of = [](const mx::array& x) { return std::vector<int64_t>(x.shape().begin(), x.shape().end()); };
-  dnnl_format_tag_t tag = dnnl_format_tag_undef;
-  int64_t block = 0;
-  for (auto [t, b] : {std::pair{dnnl_nChw8c, int64_t{8}}, std::pair{dnnl_nChw16c, int64_t{16}}}) {
-    const auto md = plain_md(dims_of(xs[0]), t);
-    if (lib().memory_desc_equal(&md, &first->plan().dst_md)) tag = t, block = b;
-  }
-  if (tag == dnnl_format_tag_undef) return std::nullopt;
+  const auto [tag, block] = layout;
   std::vector<mx::array> blocked;
   std::vector<int64_t> sizes;
   int64_t channels = 0;
+  int plain = 0;
   for (const auto& x : xs) {
-    const DnnlUnblock* u = unblocking(x);
-    if (!u || x.shape(0) != xs[0].shape(0) || x.shape(2) != xs[0].shape(2) || x.shape(3) != xs[0].shape(3) ||
-        x.shape(1) % block)
+    if (x.ndim() != 4 || x.dtype() != mx::float32 || x.shape(0) != xs[0].shape(0) || x.shape(2) != xs[0].shape(2) ||
+        x.shape(3) != xs[0].shape(3) || x.shape(1) % block)
       return std::nullopt;
+    const DnnlUnblock* u = unblocking(x);
     const auto md = plain_md(dims_of(x), tag);
-    if (!lib().memory_desc_equal(&md, &u->plan().dst_md)) return std::nullopt;
-    blocked.push_back(x.inputs()[0]);
+    if (u && lib().memory_desc_equal(&md, &u->plan().dst_md)) {
+      blocked.push_back(x.inputs()[0]);
+    } else {
+      // One input not blocked (densenet's first concatenation of a block: a pooling's output)
+      // is reordered into the layout, so the chain of concatenations after it stays blocked.
+      auto in_plan = ++plain > 1 ? nullptr : layout_plan(dims_of(x), tag, first->plan().threads);
+      if (!in_plan || !in_plan->src_in.p) return std::nullopt;
+      blocked.push_back(mx::array({static_cast<int>(x.size())}, mx::float32, std::make_shared<DnnlBlock>(s, in_plan),
+                                  {x}));
+    }
     sizes.push_back(static_cast<int64_t>(x.shape(1)) * x.shape(2) * x.shape(3));
     channels += x.shape(1);
   }
@@ -583,8 +659,11 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
   auto plan = layout_plan(dims, tag, first->plan().threads);
   const int64_t floats = dims[0] * channels * dims[2] * dims[3];
   if (!plan || plan->dst_bytes != static_cast<size_t>(floats) * sizeof(float)) return std::nullopt;
-  auto flat = mx::array({static_cast<int>(floats)}, mx::float32,
-                        std::make_shared<DnnlBlockedConcat>(s, plan, dims[0], std::move(sizes)), std::move(blocked));
+  // Shaped as a per-channel map views it ([N, C / b, H * W, b]): the buffer is the same.
+  const mx::Shape view{static_cast<int>(dims[0]), static_cast<int>(channels / block),
+                       static_cast<int>(dims[2] * dims[3]), static_cast<int>(block)};
+  auto flat = mx::array(view, mx::float32, std::make_shared<DnnlBlockedConcat>(s, plan, dims[0], std::move(sizes)),
+                        std::move(blocked));
   mx::Shape shape(dims.begin(), dims.end());
   return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
 }
@@ -635,6 +714,11 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
   return std::nullopt;
 }
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
+std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,
+                                                      const std::function<mx::array(const std::vector<mx::array>&)>&,
+                                                      mx::Stream) {
+  return std::nullopt;
+}
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
                         const mx::array&, const std::optional<mx::array>&, mx::Stream, bool) {
   throw std::logic_error("oneDNN is not in this build");

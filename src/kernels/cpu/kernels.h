@@ -168,6 +168,15 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
 // convolution reading that layout takes it as it is (no unblocking of each input, no reorder
 // of the result). std::nullopt otherwise.
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
+// f(x, params...) elementwise with per-channel parameters (each C float32 values shaped [C],
+// [C, 1, 1] or [1, C, 1, 1], or one value) of a convolution's blocked output or such a
+// concatenation (4-D, channels a multiple of the layout's block: no padding, so f need not map
+// zeros to zero), computed on the blocked buffer with the parameters laid out like it, under a
+// new unblocking: BatchNormalization and the Mul/Add/Relu chains before a convolution (densenet's
+// layers) stay blocked. std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const std::vector<mx::array>& params,
+                                                      const std::function<mx::array(const std::vector<mx::array>&)>& f,
+                                                      mx::Stream s);
 bool cpu_dnnl_available();
 // Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
 // outputs are NaN).

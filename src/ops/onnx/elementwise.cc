@@ -18,12 +18,29 @@ Outputs binary(OpContext& c) {
   return {F(c.in(0), c.in(1), c.s)};
 }
 
+// A convolution's blocked output times or plus a per-channel parameter stays blocked on the CPU
+// (kernels.h, cpu_dnnl_blocked_channel_map), either operand order.
+template <BinaryFn F>
+std::optional<mx::array> blocked_by_channel(OpContext& c) {
+  for (int x : {0, 1}) {
+    auto f = [&](const std::vector<mx::array>& a) { return F(x == 0 ? a[0] : a[1], x == 0 ? a[1] : a[0], c.s); };
+    if (auto y = cpu_dnnl_blocked_channel_map(c.in(x), {c.in(1 - x)}, f, c.s)) return y;
+  }
+  return std::nullopt;
+}
+
 // Add of two convolutions' blocked outputs (a residual) stays blocked on the CPU (kernels.h,
-// cpu_dnnl_blocked_map); anything else as binary<mx::add>.
+// cpu_dnnl_blocked_map), as does a per-channel shift of one; anything else as binary<mx::add>.
 Outputs translate_add(OpContext& c) {
   auto f = [&](const std::vector<mx::array>& b) { return mx::add(b[0], b[1], c.s); };
   if (auto y = cpu_dnnl_blocked_map({c.in(0), c.in(1)}, f, c.s)) return {*y};
+  if (auto y = blocked_by_channel<mx::add>(c)) return {*y};
   return binary<mx::add>(c);
+}
+
+Outputs translate_mul(OpContext& c) {
+  if (auto y = blocked_by_channel<mx::multiply>(c)) return {*y};
+  return binary<mx::multiply>(c);
 }
 
 template <UnaryFn F>
@@ -197,7 +214,7 @@ const OpEntry kOps[] = {
     // arithmetic (numpy broadcasting)
     {"", "Add", 1, kAnyOpset, check_numeric, translate_add},
     {"", "Sub", 1, kAnyOpset, check_numeric, binary<mx::subtract>},
-    {"", "Mul", 1, kAnyOpset, check_numeric, binary<mx::multiply>},
+    {"", "Mul", 1, kAnyOpset, check_numeric, translate_mul},
     {"", "Div", 1, kAnyOpset, check_numeric, translate_div},
     {"", "Pow", 1, kAnyOpset, check_pow, translate_pow},
     {"", "Mod", 10, kAnyOpset, check_mod, translate_mod},
