@@ -594,7 +594,7 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
   const int C = x.shape(1);
   if (!block || C % block) return std::nullopt;
   // The blocked buffer as [N, C / b, H * W, b] (no padding: C is a multiple of b); each
-  // parameter, [C] or broadcast as [1, C, 1, 1] (or one value), as [1, C / b, 1, b].
+  // parameter, [C, 1, 1] or [1, C, 1, 1] (or one value), as [1, C / b, 1, b].
   const int b = static_cast<int>(block);
   const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b}, param{1, C / b, 1, b};
   const auto& buffer = x.inputs()[0];

@@ -168,8 +168,8 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
 // convolution reading that layout takes it as it is (no unblocking of each input, no reorder
 // of the result). std::nullopt otherwise.
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
-// f(x, params...) elementwise with per-channel parameters (each C float32 values shaped [C],
-// [C, 1, 1] or [1, C, 1, 1], or one value) of a convolution's blocked output or such a
+// f(x, params...) elementwise with per-channel parameters (each C float32 values shaped
+// [C, 1, 1] or [1, C, 1, 1] as ONNX broadcasts them over NCHW, or one value) of a convolution's blocked output or such a
 // concatenation (4-D, channels a multiple of the layout's block: no padding, so f need not map
 // zeros to zero), computed on the blocked buffer with the parameters laid out like it, under a
 // new unblocking: BatchNormalization and the Mul/Add/Relu chains before a convolution (densenet's
