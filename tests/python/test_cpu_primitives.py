@@ -159,6 +159,17 @@ def test_densenet_layer_stays_blocked(first, capfd):
     assert prims.get("DnnlBlock", 0) == (1 if first == "MaxPool" else 0), prims
 
 
+def test_blocked_output_times_a_row_vector_is_not_per_channel(capfd):
+    """A [C] parameter broadcasts over NCHW's last axis, not the channels: a blocked convolution
+    output (16 channels, width 16) times a length-16 vector is not a per-channel map, and is
+    computed on the plain tensor. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((1, 8, 6, 16)).astype(np.float32)
+    inits = [_init("w", rng.standard_normal((16, 8, 3, 3)) * 0.2), _init("v", rng.standard_normal(16))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Mul", ["c", "v"], ["y"])]
+    _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
+
+
 def test_pointwise_conv_weight_fed_each_run_is_read_each_run():
     """The kernel lays a constant weight out for its tiles once (kernels/cpu/pointwise.cc); a
     weight that is a graph input is laid out again on every run, even when it comes in the same
