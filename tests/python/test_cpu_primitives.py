@@ -159,6 +159,20 @@ def test_densenet_layer_stays_blocked(first, capfd):
     assert prims.get("DnnlBlock", 0) == (1 if first == "MaxPool" else 0), prims
 
 
+def test_residual_of_a_per_channel_map_and_a_convolution(capfd):
+    """A residual Add of a convolution's blocked output (a flat buffer) and a per-channel map of it
+    (its buffer shaped [N, C / b, H * W, b]) adds the two blocked buffers (PaddleOCR's detector
+    has this: squeeze-and-excite, then the residual). Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    inits = [_init("w1", rng.standard_normal((16, 8, 3, 3)) * 0.2)]
+    # squeeze-and-excite as in the detector: a per-channel factor computed from the tensor itself
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["a"], ["g"]), helper.make_node("Sigmoid", ["g"], ["k"]),
+             helper.make_node("Mul", ["a", "k"], ["m"]), helper.make_node("Add", ["a", "m"], ["y"])]
+    _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
+
+
 def test_blocked_output_times_a_row_vector_is_not_per_channel(capfd):
     """A [C] parameter broadcasts over NCHW's last axis, not the channels: a blocked convolution
     output (16 channels, width 16) times a length-16 vector is not a per-channel map, and is

@@ -563,6 +563,14 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
       return std::nullopt;
     blocked.push_back(x.inputs()[0]);
   }
+  // One layout, so one buffer size; but a convolution's buffer is flat and a per-channel map's or
+  // a concatenation's [N, C / b, H * W, b]: then all flat (views).
+  for (const auto& b : blocked)
+    if (b.shape() != blocked[0].shape()) {
+      for (auto& c : blocked)
+        if (c.ndim() != 1) c = mx::reshape(c, {static_cast<int>(c.size())}, s);
+      break;
+    }
   auto y = f(blocked);
   if (y.dtype() != mx::float32 || y.shape() != blocked[0].shape()) return std::nullopt;
   return mx::array(xs[0].shape(), mx::float32, std::make_shared<DnnlUnblock>(s, first->plan_ptr()), {y});
