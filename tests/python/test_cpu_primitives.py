@@ -159,6 +159,25 @@ def test_densenet_layer_stays_blocked(first, capfd):
     assert prims.get("DnnlBlock", 0) == (1 if first == "MaxPool" else 0), prims
 
 
+@pytest.mark.parametrize("pool", [dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+                                  dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+                                  dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2])])
+def test_max_pool_of_blocked_outputs_stays_blocked(pool, capfd):
+    """Max pooling of a concatenation of convolutions' blocked outputs (inception's pool branch)
+    pools the blocked buffer into the same layout (cpu_dnnl_blocked_max_pool), and the next
+    convolution takes it as it is: the only unblocking is the graph output's. Windows with
+    padding, ceil mode's partial windows and dilation. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((1, 8, 13, 11)).astype(np.float32)
+    inits = [_init("w1", rng.standard_normal((16, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((8, 8, 3, 3)) * 0.3),
+             _init("w3", rng.standard_normal((16, 24, 1, 1)) * 0.3)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1), helper.make_node("MaxPool", ["c"], ["p"], **pool),
+             helper.make_node("Conv", ["p", "w3"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
+    assert prims.get("DnnlBlockedMaxPool") == 1 and prims.get("DnnlUnblock") == 1, prims
+
+
 def test_residual_of_a_per_channel_map_and_a_convolution(capfd):
     """A residual Add of a convolution's blocked output (a flat buffer) and a per-channel map of it
     (its buffer shaped [N, C / b, H * W, b]) adds the two blocked buffers (PaddleOCR's detector

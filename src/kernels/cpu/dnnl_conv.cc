@@ -9,6 +9,7 @@
 
 #ifdef ORTMLX_HAVE_DNNL
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -461,6 +462,69 @@ class DnnlBlock : public PlanPrimitive {
   const char* name() const override { return "DnnlBlock"; }
 };
 
+// Max pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding) into the same
+// layout ([N][C / b][OH][OW][b]), the same arithmetic as cpu_pool_2d's max: positions outside the
+// input take no part (an all-outside window gives -inf) and a NaN propagates.
+class DnnlBlockedMaxPool : public PlanPrimitive {
+  // Planes [p0, p1) of B channels each; the block's lanes in a fixed-size accumulator (vectorized).
+  template <int B>
+  static void pool(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 5>& d, int64_t p0,
+                   int64_t p1) {
+    const int64_t H = d[1], W = d[2], OH = g.out_h, OW = g.out_w;
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* x = xp + p * H * W * B;
+      float* y = yp + p * OH * OW * B;
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          float acc[B];
+          for (int c = 0; c < B; ++c) acc[c] = -std::numeric_limits<float>::infinity();
+          for (int i = 0; i < g.kernel_h; ++i) {
+            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+            if (ih < 0 || ih >= H) continue;
+            for (int j = 0; j < g.kernel_w; ++j) {
+              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+              if (iw < 0 || iw >= W) continue;
+              const float* v = x + (ih * W + iw) * B;
+              for (int c = 0; c < B; ++c) {
+                const float m = v[c] > acc[c] ? v[c] : acc[c];
+                acc[c] = v[c] != v[c] ? v[c] : m;
+              }
+            }
+          }
+          float* o = y + (oh * OW + ow) * B;
+          for (int c = 0; c < B; ++c) o[c] = acc[c];
+        }
+    }
+  }
+
+ public:
+  DnnlBlockedMaxPool(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, CpuPool2d g, std::array<int64_t, 5> dims)
+      : PlanPrimitive(s, std::move(plan)), g_(std::move(g)), dims_(dims) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlBlockedMaxPool] input must be row-contiguous");
+    auto& enc = begin_output(inputs, out, stream());
+    enc.dispatch([xp = inputs[0].data<float>(), yp = out.data<float>(), g = g_, d = dims_] {
+      const int64_t planes = d[0];
+      cpu_parallel_for(planes, std::min<int64_t>(cpu_threads(), planes), [&](int64_t p0, int64_t p1) {
+        if (d[3] == 8)
+          pool<8>(xp, yp, g, d, p0, p1);
+        else
+          pool<16>(xp, yp, g, d, p0, p1);
+      });
+    });
+  }
+  const char* name() const override { return "DnnlBlockedMaxPool"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const DnnlBlockedMaxPool*>(&other);
+    return o && PlanPrimitive::is_equivalent(other) && o->g_ == g_ && o->dims_ == dims_;
+  }
+
+ private:
+  CpuPool2d g_;
+  std::array<int64_t, 5> dims_;  // planes (N * C / b), H, W, b, unused
+};
+
 // A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
 // reorders between them (dst_out, what DnnlUnblock runs; src_in, what DnnlBlock runs). Shared by
 // every program of the process.
@@ -626,6 +690,30 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
   return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
 }
 
+std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
+  if (!g.max || s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || g.out_h <= 0 ||
+      g.out_w <= 0)
+    return std::nullopt;
+  const DnnlUnblock* u = unblocking(x);
+  if (!u) return std::nullopt;
+  const auto [tag, block] = channel_blocked(x, *u);
+  const int64_t C = x.shape(1);
+  if (!block || C % block) return std::nullopt;
+  std::vector<int64_t> out_dims{x.shape(0), C, g.out_h, g.out_w};
+  auto plan = layout_plan(out_dims, tag, u->plan().threads);
+  if (!plan || plan->dst_bytes != static_cast<size_t>(x.shape(0) * C * g.out_h * g.out_w) * sizeof(float))
+    return std::nullopt;
+  const int64_t planes = x.shape(0) * (C / block);
+  const mx::Shape view{static_cast<int>(x.shape(0)), static_cast<int>(C / block), g.out_h * g.out_w,
+                       static_cast<int>(block)};
+  auto pooled = mx::array(view, mx::float32,
+                          std::make_shared<DnnlBlockedMaxPool>(
+                              s, plan, g, std::array<int64_t, 5>{planes, x.shape(2), x.shape(3), block, 0}),
+                          {x.inputs()[0]});
+  return mx::array(mx::Shape{x.shape(0), static_cast<int>(C), g.out_h, g.out_w}, mx::float32,
+                   std::make_shared<DnnlUnblock>(s, plan), {pooled});
+}
+
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s) {
   if (xs.size() < 2 || s.device != mx::Device::cpu || xs[0].ndim() != 4 || (axis != 1 && axis != -3))
     return std::nullopt;
@@ -722,6 +810,7 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
   return std::nullopt;
 }
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
+std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array&, const CpuPool2d&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,
                                                       const std::function<mx::array(const std::vector<mx::array>&)>&,
                                                       mx::Stream) {

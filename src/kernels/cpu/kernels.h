@@ -229,6 +229,11 @@ struct CpuPool2d {
   bool operator==(const CpuPool2d&) const = default;
 };
 std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx::Stream s);
+// The same max pooling of a convolution's blocked output (or a concatenation or per-channel map
+// of such; 4-D, channels a multiple of the layout's block) on its blocked buffer, into the same
+// layout under a new unblocking: a following convolution takes it as it is (inception's pool
+// branch, squeezenet's pools between fire modules). std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s);
 
 // The machine's hardware threads (at least 1).
 int cpu_threads();
