@@ -468,7 +468,7 @@ class DnnlBlock : public PlanPrimitive {
 class DnnlBlockedMaxPool : public PlanPrimitive {
   // Planes [p0, p1) of B channels each; the block's lanes in a fixed-size accumulator (vectorized).
   template <int B>
-  static void pool(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 5>& d, int64_t p0,
+  static void pool(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t p0,
                    int64_t p1) {
     const int64_t H = d[1], W = d[2], OH = g.out_h, OW = g.out_w;
     for (int64_t p = p0; p < p1; ++p) {
@@ -498,7 +498,7 @@ class DnnlBlockedMaxPool : public PlanPrimitive {
   }
 
  public:
-  DnnlBlockedMaxPool(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, CpuPool2d g, std::array<int64_t, 5> dims)
+  DnnlBlockedMaxPool(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, CpuPool2d g, std::array<int64_t, 4> dims)
       : PlanPrimitive(s, std::move(plan)), g_(std::move(g)), dims_(dims) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -522,7 +522,7 @@ class DnnlBlockedMaxPool : public PlanPrimitive {
 
  private:
   CpuPool2d g_;
-  std::array<int64_t, 5> dims_;  // planes (N * C / b), H, W, b, unused
+  std::array<int64_t, 4> dims_;  // planes (N * C / b), H, W, b
 };
 
 // A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
@@ -708,7 +708,7 @@ std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const Cpu
                        static_cast<int>(block)};
   auto pooled = mx::array(view, mx::float32,
                           std::make_shared<DnnlBlockedMaxPool>(
-                              s, plan, g, std::array<int64_t, 5>{planes, x.shape(2), x.shape(3), block, 0}),
+                              s, plan, g, std::array<int64_t, 4>{planes, x.shape(2), x.shape(3), block}),
                           {x.inputs()[0]});
   return mx::array(mx::Shape{x.shape(0), static_cast<int>(C), g.out_h, g.out_w}, mx::float32,
                    std::make_shared<DnnlUnblock>(s, plan), {pooled});
