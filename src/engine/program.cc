@@ -412,11 +412,12 @@ struct Program::KeptGraph {
 };
 
 bool Program::graph_replay_here(mx::Stream s) {
+  if (replay_unavailable_) return false;  // a process's answer does not change
   std::string why;
   if (kernels::cuda::graph_replay_available(s, &why)) return true;
-  if (opt_.log_level >= 1 && !replay_unavailable_logged_)
+  if (opt_.log_level >= 1)
     std::cerr << "[MLX EP] fused node '" << name_ << "': runs are not kept as CUDA graphs: " << why << "\n";
-  replay_unavailable_logged_ = true;
+  replay_unavailable_ = true;
   return false;
 }
 
@@ -538,9 +539,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   tl_row_updates.clear();
   std::string shapes;  // the run's signature without input data (signature_of)
   std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
-  if (opt_.gpu && opt_.gpu_graph_replay)
-    if (Entry* e = cache_.find(sig); e && e->kept)
-      if (auto outs = run_kept(*e, raw, s)) return std::move(*outs);
+  Entry* found = cache_.find(sig);
+  if (found && found->kept && opt_.gpu && opt_.gpu_graph_replay)
+    if (auto outs = run_kept(*found, raw, s)) return std::move(*outs);
   std::vector<mx::array> args = arguments(raw);
   args.insert(args.end(), constants_.begin(), constants_.end());
   // `keep`: the evaluation is kept as a CUDA graph (gpu_graph_replay) into it, when it can be.
@@ -653,7 +654,6 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     return outs;
   };
 
-  Entry* found = cache_.find(sig);
   if (!found) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.
     // Not cached: every step of a decode loop is a signature of its own.
@@ -757,7 +757,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       std::shared_ptr<KeptGraph> kept;
       std::vector<mx::array> kept_args;
       if (opt_.gpu && opt_.gpu_graph_replay && !tuning && !e.kept && e.kept_tries < kKeptMaxTries &&
-          e.compiled_calls > kKeptAfterCalls && keepable(raw) && graph_replay_here(s)) {
+          e.compiled_calls > kKeptAfterCalls && graph_replay_here(s) && keepable(raw)) {
         kept = std::make_shared<KeptGraph>();
         kept_args = capture_arguments(e, raw, args, use_unfused, *kept);
         if (kept_args.empty()) {

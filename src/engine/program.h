@@ -104,7 +104,7 @@ class Program final : public FusedProgram {
   // the graph's input plan in `k`.
   bool keepable(const std::vector<HostTensor>& raw) const;
   // Whether this process can keep graphs on `s` (kernels/cuda/graph_replay.h); says why not
-  // once, at log_level 1.
+  // once, at log_level 1, and is not asked again.
   bool graph_replay_here(mx::Stream s);
   // Inputs whose rows the run writes into their own buffer (RowUpdate) are read and written
   // where they lie, as are large inputs in EP memory. Empty when a buffer could not be made.
@@ -193,7 +193,7 @@ class Program final : public FusedProgram {
   std::atomic<uint64_t> last_polled_eval_ns_{0}, evals_{0};
   bool compile_broken_ = false;  // mx::compile failed once: eager for the rest (logged once)
   bool probed_once_ = false;     // a probe has run: the program's host reads are known
-  bool replay_unavailable_logged_ = false;
+  bool replay_unavailable_ = false;  // gpu_graph_replay: this process cannot keep graphs (said once)
   ShapeFamily family_;
 };
 

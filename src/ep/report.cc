@@ -47,6 +47,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"inputs_ns_compiled\":" << st.inputs_ns_compiled << ",\"call_ns_compiled\":" << st.call_ns_compiled
     << ",\"replay_captures\":" << st.replay_captures << ",\"replay_runs\":" << st.replay_runs
     << ",\"replay_drops\":" << st.replay_drops << ",\"replay_failures\":" << st.replay_failures
+    << ",\"process_replay_captures\":" << kernels::cuda::graph_replay_counters().captures
+    << ",\"process_replay_capture_failures\":" << kernels::cuda::graph_replay_counters().capture_failures
     << ",\"process_replay_launches\":" << kernels::cuda::graph_replay_counters().launches
     << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()

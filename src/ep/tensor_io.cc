@@ -77,6 +77,8 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
   std::vector<std::pair<void*, mlx::core::array>> device_writes;
   std::vector<db::RowWrite> row_writes;
   std::vector<size_t> row_outputs;
+  // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
+  const bool kept = engine::last_run_replayed();
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
     std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
@@ -109,8 +111,6 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     // buffer, the allocation ORT makes for this output inside GetOutput (through our
     // allocator, same size) is given that buffer instead of a new one. Proven by the
     // pointer ORT hands back; otherwise the result is copied as usual (device_buffers.h).
-    // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
-    const bool kept = engine::last_run_replayed();
     std::optional<db::Armed> armed;
     if (device_memory && !kept && db::adoptable(outputs[i])) armed.emplace(a);
     check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));

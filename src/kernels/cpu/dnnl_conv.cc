@@ -305,6 +305,20 @@ class PlanPrimitive : public mx::UnaryPrimitive {
   std::shared_ptr<const DnnlConvPlan> plan_;
 };
 
+// A plan primitive with parameters of its own (a struct with ==): equivalent when both are.
+template <typename Params>
+class PlanPrimitiveWith : public PlanPrimitive {
+ public:
+  PlanPrimitiveWith(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, Params p)
+      : PlanPrimitive(s, std::move(plan)), p_(std::move(p)) {}
+  bool is_equivalent(const mx::Primitive& other) const override {  // (the base compares the types)
+    return PlanPrimitive::is_equivalent(other) && static_cast<const PlanPrimitiveWith&>(other).p_ == p_;
+  }
+
+ protected:
+  Params p_;
+};
+
 // The weight in the convolution's own layout: computed once per program (OpContext::prepared).
 class DnnlConvWeights : public PlanPrimitive {
  public:
@@ -411,10 +425,14 @@ class DnnlUnblock : public PlanPrimitive {
 // the block: no padding) concatenated along the channels in that layout: per image each
 // input's block is contiguous ([C / b][H][W][b]), so the concatenation is one copy per input
 // and image. The plan is the output's (its layout and the unblocking of it).
-class DnnlBlockedConcat : public PlanPrimitive {
+struct BlockedConcatParams {
+  int64_t images;
+  std::vector<int64_t> sizes;  // floats of one image of each input
+  bool operator==(const BlockedConcatParams&) const = default;
+};
+class DnnlBlockedConcat : public PlanPrimitiveWith<BlockedConcatParams> {
  public:
-  DnnlBlockedConcat(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, int64_t images, std::vector<int64_t> sizes)
-      : PlanPrimitive(s, std::move(plan)), images_(images), sizes_(std::move(sizes)) {}
+  using PlanPrimitiveWith::PlanPrimitiveWith;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (const auto& x : inputs)
@@ -422,7 +440,7 @@ class DnnlBlockedConcat : public PlanPrimitive {
     auto& enc = begin_output(inputs, out, stream());
     std::vector<const float*> from;
     for (const auto& x : inputs) from.push_back(x.data<float>());
-    enc.dispatch([from = std::move(from), yp = out.data<float>(), images = images_, sizes = sizes_] {
+    enc.dispatch([from = std::move(from), yp = out.data<float>(), images = p_.images, sizes = p_.sizes] {
       int64_t per_image = 0;
       for (auto n : sizes) per_image += n;
       for (int64_t i = 0; i < images; ++i) {
@@ -435,14 +453,6 @@ class DnnlBlockedConcat : public PlanPrimitive {
     });
   }
   const char* name() const override { return "DnnlBlockedConcat"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const DnnlBlockedConcat*>(&other);
-    return o && PlanPrimitive::is_equivalent(other) && o->images_ == images_ && o->sizes_ == sizes_;
-  }
-
- private:
-  int64_t images_;
-  std::vector<int64_t> sizes_;  // floats of one image of each input
 };
 
 // A plain NCHW tensor reordered into a layout plan's blocked layout (flat), for a channel
@@ -465,7 +475,12 @@ class DnnlBlock : public PlanPrimitive {
 // Max pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding) into the same
 // layout ([N][C / b][OH][OW][b]), the same arithmetic as cpu_pool_2d's max: positions outside the
 // input take no part (an all-outside window gives -inf) and a NaN propagates.
-class DnnlBlockedMaxPool : public PlanPrimitive {
+struct BlockedPoolParams {
+  CpuPool2d g;
+  std::array<int64_t, 4> dims;  // planes (N * C / b), H, W, b
+  bool operator==(const BlockedPoolParams&) const = default;
+};
+class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
   // Planes [p0, p1) of B channels each; the block's lanes in a fixed-size accumulator (vectorized).
   template <int B>
   static void pool(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t p0,
@@ -498,13 +513,12 @@ class DnnlBlockedMaxPool : public PlanPrimitive {
   }
 
  public:
-  DnnlBlockedMaxPool(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, CpuPool2d g, std::array<int64_t, 4> dims)
-      : PlanPrimitive(s, std::move(plan)), g_(std::move(g)), dims_(dims) {}
+  using PlanPrimitiveWith::PlanPrimitiveWith;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlBlockedMaxPool] input must be row-contiguous");
     auto& enc = begin_output(inputs, out, stream());
-    enc.dispatch([xp = inputs[0].data<float>(), yp = out.data<float>(), g = g_, d = dims_] {
+    enc.dispatch([xp = inputs[0].data<float>(), yp = out.data<float>(), g = p_.g, d = p_.dims] {
       const int64_t planes = d[0];
       cpu_parallel_for(planes, std::min<int64_t>(cpu_threads(), planes), [&](int64_t p0, int64_t p1) {
         if (d[3] == 8)
@@ -515,14 +529,6 @@ class DnnlBlockedMaxPool : public PlanPrimitive {
     });
   }
   const char* name() const override { return "DnnlBlockedMaxPool"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const DnnlBlockedMaxPool*>(&other);
-    return o && PlanPrimitive::is_equivalent(other) && o->g_ == g_ && o->dims_ == dims_;
-  }
-
- private:
-  CpuPool2d g_;
-  std::array<int64_t, 4> dims_;  // planes (N * C / b), H, W, b
 };
 
 // A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
@@ -708,7 +714,7 @@ std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const Cpu
                        static_cast<int>(block)};
   auto pooled = mx::array(view, mx::float32,
                           std::make_shared<DnnlBlockedMaxPool>(
-                              s, plan, g, std::array<int64_t, 4>{planes, x.shape(2), x.shape(3), block}),
+                              s, plan, BlockedPoolParams{g, {planes, x.shape(2), x.shape(3), block}}),
                           {x.inputs()[0]});
   return mx::array(mx::Shape{x.shape(0), static_cast<int>(C), g.out_h, g.out_w}, mx::float32,
                    std::make_shared<DnnlUnblock>(s, plan), {pooled});
@@ -758,7 +764,7 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
   // Shaped as a per-channel map views it ([N, C / b, H * W, b]): the buffer is the same.
   const mx::Shape view{static_cast<int>(dims[0]), static_cast<int>(channels / block),
                        static_cast<int>(dims[2] * dims[3]), static_cast<int>(block)};
-  auto flat = mx::array(view, mx::float32, std::make_shared<DnnlBlockedConcat>(s, plan, dims[0], std::move(sizes)),
+  auto flat = mx::array(view, mx::float32, std::make_shared<DnnlBlockedConcat>(s, plan, BlockedConcatParams{dims[0], std::move(sizes)}),
                         std::move(blocked));
   mx::Shape shape(dims.begin(), dims.end());
   return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});

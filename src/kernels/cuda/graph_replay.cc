@@ -293,7 +293,6 @@ std::unique_ptr<GraphReplay> GraphCapturer::capture(std::vector<mx::array>& arra
   }
   std::unique_ptr<GraphReplay> r(new GraphReplay());
   r->stream_ = enc->stream;
-  r->nodes_ = nodes;
   if (d.graph_clone(&r->graph_, graph) != 0) {
     r->graph_ = nullptr;
     return finish_by_mlx("the driver could not clone the graph");

@@ -54,17 +54,13 @@ class GraphReplay {
   // launched; the caller evaluates the usual way).
   bool launch();
 
-  size_t kernels() const { return nodes_; }
-  size_t bytes() const { return bytes_; }
-
  private:
   friend struct GraphCapturer;
   GraphReplay() = default;
   void* stream_ = nullptr;  // CUstream: MLX's stream for `s`
   void* graph_ = nullptr;   // CUgraph: the clone
   void* exec_ = nullptr;    // CUgraphExec
-  size_t nodes_ = 0;
-  size_t bytes_ = 0;  // of MLX's memory held for the graph (its results and temporaries)
+  size_t bytes_ = 0;        // of MLX's memory held for the graph (its results and temporaries)
   std::vector<std::shared_ptr<mx::array::Data>> held_;
 };
 
