@@ -11,6 +11,8 @@ the run's start on the host (when the GPU started each one, and how late after t
 
 CASE is one of
     prefill:MODEL_DIR:LENGTH    a genai-format LLM's prompt of LENGTH tokens (empty past)
+    prefill-new:MODEL_DIR:LENGTH  the same, one token longer every run (a length never seen
+                                before each time, as prompts come in use: no warm signature)
     decode:MODEL_DIR:CONTEXT    its decode steps after a CONTEXT-token prompt (shared KV buffer)
     model:FILE.onnx[:name=d0xd1,...]   any model with random inputs (other dims 1)
 
@@ -34,7 +36,7 @@ import numpy as np
 
 def parse_case(text: str):
     kind, _, rest = text.partition(":")
-    if kind in ("prefill", "decode"):
+    if kind in ("prefill", "prefill-new", "decode"):
         path, _, n = rest.rpartition(":")
         return kind, path, int(n)
     if kind == "model":
@@ -70,6 +72,14 @@ def llm_runner(kind: str, path: str, n: int, provider: str, options: dict):
     ids = np.random.default_rng(0).integers(3, 1000, (1, n))
     if kind == "prefill":
         return lambda: dec.step(ids, dec.empty_past(), n, logits_to_host=False)
+    if kind == "prefill-new":
+        more = np.random.default_rng(1).integers(3, 1000, (1, 200))
+        grown = {"k": 0}
+
+        def prompt():
+            grown["k"] = k = grown["k"] % 200 + 1
+            return dec.step(np.concatenate([ids, more[:, :k]], 1), dec.empty_past(), n + k, logits_to_host=False)
+        return prompt
     logits, past = dec.step(ids, dec.empty_past(), n)
     state = {"logits": logits, "past": past, "total": n}
 

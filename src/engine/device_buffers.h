@@ -83,6 +83,7 @@ struct Counters {
   std::atomic<uint64_t> outputs_adopted{0};   // fused outputs handed to ORT without a copy
   std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer
   std::atomic<uint64_t> outputs_written_on_device{0};  // ... of those, by MLX on the device
+  std::atomic<uint64_t> outputs_by_driver{0};  // ... of those, by one copy of the CUDA driver
   std::atomic<uint64_t> outputs_rows_in_place{0};  // ... of those, only their new rows (RowWrite)
   std::atomic<uint64_t> outputs_rows_in_step{0};   // ... of those, by the run's own evaluation
   std::atomic<uint64_t> copies_h2d{0}, copies_d2h{0}, copies_d2d{0};  // OrtDataTransferImpl

@@ -190,9 +190,12 @@ class OutputBufferScope {
 void copy_out(const mx::array& a, void* dst, graph::DType t, int device_copies = 2);
 // The same, byte for byte (nbytes = size * itemsize).
 void copy_out(const mx::array& a, void* dst, int device_copies = 2);
-// An output of a kept graph's launch (last_run_replayed) into `dst` by one copy of the CUDA
-// driver. False, having done nothing, where it cannot (the caller uses copy_out).
-bool copy_out_kept(const mx::array& a, void* dst);
+// An evaluated array in CUDA device memory (an output of a kept graph's launch, or one bound to
+// a buffer in EP memory) into `dst` by one copy of the CUDA driver, which may still be running
+// when it returns: finish_copies_on_device waits. False, having done nothing, where it cannot
+// (no CUDA backend, a view, not evaluated): the caller copies otherwise.
+bool copy_out_on_device(const mx::array& a, void* dst);
+bool finish_copies_on_device();
 // Whether `dst` already is `a`'s data (an output written in place), asked without moving a
 // device buffer to host memory (which array::data would).
 bool holds_data_at(const mx::array& a, const void* dst);

@@ -98,10 +98,12 @@ bool Program::last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_replayed() { return tl_last_run_replayed; }
 
-bool copy_out_kept(const mx::array& a, void* dst) {
+bool copy_out_on_device(const mx::array& a, void* dst) {
+  if (!a.is_available()) return false;
   void* src = kernels::cuda::device_address(a);
   return src && dst && a.flags().row_contiguous && kernels::cuda::copy_bytes(dst, src, a.nbytes());
 }
+bool finish_copies_on_device() { return kernels::cuda::finish_copies(); }
 const char* last_run_path() { return tl_last_run_path; }
 
 namespace {
@@ -421,11 +423,17 @@ bool Program::graph_replay_here(mx::Stream s) {
   return false;
 }
 
+// A zero-size input (a prompt's empty past) is taken too: a compiled run never reads one (runs
+// that do go to the CPU stream, see touches_empty), so the graph neither copies nor reads it.
 bool Program::keepable(const std::vector<HostTensor>& raw) const {
   for (const auto& t : raw) {
-    if (t.kind != HostTensor::Kind::Tensor || !t.data || ops::lowp::is_lowp(t.dtype)) return false;
-    for (auto d : t.shape)
-      if (d <= 0) return false;
+    if (t.kind != HostTensor::Kind::Tensor || ops::lowp::is_lowp(t.dtype)) return false;
+    int64_t numel = 1;
+    for (auto d : t.shape) {
+      if (d < 0) return false;
+      numel *= d;
+    }
+    if (numel > 0 && !t.data) return false;
   }
   return true;
 }
@@ -451,10 +459,15 @@ std::vector<mx::array> Program::capture_arguments(Entry& e, const std::vector<Ho
     const auto& t = raw[i];
     const size_t n = args[i].nbytes();
     const bool rows = std::find(in_place_rows.begin(), in_place_rows.end(), t.data) != in_place_rows.end();
-    const bool in_place = opt_.device_memory && (rows || n > kKeptCopyMaxBytes) && device_buffers::owns(t.data) &&
+    const bool in_place = n > 0 && opt_.device_memory && (rows || n > kKeptCopyMaxBytes) && device_buffers::owns(t.data) &&
                           kernels::cuda::device_address(args[i]) == t.data;
     k.nbytes.push_back(n);
     k.copied.push_back(!in_place);
+    if (n == 0) {  // nothing to copy or read (see keepable)
+      k.reads.push_back(nullptr);
+      k.owned.push_back(args[i]);
+      continue;
+    }
     if (in_place) {
       k.reads.push_back(const_cast<void*>(t.data));
       k.owned.push_back(args[i]);
@@ -485,7 +498,7 @@ std::optional<std::vector<mx::array>> Program::run_kept(Entry& e, const std::vec
     if (r.written && (!tl_output_buffer || tl_output_buffer(r.output, k.outs[r.output]) != r.input_data))
       return drop();
   for (size_t i = 0; i < raw.size(); ++i)
-    if (k.copied[i] && !k.graph->copy_in(k.reads[i], raw[i].data, k.nbytes[i])) return drop();
+    if (k.copied[i] && k.nbytes[i] && !k.graph->copy_in(k.reads[i], raw[i].data, k.nbytes[i])) return drop();
   const auto t0 = std::chrono::steady_clock::now();
   {
     trace::Span span("phase", "launch kept graph");

@@ -80,6 +80,7 @@ std::string device_memory_line() {
     << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
     << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied
     << ",\"outputs_written_on_device\":" << c.outputs_written_on_device
+    << ",\"outputs_by_driver\":" << c.outputs_by_driver
     << ",\"outputs_rows_in_place\":" << c.outputs_rows_in_place
     << ",\"outputs_rows_in_step\":" << c.outputs_rows_in_step
     << ",\"copies_h2d\":" << c.copies_h2d << ",\"copies_d2h\":" << c.copies_d2h

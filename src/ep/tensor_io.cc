@@ -79,6 +79,7 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
   std::vector<size_t> row_outputs;
   // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
   const bool kept = engine::last_run_replayed();
+  bool driver_copies = false;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
     std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
@@ -130,11 +131,18 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     }
     if (device_memory && db::owns(dst)) counters.outputs_copied++;
     if (engine::holds_data_at(a, dst)) continue;  // already there
-    if (kept && !ops::lowp::is_lowp(to_dtype(out_et)) && engine::copy_out_kept(a, dst)) {
-      if (device_memory && db::owns(dst)) counters.outputs_written_on_device++;  // device to device
+    // A kept graph's output anywhere, an evaluated one into a buffer in EP memory: one copy by
+    // the driver (a copy as an MLX kernel, below, is a broadcast select, many times slower).
+    const bool on_device = device_memory && db::owns(dst);
+    if ((kept || on_device) && !ops::lowp::is_lowp(to_dtype(out_et)) && engine::copy_out_on_device(a, dst)) {
+      if (on_device) {  // (a copy to the host has finished when the driver returns)
+        driver_copies = true;
+        counters.outputs_written_on_device++;
+        counters.outputs_by_driver++;
+      }
       continue;
     }
-    if (device_memory && !ops::lowp::is_lowp(to_dtype(out_et)) && db::owns(dst)) {
+    if (on_device && !ops::lowp::is_lowp(to_dtype(out_et))) {
       device_writes.emplace_back(dst, a);
       continue;
     }
@@ -150,6 +158,12 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
       }
       // Not taken in place: the buffer is untouched, so the whole output still reads it.
       mlx::core::eval(a);
+      if (engine::copy_out_on_device(a, row_writes[k].dst)) {
+        driver_copies = true;
+        db::counters().outputs_written_on_device++;
+        db::counters().outputs_by_driver++;
+        continue;
+      }
       if (!db::write_on_device({{row_writes[k].dst, a}}, s)[0]) engine::copy_out(a, row_writes[k].dst);
     }
   }
@@ -158,6 +172,8 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     for (size_t k = 0; k < device_writes.size(); ++k)
       if (!written[k]) engine::copy_out(device_writes[k].second, device_writes[k].first);
   }
+  if (driver_copies && !engine::finish_copies_on_device())
+    throw std::runtime_error("[MLX EP] the CUDA driver failed to finish copying the outputs");
 }
 
 }  // namespace ortmlx::ep

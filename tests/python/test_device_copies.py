@@ -30,7 +30,9 @@ def copies_after(tmp_path, name, runs=5, **options):
     """Runs the model `runs` times; returns the outputs of the last run and the process's count
     of device copies when the session ended (from its report line)."""
     report = tmp_path / f"{name}.jsonl"
-    s = om.InferenceSession(model(), DEVICE, fallback=False, report_path=str(report), **options)
+    # Runs not kept as CUDA graphs: a kept graph's outputs are its own buffers, always copied.
+    s = om.InferenceSession(model(), DEVICE, fallback=False, report_path=str(report), gpu_graph_replay=0,
+                            **options)
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     outs = None
     for _ in range(runs):
@@ -49,7 +51,9 @@ def test_outputs_copied_by_the_driver_equal_mlxs_host_read(tmp_path, mode):
     # cache, which the next session's outputs may get, and mode 1 does not copy those. The count
     # before it comes from a session that never runs.
     _, before, _ = copies_after(tmp_path, "baseline", runs=0)
+    unified_before = copies_after.skips["unified_memory"]
     on, after, x = copies_after(tmp_path, f"on{mode}", device_copies=mode)
+    unified = copies_after.skips["unified_memory"] - unified_before
     off, unchanged, _ = copies_after(tmp_path, "off", device_copies=0)
     assert unchanged == after, (after, unchanged)  # device_copies=0 copies nothing
     ref = ort.InferenceSession(model(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
@@ -61,7 +65,10 @@ def test_outputs_copied_by_the_driver_equal_mlxs_host_read(tmp_path, mode):
         # before MLX's CUDA context is current there).
         assert after - before >= 8, (before, after, copies_after.skips)
     elif DEVICE == "gpu":
-        assert after - before >= 1, (before, after, copies_after.skips)
+        # Mode 1 leaves outputs in managed memory to MLX's read: which buffers an output gets
+        # from MLX's cache depends on what the process ran before, so each output counts once,
+        # copied or left for that reason alone.
+        assert after - before + unified >= 8, (before, after, copies_after.skips)
     else:
         assert before == after == 0
         assert copies_after.skips["no_driver"] > 0, copies_after.skips

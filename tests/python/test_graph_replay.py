@@ -137,3 +137,49 @@ def test_shared_buffer_decode_launches_the_kept_step(family, precision, tmp_path
     assert st_off["replay_runs"] == 0, st_off
     assert st_on["replay_captures"] == 2 and st_on["replay_drops"] == 1, st_on
     assert st_on["replay_runs"] >= 2 * (steps - 6), st_on
+
+
+PREFILL = """
+import gc, json, sys
+import numpy as np
+from onnxruntime_mlx import runner
+from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
+model, tmp, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = {}
+for replay in (1, 0):
+    report = f"{tmp}/prefill-{replay}.jsonl"
+    dec = Decoder(model, "mlx", "gpu", gpu_graph_replay=replay, report_path=report)
+    rng = np.random.default_rng(7)
+    logits = []
+    for k in range(runs):  # the same length, new tokens each run
+        ids = rng.integers(3, 200, (1, len(DEFAULT_PROMPT))).astype(np.int64)
+        lg, past = dec.step(ids, dec.empty_past(), len(DEFAULT_PROMPT))
+        logits.append(lg)
+    np.save(f"{tmp}/prefill-{replay}.npy", np.stack(logits))
+    np.save(f"{tmp}/present-{replay}.npy", np.asarray(past["past_key_values.0.key"]))
+    del dec, past
+    gc.collect()
+    (st,) = runner.read_fused_node_stats(report)
+    out[replay] = st
+print(json.dumps(out))
+"""
+
+
+@GPU
+def test_prompt_with_an_empty_past_is_kept(tmp_path):
+    """A prompt's past inputs have zero rows: nothing to copy or read, so the warm prompt is kept
+    like any other signature, and each run with new tokens gives the compiled call's logits."""
+    import json
+    import subprocess
+    import sys
+    runs = 7
+    proc = subprocess.run([sys.executable, "-c", PREFILL, str(MODELS / "llama-fp32"), str(tmp_path), str(runs)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    st_on, st_off = out["1"], out["0"]
+    np.testing.assert_array_equal(np.load(tmp_path / "prefill-1.npy"), np.load(tmp_path / "prefill-0.npy"))
+    np.testing.assert_array_equal(np.load(tmp_path / "present-1.npy"), np.load(tmp_path / "present-0.npy"))
+    assert st_off["replay_runs"] == 0, st_off
+    assert st_on["replay_captures"] == 1 and st_on["replay_failures"] == 0, st_on
+    assert st_on["replay_runs"] == runs - 4, st_on

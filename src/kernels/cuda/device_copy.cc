@@ -73,6 +73,10 @@ bool copy_bytes(void* dst, const void* src, size_t bytes) {
   return abi::driver().memcpy(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(src), bytes) == 0;
 }
 
+bool finish_copies() {
+  return abi::driver().loaded() && abi::driver().stream_synchronize(nullptr) == 0;
+}
+
 size_t host_copies() { return g_copies.load(std::memory_order_relaxed); }
 
 size_t copy_skips(CopySkip why) { return g_skips[static_cast<size_t>(why)].load(std::memory_order_relaxed); }

@@ -25,8 +25,11 @@ bool copy_to_host(const mx::array& a, void* dst, bool unified);
 // backend) moves the written pages to the host, and the next kernel that reads them, or that
 // gets their buffer from MLX's cache for its output, stalls on page faults. Returns false,
 // having done nothing, without a CUDA driver loaded or with no CUDA context current on the
-// calling thread: the caller memcpys.
+// calling thread: the caller memcpys. A copy between device buffers may still be running when it
+// returns (the driver orders it on the legacy stream): finish_copies waits for it.
 bool copy_bytes(void* dst, const void* src, size_t bytes);
+// Waits for the copies copy_bytes started (false: the driver failed, or none is loaded).
+bool finish_copies();
 
 // Whether `a`'s buffer is in CUDA device memory (so a.data() would move it to managed memory).
 bool in_device_memory(const mx::array& a);

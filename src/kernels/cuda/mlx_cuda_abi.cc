@@ -29,8 +29,9 @@ const Driver& driver() {
       bind(h, "cuCtxGetCurrent", r.ctx_get_current);
       bind(h, "cuMemHostAlloc", r.mem_host_alloc);
       bind(h, "cuMemFreeHost", r.mem_free_host);
+      bind(h, "cuStreamSynchronize", r.stream_synchronize);
       if (!r.memcpy_dtoh || !r.memcpy || !r.ctx_get_device || !r.ctx_get_current || !r.mem_host_alloc ||
-          !r.mem_free_host)
+          !r.mem_free_host || !r.stream_synchronize)
         r = Driver{};
     }
     return r;

@@ -28,6 +28,7 @@ struct Driver {
   int (*ctx_get_current)(void** ctx) = nullptr;
   int (*mem_host_alloc)(void** p, size_t bytes, unsigned int flags) = nullptr;
   int (*mem_free_host)(void* p) = nullptr;
+  int (*stream_synchronize)(void* stream) = nullptr;
   bool loaded() const { return memcpy_dtoh != nullptr; }
 };
 

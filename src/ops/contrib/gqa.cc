@@ -293,7 +293,8 @@ Outputs translate_gqa(OpContext& c) {
     // The usual decode step (on the CPU by chunk copies: see cpu_concat).
     present_k = concat_nonempty({*past_k, K}, 2, c.s);
     present_v = concat_nonempty({*past_v, V}, 2, c.s);
-  } else if (past_k || !first_prompt || T != S) {
+  } else if ((past_k && past_k->size() > 0) || !first_prompt || T != S) {
+    // (a first prompt's empty past adds no rows: its present is its own keys and values)
     present_k = gqa_present(past_k, K, past_len, T, c.s);
     present_v = gqa_present(past_v, V, past_len, T, c.s);
   }
