@@ -87,6 +87,7 @@ OPTIONS: dict[str, tuple] = {
     "pinned_inputs": (0, 1 << 40),
     "cpu_poll": (0, 1),
     "cpu_dnnl_blocked": (0, 1),
+    "cpu_depthwise": (0, 1),
     "gpu_graph_replay": (0, 1),
     "fuse_matmuls": (0, 1),
     "fused_skip_norm": (0, 1),

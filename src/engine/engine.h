@@ -68,6 +68,7 @@ struct Options {
   int cpu_fuse = 2;
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
+  bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
   // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
   // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).

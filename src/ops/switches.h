@@ -28,6 +28,9 @@ struct TranslationSwitches {
   bool cpu_matmul_library = false;  // off by default: not signal-safe (kernels.h)
   // oneDNN convolutions leave their outputs blocked for a following one that reads that layout
   bool cpu_conv_blocked = true;
+  // 2-D float32 depthwise convolutions as the EP's kernel over NCHW (kernels/cpu/depthwise.cc),
+  // unless their input is a oneDNN convolution's blocked output
+  bool cpu_depthwise = true;
 };
 
 // The calling thread's current switches.

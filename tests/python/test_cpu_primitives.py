@@ -328,3 +328,42 @@ def test_residual_sum_and_relu_stay_blocked(capfd):
              helper.make_node("Conv", ["r", "w2"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_fuse=1)
     assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1, prims
+
+
+@pytest.mark.parametrize("kernel,stride,pads,dil,act", [
+    (3, 1, [1, 1, 1, 1], 1, None), (3, 2, [1, 1, 1, 1], 1, "Relu"), (5, 2, [2, 1, 0, 2], 1, None),
+    (3, 1, [0, 0, 0, 0], 2, "Relu"), (7, 1, [3, 3, 3, 3], 1, None), (3, 3, [1, 1, 1, 1], 1, None)])
+def test_depthwise_conv_is_the_eps_kernel(kernel, stride, pads, dil, act, capfd):
+    """A 2-D depthwise convolution of small planes runs as one DepthwiseConv over NCHW
+    (kernels/cpu/depthwise.cc; with cpu_dnnl=0 it takes any input), strides 1 and 2 vectorized,
+    others scalar, with padding, dilation and bias; outputs equal ORT's CPU EP, and with
+    cpu_depthwise=0 the kernel is not used."""
+    rng = np.random.default_rng(kernel * 10 + stride)
+    C, H, W = 12, 15, 21
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], group=C, kernel_shape=[kernel, kernel],
+                              strides=[stride, stride], pads=pads, dilations=[dil, dil])]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    inits = [_init("w", rng.standard_normal((C, 1, kernel, kernel))), _init("b", rng.standard_normal(C))]
+    x = rng.standard_normal((2, C, H, W)).astype(np.float32)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_dnnl=0)
+    assert prims.get("DepthwiseConv") == 1 and "Transpose" not in prims, prims
+    off = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_dnnl=0, cpu_depthwise=0)
+    assert "DepthwiseConv" not in off, off
+
+
+def test_depthwise_conv_after_a_channel_shuffle(capfd):
+    """With oneDNN loaded, a depthwise convolution whose input is a channel shuffle (shufflenet's
+    Reshape, Transpose, Reshape) runs as the EP's kernel over NCHW: oneDNN would reorder its input
+    into its blocked layout and its output back. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(5)
+    C, G = 24, 4
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r1"]), helper.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "s2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w", "b"], ["y"], group=C, kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    inits = [onnx.numpy_helper.from_array(np.array([1, G, C // G, 14, 14], np.int64), "s1"),
+             onnx.numpy_helper.from_array(np.array([1, C, 14, 14], np.int64), "s2"),
+             _init("w", rng.standard_normal((C, 1, 3, 3))), _init("b", rng.standard_normal(C))]
+    x = rng.standard_normal((1, C, 14, 14)).astype(np.float32)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
+    assert prims.get("DepthwiseConv") == 1 and "DnnlConvBlocked" not in prims and "DnnlUnblock" not in prims, prims

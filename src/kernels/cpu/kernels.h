@@ -101,6 +101,18 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
                                             int groups, bool relu, bool parallel, bool constant_weight,
                                             mx::Stream s);
 
+// A 2-D depthwise convolution (groups = channels, one output channel each) of float32 NCHW `x`
+// as it lies, `w` [C, 1, kh, kw]: per channel plane, each output row accumulated tap by tap
+// over the columns whose input lies inside the row (8 at a time with AVX2, strides 1 and 2),
+// zero padding, bias and a first Relu inside; planes split over the threads with `parallel`.
+// Why: oneDNN runs it in its blocked layout, so between the EP's NCHW kernels (shufflenet's
+// grouped pointwise convolutions, its channel shuffles) every one paid a reorder in and out.
+// std::nullopt off the CPU, for other dtypes or shapes, with the CPU kernels off.
+std::optional<mx::array> cpu_depthwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                                            const std::vector<int>& stride, const std::vector<int>& pad_lo,
+                                            const std::vector<int>& pad_hi, const std::vector<int>& dilation,
+                                            bool relu, bool parallel, mx::Stream s);
+
 // Layer normalization over the last axis of float32 `x`: (x - mean) / sqrt(var + eps) * scale
 // (+ bias), scale and bias float32 vectors over that axis; per row the mean, then the mean of
 // squared deviations (8 lanes at a time where the CPU has AVX2), rows split over the threads

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include <mlx/primitives.h>
+
 #include "graph/fuse_conv_activation.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
@@ -437,6 +439,38 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
 
 }  // namespace
 
+// A 2-D float32 depthwise convolution of small planes as the EP's kernel over NCHW
+// (kernels/cpu/depthwise.cc), where its input comes in NCHW from the EP's pointwise kernel or a
+// layout op (shufflenet's channel shuffles): oneDNN would reorder it in and its output back.
+// Anywhere else (after a oneDNN convolution and its elementwise tail, as in MobileNet blocks)
+// oneDNN keeps the chain in its blocked layout, which measured faster; so do larger planes (its
+// blocked kernel vectorizes across channels, and a reorder is a small share of the work).
+constexpr int64_t kDepthwiseMaxPositions = 1024;
+
+std::optional<mx::array> depthwise_conv_kernel(OpContext& c, const mx::array& x0, const mx::array& w0,
+                                               const std::vector<int64_t>& strides, const std::vector<int>& lo,
+                                               const std::vector<int>& hi, const std::vector<int64_t>& dil, int groups,
+                                               const mx::Shape& out_shape, const std::vector<ConvActivation>& steps) {
+  const auto& sw = translation_switches();
+  if (c.s.device != mx::Device::cpu || !sw.cpu_depthwise || x0.ndim() != 4 || x0.dtype() != mx::float32 ||
+      groups != x0.shape(1) || w0.shape(0) != groups || (c.has(2) && c.in(2).ndim() != 1) ||
+      static_cast<int64_t>(out_shape[2]) * out_shape[3] > kDepthwiseMaxPositions)
+    return std::nullopt;
+  if (sw.cpu_conv_library) {
+    const std::string_view from = x0.has_primitive() ? x0.primitive().name() : "";
+    if (from != "PointwiseConv" && from != "Reshape" && from != "Transpose" && from != "DepthwiseConv")
+      return std::nullopt;
+  }
+  std::optional<mx::array> bias;
+  if (c.has(2)) bias = mx::astype(c.in(2), mx::float32, c.s);
+  const bool relu = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::Relu;
+  const double flops = 2.0 * static_cast<double>(w0.size()) * out_shape[0] * out_shape[2] * out_shape[3];
+  const bool parallel = flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops);
+  auto y = cpu_depthwise_conv(x0, w0, bias, to_int(strides), lo, hi, to_int(dil), relu, parallel, c.s);
+  if (!y) return std::nullopt;
+  return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s);
+}
+
 Outputs translate_conv(OpContext& c) {
   const auto& n = c.node;
   const mx::array& x0 = c.in(0);
@@ -500,6 +534,7 @@ Outputs translate_conv(OpContext& c) {
   if (x0.size() == 0 || w0.size() == 0) return {apply_activations(steps, mx::zeros(out_shape, x0.dtype(), c.s), c.s)};
   if (!crop) {
     const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2), {}};
+    if (auto y = depthwise_conv_kernel(c, x0, w0, strides, lo, hi, dil, groups, out_shape, steps)) return {*y};
     if (groups > 1)  // grouped: one product beats oneDNN's grouped kernel with its reorders
       if (auto y = pointwise_conv_as_product(c, x0, w0, kernel, strides, lo, hi, groups, out_shape, cd, steps)) return {*y};
     if (auto y = conv_through_library(c, x0, w0, g, conv_flops(w0, out_shape), steps)) return {*y};
