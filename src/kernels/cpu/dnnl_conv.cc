@@ -425,9 +425,12 @@ class DnnlUnblock : public PlanPrimitive {
 // the block: no padding) concatenated along the channels in that layout: per image each
 // input's block is contiguous ([C / b][H][W][b]), so the concatenation is one copy per input
 // and image. The plan is the output's (its layout and the unblocking of it).
+// The output is `images` runs, each the inputs' next `sizes` floats in turn: a channel-blocked
+// layout's run is an image (its blocks of each input), channels-last's a position of an image
+// (its channels of each input).
 struct BlockedConcatParams {
   int64_t images;
-  std::vector<int64_t> sizes;  // floats of one image of each input
+  std::vector<int64_t> sizes;  // floats of one run of each input
   bool operator==(const BlockedConcatParams&) const = default;
 };
 class DnnlBlockedConcat : public PlanPrimitiveWith<BlockedConcatParams> {
@@ -650,11 +653,13 @@ namespace {
 std::vector<int64_t> dims_of(const mx::array& x) { return std::vector<int64_t>(x.shape().begin(), x.shape().end()); }
 
 // The layout of `x`, an unblocking `u`: one of the two 4-D channel-blocked image layouts
-// (nChw8c, nChw16c), found by comparison (a plan's dst_md is whatever oneDNN picked for its
-// convolution), and its channel block; {undef, 0} otherwise.
+// (nChw8c, nChw16c), or channels-last (acdb: what oneDNN picks on AVX-512 machines), as one
+// block of all the channels; found by comparison (a plan's dst_md is whatever oneDNN picked for
+// its convolution), with its channel block; {undef, 0} otherwise.
 std::pair<dnnl_format_tag_t, int64_t> channel_blocked(const mx::array& x, const DnnlUnblock& u) {
   if (x.ndim() != 4) return {dnnl_format_tag_undef, 0};
-  for (auto [t, b] : {std::pair{dnnl_nChw8c, int64_t{8}}, std::pair{dnnl_nChw16c, int64_t{16}}}) {
+  for (auto [t, b] : {std::pair{dnnl_nChw8c, int64_t{8}}, std::pair{dnnl_nChw16c, int64_t{16}},
+                      std::pair{dnnl_acdb, static_cast<int64_t>(x.shape(1))}}) {
     const auto md = plain_md(dims_of(x), t);
     if (lib().memory_desc_equal(&md, &u.plan().dst_md)) return {t, b};
   }
@@ -704,7 +709,7 @@ std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const Cpu
   if (!u) return std::nullopt;
   const auto [tag, block] = channel_blocked(x, *u);
   const int64_t C = x.shape(1);
-  if (!block || C % block) return std::nullopt;
+  if ((block != 8 && block != 16) || tag == dnnl_acdb || C % block) return std::nullopt;  // the kernel's blocks
   std::vector<int64_t> out_dims{x.shape(0), C, g.out_h, g.out_w};
   auto plan = layout_plan(out_dims, tag, u->plan().threads);
   if (!plan || plan->dst_bytes != static_cast<size_t>(x.shape(0) * C * g.out_h * g.out_w) * sizeof(float))
@@ -732,7 +737,10 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
       if (layout.second) first = u;
     }
   if (!first) return std::nullopt;
-  const auto [tag, block] = layout;
+  const auto [tag, block_of_first] = layout;
+  // Channels-last: an image's inputs interleave position by position (any channel counts).
+  const bool last = tag == dnnl_acdb;
+  const int64_t block = last ? 1 : block_of_first;
   std::vector<mx::array> blocked;
   std::vector<int64_t> sizes;
   int64_t channels = 0;
@@ -753,7 +761,7 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
       blocked.push_back(mx::array({static_cast<int>(x.size())}, mx::float32, std::make_shared<DnnlBlock>(s, in_plan),
                                   {x}));
     }
-    sizes.push_back(static_cast<int64_t>(x.shape(1)) * x.shape(2) * x.shape(3));
+    sizes.push_back(static_cast<int64_t>(x.shape(1)) * (last ? 1 : x.shape(2) * x.shape(3)));
     channels += x.shape(1);
   }
   auto dims = dims_of(xs[0]);
@@ -761,10 +769,14 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
   auto plan = layout_plan(dims, tag, first->plan().threads);
   const int64_t floats = dims[0] * channels * dims[2] * dims[3];
   if (!plan || plan->dst_bytes != static_cast<size_t>(floats) * sizeof(float)) return std::nullopt;
-  // Shaped as a per-channel map views it ([N, C / b, H * W, b]): the buffer is the same.
-  const mx::Shape view{static_cast<int>(dims[0]), static_cast<int>(channels / block),
-                       static_cast<int>(dims[2] * dims[3]), static_cast<int>(block)};
-  auto flat = mx::array(view, mx::float32, std::make_shared<DnnlBlockedConcat>(s, plan, BlockedConcatParams{dims[0], std::move(sizes)}),
+  // Shaped as a per-channel map views it ([N, C / b, H * W, b]; channels-last: b = C): the
+  // buffer is the same.
+  const int64_t b = last ? channels : block;
+  const mx::Shape view{static_cast<int>(dims[0]), static_cast<int>(channels / b), static_cast<int>(dims[2] * dims[3]),
+                       static_cast<int>(b)};
+  const int64_t positions = last ? dims[2] * dims[3] : 1;
+  auto flat = mx::array(view, mx::float32,
+                        std::make_shared<DnnlBlockedConcat>(s, plan, BlockedConcatParams{dims[0] * positions, std::move(sizes)}),
                         std::move(blocked));
   mx::Shape shape(dims.begin(), dims.end());
   return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
