@@ -475,9 +475,10 @@ class DnnlBlock : public PlanPrimitive {
   const char* name() const override { return "DnnlBlock"; }
 };
 
-// Max pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding) into the same
-// layout ([N][C / b][OH][OW][b]), the same arithmetic as cpu_pool_2d's max: positions outside the
-// input take no part (an all-outside window gives -inf) and a NaN propagates.
+// Max pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding; channels-last
+// is b = C) into the same layout ([N][C / b][OH][OW][b]), the same arithmetic as cpu_pool_2d's
+// max: positions outside the input take no part (an all-outside window gives -inf) and a NaN
+// propagates.
 struct BlockedPoolParams {
   CpuPool2d g;
   std::array<int64_t, 4> dims;  // planes (N * C / b), H, W, b
@@ -515,6 +516,46 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
     }
   }
 
+  // Any block (channels-last: all C channels), 16 lanes at a time; output rows [r0, r1) of all
+  // planes (so one image still splits over the threads).
+  static void pool_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
+                        int64_t r1) {
+    const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
+    constexpr int64_t L = 16;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t p = r / OH, oh = r % OH;
+      const float* x = xp + p * H * W * B;
+      float* y = yp + (p * OH + oh) * OW * B;
+      for (int64_t ow = 0; ow < OW; ++ow)
+        for (int64_t c0 = 0; c0 < B; c0 += L) {
+          const int64_t n = std::min(L, B - c0);
+          float acc[L];
+          for (int c = 0; c < L; ++c) acc[c] = -std::numeric_limits<float>::infinity();
+          for (int i = 0; i < g.kernel_h; ++i) {
+            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+            if (ih < 0 || ih >= H) continue;
+            for (int j = 0; j < g.kernel_w; ++j) {
+              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+              if (iw < 0 || iw >= W) continue;
+              const float* v = x + (ih * W + iw) * B + c0;
+              if (n == L) {
+                for (int c = 0; c < L; ++c) {
+                  const float m = v[c] > acc[c] ? v[c] : acc[c];
+                  acc[c] = v[c] != v[c] ? v[c] : m;
+                }
+              } else {
+                for (int64_t c = 0; c < n; ++c) {
+                  const float m = v[c] > acc[c] ? v[c] : acc[c];
+                  acc[c] = v[c] != v[c] ? v[c] : m;
+                }
+              }
+            }
+          }
+          std::copy(acc, acc + n, y + ow * B + c0);
+        }
+    }
+  }
+
  public:
   using PlanPrimitiveWith::PlanPrimitiveWith;
 
@@ -523,6 +564,12 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
     auto& enc = begin_output(inputs, out, stream());
     enc.dispatch([xp = inputs[0].data<float>(), yp = out.data<float>(), g = p_.g, d = p_.dims] {
       const int64_t planes = d[0];
+      if (d[3] != 8 && d[3] != 16) {
+        const int64_t rows = planes * g.out_h;
+        cpu_parallel_for(rows, std::min<int64_t>(cpu_threads(), rows),
+                         [&](int64_t r0, int64_t r1) { pool_rows(xp, yp, g, d, r0, r1); });
+        return;
+      }
       cpu_parallel_for(planes, std::min<int64_t>(cpu_threads(), planes), [&](int64_t p0, int64_t p1) {
         if (d[3] == 8)
           pool<8>(xp, yp, g, d, p0, p1);
@@ -709,7 +756,7 @@ std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const Cpu
   if (!u) return std::nullopt;
   const auto [tag, block] = channel_blocked(x, *u);
   const int64_t C = x.shape(1);
-  if ((block != 8 && block != 16) || tag == dnnl_acdb || C % block) return std::nullopt;  // the kernel's blocks
+  if (!block || C % block) return std::nullopt;
   std::vector<int64_t> out_dims{x.shape(0), C, g.out_h, g.out_w};
   auto plan = layout_plan(out_dims, tag, u->plan().threads);
   if (!plan || plan->dst_bytes != static_cast<size_t>(x.shape(0) * C * g.out_h * g.out_w) * sizeof(float))
