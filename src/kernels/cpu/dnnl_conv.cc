@@ -28,6 +28,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/dnnl_library.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 
@@ -516,10 +517,37 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
     }
   }
 
+#ifdef ORTMLX_X86
+  // One output position's 16 channels from c0 (row `x` of the plane, B floats a position), held
+  // in two registers over the window: max(v, acc) keeps acc where either is NaN, then a NaN in v
+  // replaces it (so a NaN anywhere in the window propagates, as in the scalar form).
+  __attribute__((target("avx2,fma"))) static void pool16_avx2(const float* x, float* y, const CpuPool2d& g, int64_t H,
+                                                              int64_t W, int64_t B, int64_t oh, int64_t ow) {
+    __m256 a0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), a1 = a0;
+    for (int i = 0; i < g.kernel_h; ++i) {
+      const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+      if (ih < 0 || ih >= H) continue;
+      for (int j = 0; j < g.kernel_w; ++j) {
+        const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+        if (iw < 0 || iw >= W) continue;
+        const float* v = x + (ih * W + iw) * B;
+        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        a0 = _mm256_blendv_ps(_mm256_max_ps(v0, a0), v0, _mm256_cmp_ps(v0, v0, _CMP_UNORD_Q));
+        a1 = _mm256_blendv_ps(_mm256_max_ps(v1, a1), v1, _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q));
+      }
+    }
+    _mm256_storeu_ps(y, a0);
+    _mm256_storeu_ps(y + 8, a1);
+  }
+#endif
+
   // Any block (channels-last: all C channels), 16 lanes at a time; output rows [r0, r1) of all
   // planes (so one image still splits over the threads).
   static void pool_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
                         int64_t r1) {
+#ifdef ORTMLX_X86
+    const bool avx2 = cpu_has_avx2_fma();
+#endif
     const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
     constexpr int64_t L = 16;
     for (int64_t r = r0; r < r1; ++r) {
@@ -529,6 +557,12 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
       for (int64_t ow = 0; ow < OW; ++ow)
         for (int64_t c0 = 0; c0 < B; c0 += L) {
           const int64_t n = std::min(L, B - c0);
+#ifdef ORTMLX_X86
+          if (avx2 && n == L) {
+            pool16_avx2(x + c0, y + ow * B + c0, g, H, W, B, oh, ow);
+            continue;
+          }
+#endif
           float acc[L];
           for (int c = 0; c < L; ++c) acc[c] = -std::numeric_limits<float>::infinity();
           for (int i = 0; i < g.kernel_h; ++i) {
