@@ -455,6 +455,7 @@ std::vector<mx::array> Program::capture_arguments(Entry& e, const std::vector<Ho
     }
   }
   std::vector<mx::array> out = args;
+  bool copied_any = false;
   for (size_t i = 0; i < raw.size(); ++i) {
     const auto& t = raw[i];
     const size_t n = args[i].nbytes();
@@ -476,10 +477,13 @@ std::vector<mx::array> Program::capture_arguments(Entry& e, const std::vector<Ho
     auto buffer = mx::array(mx::allocator::malloc(n), args[i].shape(), args[i].dtype());
     void* p = kernels::cuda::device_address(buffer);
     if (!p || buffer.nbytes() != n || !kernels::cuda::copy_bytes(p, t.data, n)) return {};
+    copied_any = true;
     k.reads.push_back(p);
     k.owned.push_back(buffer);
     out[i] = buffer;
   }
+  // The copies above are the driver's (legacy stream); the capture's kernels run on MLX's.
+  if (copied_any && !kernels::cuda::finish_copies()) return {};
   return out;
 }
 

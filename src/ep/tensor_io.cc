@@ -79,7 +79,12 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
   std::vector<size_t> row_outputs;
   // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
   const bool kept = engine::last_run_replayed();
-  bool driver_copies = false;
+  bool driver_copies = false;  // outputs copied into EP memory by the driver: waited for once, at the end
+  auto copied_by_driver = [&] {
+    driver_copies = true;
+    db::counters().outputs_written_on_device++;
+    db::counters().outputs_by_driver++;
+  };
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
     std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
@@ -135,11 +140,7 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     // the driver (a copy as an MLX kernel, below, is a broadcast select, many times slower).
     const bool on_device = device_memory && db::owns(dst);
     if ((kept || on_device) && !ops::lowp::is_lowp(to_dtype(out_et)) && engine::copy_out_on_device(a, dst)) {
-      if (on_device) {  // (a copy to the host has finished when the driver returns)
-        driver_copies = true;
-        counters.outputs_written_on_device++;
-        counters.outputs_by_driver++;
-      }
+      if (on_device) copied_by_driver();  // (a copy to the host has finished when the driver returns)
       continue;
     }
     if (on_device && !ops::lowp::is_lowp(to_dtype(out_et))) {
@@ -159,9 +160,7 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
       // Not taken in place: the buffer is untouched, so the whole output still reads it.
       mlx::core::eval(a);
       if (engine::copy_out_on_device(a, row_writes[k].dst)) {
-        driver_copies = true;
-        db::counters().outputs_written_on_device++;
-        db::counters().outputs_by_driver++;
+        copied_by_driver();
         continue;
       }
       if (!db::write_on_device({{row_writes[k].dst, a}}, s)[0]) engine::copy_out(a, row_writes[k].dst);

@@ -486,6 +486,28 @@ struct BlockedPoolParams {
   bool operator==(const BlockedPoolParams&) const = default;
 };
 class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
+  // fn(position) for each window position of output (oh, ow) inside the H x W input, position
+  // counted in the plane's row-major order.
+  template <typename Fn>
+  static void for_each_tap(const CpuPool2d& g, int64_t H, int64_t W, int64_t oh, int64_t ow, Fn fn) {
+    for (int i = 0; i < g.kernel_h; ++i) {
+      const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+      if (ih < 0 || ih >= H) continue;
+      for (int j = 0; j < g.kernel_w; ++j) {
+        const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+        if (iw >= 0 && iw < W) fn(ih * W + iw);
+      }
+    }
+  }
+  // acc[c] = max(acc[c], v[c]) for c < n, a NaN in v kept (and one in acc stays).
+  template <typename N>
+  static void max_into(float* acc, const float* v, N n) {
+    for (N c = 0; c < n; ++c) {
+      const float m = v[c] > acc[c] ? v[c] : acc[c];
+      acc[c] = v[c] != v[c] ? v[c] : m;
+    }
+  }
+
   // Planes [p0, p1) of B channels each; the block's lanes in a fixed-size accumulator (vectorized).
   template <int B>
   static void pool(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t p0,
@@ -498,19 +520,7 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
         for (int64_t ow = 0; ow < OW; ++ow) {
           float acc[B];
           for (int c = 0; c < B; ++c) acc[c] = -std::numeric_limits<float>::infinity();
-          for (int i = 0; i < g.kernel_h; ++i) {
-            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
-            if (ih < 0 || ih >= H) continue;
-            for (int j = 0; j < g.kernel_w; ++j) {
-              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
-              if (iw < 0 || iw >= W) continue;
-              const float* v = x + (ih * W + iw) * B;
-              for (int c = 0; c < B; ++c) {
-                const float m = v[c] > acc[c] ? v[c] : acc[c];
-                acc[c] = v[c] != v[c] ? v[c] : m;
-              }
-            }
-          }
+          for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { max_into(acc, x + pos * B, B); });
           float* o = y + (oh * OW + ow) * B;
           for (int c = 0; c < B; ++c) o[c] = acc[c];
         }
@@ -565,26 +575,7 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
 #endif
           float acc[L];
           for (int c = 0; c < L; ++c) acc[c] = -std::numeric_limits<float>::infinity();
-          for (int i = 0; i < g.kernel_h; ++i) {
-            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
-            if (ih < 0 || ih >= H) continue;
-            for (int j = 0; j < g.kernel_w; ++j) {
-              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
-              if (iw < 0 || iw >= W) continue;
-              const float* v = x + (ih * W + iw) * B + c0;
-              if (n == L) {
-                for (int c = 0; c < L; ++c) {
-                  const float m = v[c] > acc[c] ? v[c] : acc[c];
-                  acc[c] = v[c] != v[c] ? v[c] : m;
-                }
-              } else {
-                for (int64_t c = 0; c < n; ++c) {
-                  const float m = v[c] > acc[c] ? v[c] : acc[c];
-                  acc[c] = v[c] != v[c] ? v[c] : m;
-                }
-              }
-            }
-          }
+          for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { max_into(acc, x + pos * B + c0, n); });
           std::copy(acc, acc + n, y + ow * B + c0);
         }
     }
