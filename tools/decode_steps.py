@@ -15,7 +15,11 @@ ORT_MLX_FUSED_ROTARY=0, read by the EP per translation); `device=cpu` runs that 
 the other MLX device (an fp32-computing reference for a GPU setting's logits). --teacher-forced
 feeds every setting the same token sequence instead of its own greedy choice, so the logits are
 compared on the same inputs. --prefill-logits instead times the prompt alone with its logits
-copied to the host and kept in the EP's memory, alternating."""
+copied to the host and kept in the EP's memory, alternating. --prompts times the prompt of
+--context tokens under each setting instead of decoding: one session a setting (logits kept in
+the device's memory, as the bench's prompts), seven untimed runs (a kept CUDA graph from then),
+then per round ten timed runs a setting, settings alternating; prints the median and the
+outputs' largest difference from the first setting's."""
 import argparse
 import gc
 import json
@@ -99,7 +103,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--prefill-logits", action="store_true")
     p.add_argument("--teacher-forced", action="store_true")
+    p.add_argument("--prompts", action="store_true")
     a = p.parse_args()
+    if a.prompts:
+        return time_prompts(a)
     report = pathlib.Path(tempfile.mkdtemp()) / "report.jsonl"
     if a.prefill_logits:
         dec = Decoder(a.model, "mlx", a.device, device_memory="1")
@@ -140,6 +147,34 @@ def main() -> int:
                   f" (MLX eval {per_compiled('eval_ns_compiled'):.2f}, outputs {per_compiled('outputs_ns_compiled'):.2f},"
                   f" inputs {per_compiled('inputs_ns_compiled'):.2f}, compiled call {per_compiled('call_ns_compiled'):.2f});"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
+    return 0
+
+
+def time_prompts(a) -> int:
+    settings = [s.strip() for s in a.settings.split(";") if s.strip()]
+    ids = np.random.default_rng(0).integers(3, 1000, (1, a.context))
+    decoders, first = [], None
+    for text in settings:
+        opts, env = parse_setting(text)
+        os.environ.update(env)
+        provider = opts.pop("provider", "mlx")
+        if provider == "mlx":
+            opts.setdefault("device_memory", "1")
+        dec = Decoder(a.model, provider, a.device, share_buffer=False, **opts)
+        for _ in range(7):
+            logits, _ = dec.step(ids, dec.empty_past(), a.context)
+        logits = np.asarray(logits, np.float32)
+        first = logits if first is None else first
+        print(f"[{text}] max |logit - first setting's| {float(np.abs(logits - first).max()):.2e}", flush=True)
+        decoders.append(dec)
+    for r in range(a.rounds):
+        for text, dec in zip(settings, decoders):
+            ts = []
+            for _ in range(10):
+                t = time.perf_counter()
+                dec.step(ids, dec.empty_past(), a.context, logits_to_host=False)
+                ts.append(time.perf_counter() - t)
+            print(f"round {r} [{text}]: prompt of {a.context} median {np.median(ts) * 1e3:.3f} ms", flush=True)
     return 0
 
 

@@ -102,6 +102,8 @@ OPTIONS: dict[str, tuple] = {
     "fuse_conv_activation": (0, 1),
     "cpu_fuse": (0, 1, "auto"),
     "int4_dense_rows": (0, 1 << 30),
+    "int4_dequantize_kernel": (0, 1),
+    "gpu_attention_split_rows": (0, 8192),
 }
 
 

@@ -172,12 +172,16 @@ def _llm_ort(spec: dict) -> dict:
     if ep and spec.get("resident_kv"):
         opts["device_memory"] = 1  # KV stays in the EP's memory between steps (IOBinding)
     rss0 = _current_rss_mb()
+    t_start = time.perf_counter()
     provider = "cuda" if spec["provider"] == "ort-cuda" else spec["provider"]
     share = {"shared": True, "grow": False}.get(spec.get("kv", "auto"), "auto")
     dec = Decoder(spec["model"], provider, spec["device"], share_buffer=share, max_length=1, **opts)
     shared = dec.share_buffer
     res0_kv = "shared" if shared else "grow"
     res = Figures(rss_session_mb=_current_rss_mb() - rss0)
+    # Seconds each phase took (session, every prompt length with its warm-ups, every context's
+    # passes): a case stopped at its time limit says where its time went.
+    phases = {"session": time.perf_counter() - t_start}
     res["kv"] = res0_kv
     rng = np.random.default_rng(0)
     vocab = spec["vocab"]
@@ -189,8 +193,11 @@ def _llm_ort(spec: dict) -> dict:
     dec.share_buffer = False
     for p in spec["prefill"]:
         ids = rng.integers(3, vocab, (1, p))
+        t0 = time.perf_counter()
         t = _median_time(lambda: dec.step(ids, dec.empty_past(), p, logits_to_host=on_host), spec["repeat"],
                          PREFILL_WARMUP)
+        phases[f"prefill@{p}"] = time.perf_counter() - t0
+        res["phase_s"] = phases
         res[f"prefill_tok_s@{p}"] = p / t
     dec.share_buffer = shared
     for c in spec["decode"]:
@@ -211,7 +218,10 @@ def _llm_ort(spec: dict) -> dict:
                 logits, past = dec.step(nxt, past, total)
                 times.append(time.perf_counter() - t0)
             return times
+        t0 = time.perf_counter()
         _decode_rate(decode_pass, ids, spec, res)
+        phases[f"decode@{c}"] = time.perf_counter() - t0
+        res["phase_s"] = phases
     res["peak_rss_mb"] = _rss_mb()
     if report:
         del dec

@@ -70,6 +70,10 @@ struct Options {
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
+  bool int4_dequantize_kernel = true;  // ... dequantized by the EP's CUDA kernel (0: MLX's dequantize)
+  // on the GPU, a decode step's attention over a shared KV buffer in blocks of this many rows a
+  // head, combined after (0: one block a head)
+  int gpu_attention_split_rows = 128;
   // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
   // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).
   bool cpu_poll = true;

@@ -40,7 +40,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                                 "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows",
                                 "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes",
                                 "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl", "cpu_dnnl_min_flops", "cpu_dnnl_parallel_min_flops", "cpu_dnnl_matmul", "fuse_conv_activation", "int4_dense_rows", "cpu_fuse", "pinned_inputs", "cpu_poll", "cpu_dnnl_blocked", "cpu_depthwise",
-                                "gpu_graph_replay"};
+                                "gpu_graph_replay", "int4_dequantize_kernel", "gpu_attention_split_rows"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
     for (auto* n : known) ok |= k == n;
@@ -83,7 +83,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"cpu_poll", &o.engine.cpu_poll},
                            std::pair{"cpu_dnnl_blocked", &o.engine.cpu_dnnl_blocked},
                            std::pair{"cpu_depthwise", &o.engine.cpu_depthwise},
-                           std::pair{"gpu_graph_replay", &o.engine.gpu_graph_replay}})
+                           std::pair{"gpu_graph_replay", &o.engine.gpu_graph_replay},
+                           std::pair{"int4_dequantize_kernel", &o.engine.int4_dequantize_kernel}})
     if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "cpu_dnnl_min_flops"); !v.empty())
     o.engine.cpu_dnnl_min_flops = to_int("cpu_dnnl_min_flops", v, 0, 1LL << 50);
@@ -97,6 +98,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     o.engine.pinned_inputs = static_cast<size_t>(to_int("pinned_inputs", v, 0, 1LL << 40));
   if (auto v = lookup(entries, "int4_dense_rows"); !v.empty())
     o.engine.int4_dense_rows = static_cast<int>(to_int("int4_dense_rows", v, 0, 1 << 30));
+  if (auto v = lookup(entries, "gpu_attention_split_rows"); !v.empty())
+    o.engine.gpu_attention_split_rows = static_cast<int>(to_int("gpu_attention_split_rows", v, 0, 8192));
   if (auto v = lookup(entries, "log_level"); !v.empty())
     o.engine.log_level = static_cast<int>(to_int("log_level", v, 0, 3));
   o.report_path = lookup(entries, "report_path");

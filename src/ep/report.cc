@@ -5,6 +5,7 @@
 #include "engine/device_buffers.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/dequantize.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/pinned_inputs.h"
@@ -52,7 +53,9 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_replay_launches\":" << kernels::cuda::graph_replay_counters().launches
     << ",\"process_decode_attention_nodes\":" << kernels::cuda::decode_attention_nodes()
     << ",\"process_decode_attention_qkv_nodes\":" << kernels::cuda::decode_attention_qkv_nodes()
+    << ",\"process_decode_attention_split_nodes\":" << kernels::cuda::decode_attention_split_nodes()
     << ",\"process_skip_rms_norm_nodes\":" << kernels::cuda::skip_rms_norm_nodes()
+    << ",\"process_dequantize_int4_nodes\":" << kernels::cuda::dequantize_int4_nodes()
     << ",\"process_device_copies\":" << kernels::cuda::host_copies()
     << ",\"process_pinned_inputs\":" << kernels::cuda::pinned_copies()
     << ",\"process_pinned_bytes\":" << kernels::cuda::pinned_bytes()

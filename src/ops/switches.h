@@ -23,6 +23,7 @@ struct TranslationSwitches {
   int64_t cpu_conv_library_min_flops = 0;  // ... those of at least this much work
   int64_t cpu_conv_parallel_min_flops = 5000000;  // ... on one thread below this much
   int int4_dense_rows = 128;     // GPU MatMulNBits with this many rows: dequantize + dense product (0: never)
+  bool int4_dequantize_kernel = true;  // ... dequantized by the EP's kernel (kernels/cuda/dequantize.h), not MLX's
   // float32 products of several rows by a matrix on the CPU through oneDNN's sgemm
   // (kernels/cpu/dnnl_matmul.cc), those of at least cpu_conv_library_min_flops
   bool cpu_matmul_library = false;  // off by default: not signal-safe (kernels.h)
@@ -31,6 +32,9 @@ struct TranslationSwitches {
   // 2-D float32 depthwise convolutions as the EP's kernel over NCHW (kernels/cpu/depthwise.cc),
   // unless their input is a oneDNN convolution's blocked output
   bool cpu_depthwise = true;
+  // a shared-buffer decode step's attention splits the buffer's rows into blocks of this many
+  // (kernels/cuda/decode_attention.h; 0: one block a head)
+  int gpu_attention_split_rows = 128;
 };
 
 // The calling thread's current switches.

@@ -130,6 +130,27 @@ def test_matmul_nbits_many_rows_dequantizes_on_the_gpu(tmp_path):
     assert arrays[8, 128] == arrays[8, 0], arrays
 
 
+@pytest.mark.skipif(oracle.DEVICE != "gpu", reason="the dequantization kernel exists on MLX's CUDA backend only")
+@pytest.mark.parametrize("zp_kind", [None, "u8", "float"])
+@pytest.mark.parametrize("block", [32, 128, 256])
+def test_matmul_nbits_dequantize_kernel_on_the_gpu(zp_kind, block, tmp_path):
+    """A prompt's 4-bit product dequantizes its weight with the EP's kernel
+    (int4_dequantize_kernel=1, kernels/cuda/dequantize.h), not MLX's: outputs equal ORT's CPU EP
+    with either dequantization (=0: MLX's), and the report counts the kernel's nodes only with it on.
+    Broken by a kernel that takes the nibbles in the wrong order, the wrong group's scale or bias,
+    or by the product not taking it."""
+    import gc
+    counts = {}
+    for kernel in (1, 0):
+        report = tmp_path / f"r{kernel}.jsonl"
+        nbits_check(160, 2 * block, 48, 4, block, zp_kind, dtype=np.float16, bias=True, rtol=2e-2, atol=2e-2,
+                    int4_dequantize_kernel=kernel, report_path=str(report))
+        gc.collect()
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        counts[kernel] = line["process_dequantize_int4_nodes"]
+    assert counts[1] > 0 and counts[0] == counts[1], counts
+
+
 # fp32 MatMulNBits: MLX sums in another order than MLAS (and computes q*scale - zp*scale rather
 # than (q - zp)*scale), so results agree to ~1e-6 relative; rtol 1e-3 / atol 1e-4 leaves margin.
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -272,8 +293,9 @@ def rope_cache(max_seq, rot_dim, dtype=np.float32, base=10000.0):
 def gqa_check(B=2, S=4, N=4, Nkv=2, H=16, past=None, seqlens=None, total=None, packed=False,
               rotary=False, interleaved=False, rot_dim=None, window=-1, softcap=0.0, smooth=0,
               dtype=np.float32, bias=False, sink=False, position_ids=None, scale=None,
-              rtol=1e-4, atol=1e-5, rows=None):
-    """past: None (no past inputs) or the past buffer length P. seqlens: total_b - 1 per batch."""
+              rtol=1e-4, atol=1e-5, rows=None, **options):
+    """past: None (no past inputs) or the past buffer length P. seqlens: total_b - 1 per batch.
+    options: the EP's session options."""
     f = lambda *shape: rng.standard_normal(shape).astype(dtype)
     if seqlens is None:
         seqlens = [S - 1] * B if not past else [past + S - 1] * B
@@ -304,7 +326,7 @@ def gqa_check(B=2, S=4, N=4, Nkv=2, H=16, past=None, seqlens=None, total=None, p
         attrs["scale"] = scale
     t = oracle.tensor_type(np.zeros(0, dtype))
     return check_tol("GroupQueryAttention", inputs, attrs, outputs=3, output_types=[t] * 3,
-                     rtol=rtol, atol=atol, rows=rows)
+                     rtol=rtol, atol=atol, rows=rows, **options)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -353,6 +375,40 @@ def test_gqa_token_shared_buffer_grouped_heads(window, packed):
               rotary=True, interleaved=True)
     gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=40, seqlens=[5, 30], window=window, packed=packed,
               rotary=True, rot_dim=32)
+
+
+@pytest.mark.skipif(oracle.DEVICE != "gpu", reason="the split attention exists on MLX's CUDA backend only")
+@pytest.mark.parametrize("fused_step", [1, 0])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gqa_decode_attention_splits_on_gpu(fused_step, packed, tmp_path):
+    """A decode step's attention over a long shared buffer takes its rows in splits of
+    gpu_attention_split_rows, one block each, and a second kernel combines them: with splits of
+    16 rows (some wholly past a sequence's length, some before its window, one holding the step's
+    own row) the outputs equal ORT's CPU EP and those of one block a head (0), in the projections
+    kernel (fused_gqa_step=1) and the one-row kernel (0); the report counts split launches only
+    where splits were asked for. Broken by a split that drops or repeats rows, a combination that
+    rescales wrongly, or the split form not being taken."""
+    import gc
+    import json
+
+    def split_nodes(report):
+        gc.collect()
+        line = next(json.loads(x) for x in report.read_text().splitlines() if '"fused_node"' in x)
+        return line["process_decode_attention_split_nodes"]
+
+    for window in (-1, 37):
+        outs, counts = {}, {}
+        for split in (16, 0):
+            report = tmp_path / f"r{split}_{window}.jsonl"
+            outs[split] = gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=300, seqlens=[130, 299], window=window,
+                                    packed=packed, rotary=True, dtype=np.float16, rtol=1e-2, atol=1e-2,
+                                    gpu_attention_split_rows=split, fused_gqa_step=fused_step,
+                                    report_path=str(report))
+            counts[split] = split_nodes(report)
+        for a, b in zip(outs[16], outs[0]):
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2)
+        # (process counters: the second session adds none when it asks for no splits)
+        assert counts[16] > 0 and counts[0] == counts[16], counts
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -24,11 +24,14 @@ struct DecodeAttention {
   int kv_heads = 0;      // key/value heads Nkv (N a multiple of it)
   float scale = 1.f;     // applied to Q K^T
   int window = -1;       // > 0: only the last `window` keys up to pos (local attention)
+  int split_rows = 0;    // > 0: the buffer's rows split into blocks of this many, combined after
 };
 
 // How many graph nodes this process has built with the kernel (the report's evidence that a
 // decode step took it).
 uint64_t decode_attention_nodes();
+// ... of them (either form) attending in several splits and a combining kernel (split_rows).
+uint64_t decode_attention_split_nodes();
 
 // out[b, n, :] = softmax(scale * q[b, n] . K[b, g]^T) V[b, g] over key rows t in [lo, pos[b]],
 // g = n / (N / Nkv), lo = max(0, pos[b] + 1 - window) with a window, else 0; row pos[b] is taken

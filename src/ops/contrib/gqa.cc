@@ -79,7 +79,8 @@ std::optional<Outputs> gqa_step(OpContext& c, bool packed, int N, int Nkv, int H
   }
   const auto& seqlens = c.in(5);
   auto step = kernels::cuda::decode_attention_qkv(q, k, v, cos, sin, past_k, past_v, seqlens,
-                                                  {N, Nkv, scale, window}, layout, c.s);
+                                                  {N, Nkv, scale, window, translation_switches().gpu_attention_split_rows},
+                                                  layout, c.s);
   if (!step) return std::nullopt;
   // The row each sequence writes: its past length (seqlens_k for one new token), clipped to the
   // buffer as the kernel clips it; one array for every layer of the step.
@@ -283,7 +284,7 @@ Outputs translate_gqa(OpContext& c) {
       n.attr_int("smooth_softmax", -1) != 1 && Q.dtype() == past_k->dtype())
     buffer_out = kernels::cuda::decode_attention(
         mx::reshape(Q, {B, N, H}, c.s), mx::reshape(K, {B, Nkv, H}, c.s), mx::reshape(V, {B, Nkv, H}, c.s),
-        *past_k, *past_v, seqlens, {N, Nkv, scale, window}, c.s);
+        *past_k, *past_v, seqlens, {N, Nkv, scale, window, translation_switches().gpu_attention_split_rows}, c.s);
   Q = mx::transpose(Q, {0, 2, 1, 3}, c.s);
   K = mx::transpose(K, {0, 2, 1, 3}, c.s);
   V = mx::transpose(V, {0, 2, 1, 3}, c.s);

@@ -13,6 +13,7 @@
 
 #include "ops/contrib/contrib_internal.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/dequantize.h"
 #include "ops/switches.h"
 
 namespace ortmlx::ops::contrib {
@@ -229,10 +230,13 @@ Outputs translate_matmul_nbits(OpContext& c) {
     // whatever their count: MLX's CUDA kernel for many float32 rows fails to launch at group 128.
     const int dense_rows = translation_switches().int4_dense_rows;
     if (c.s.device == mx::Device::gpu && rows > 1 &&
-        (ct == mx::float32 || (dense_rows > 0 && rows >= dense_rows)))
-      y = mx::matmul(x, mx::transpose(mx::dequantize(w, scales, biases, group, bits, "affine", std::nullopt, ct, c.s), c.s),
-                     c.s);
-    else
+        (ct == mx::float32 || (dense_rows > 0 && rows >= dense_rows))) {
+      std::optional<mx::array> dense;
+      if (bits == 4 && translation_switches().gpu_kernels && translation_switches().int4_dequantize_kernel)
+        dense = kernels::cuda::dequantize_int4(w, scales, biases, group, ct, c.s);
+      if (!dense) dense = mx::dequantize(w, scales, biases, group, bits, "affine", std::nullopt, ct, c.s);
+      y = mx::matmul(x, mx::transpose(*dense, c.s), c.s);
+    } else
       y = mx::quantized_matmul(x, w, scales, biases, /*transpose=*/true, group, bits, "affine", c.s);
     if (vec) y = mx::squeeze(y, 0, c.s);
   } else {
