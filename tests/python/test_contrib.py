@@ -384,7 +384,7 @@ def test_gqa_decode_attention_splits_on_gpu(fused_step, packed, tmp_path):
     """A decode step's attention over a long shared buffer takes its rows in splits of
     gpu_attention_split_rows, one block each, and a second kernel combines them: with splits of
     16 rows (some wholly past a sequence's length, some before its window, one holding the step's
-    own row) the outputs equal ORT's CPU EP and those of one block a head (0), in the projections
+    own row) the outputs equal ORT's CPU EP, as with one block a head (0), in the projections
     kernel (fused_gqa_step=1) and the one-row kernel (0); the report counts split launches only
     where splits were asked for. Broken by a split that drops or repeats rows, a combination that
     rescales wrongly, or the split form not being taken."""
@@ -397,16 +397,13 @@ def test_gqa_decode_attention_splits_on_gpu(fused_step, packed, tmp_path):
         return line["process_decode_attention_split_nodes"]
 
     for window in (-1, 37):
-        outs, counts = {}, {}
+        counts = {}
         for split in (16, 0):
             report = tmp_path / f"r{split}_{window}.jsonl"
-            outs[split] = gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=300, seqlens=[130, 299], window=window,
-                                    packed=packed, rotary=True, dtype=np.float16, rtol=1e-2, atol=1e-2,
-                                    gpu_attention_split_rows=split, fused_gqa_step=fused_step,
-                                    report_path=str(report))
+            gqa_check(B=2, S=1, N=8, Nkv=2, H=64, past=300, seqlens=[130, 299], window=window, packed=packed,
+                      rotary=True, dtype=np.float16, rtol=1e-2, atol=1e-2, gpu_attention_split_rows=split,
+                      fused_gqa_step=fused_step, report_path=str(report))
             counts[split] = split_nodes(report)
-        for a, b in zip(outs[16], outs[0]):
-            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2)
         # (process counters: the second session adds none when it asks for no splits)
         assert counts[16] > 0 and counts[0] == counts[16], counts
 
