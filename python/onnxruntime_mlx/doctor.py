@@ -120,6 +120,56 @@ def sgemm_provider() -> str:
         return f"(unknown: {e})"
 
 
+# OpenBLAS kernel sets that use AVX-512 (0.3.x names); any other on a CPU with these flags runs
+# narrower kernels (OpenBLAS's sgemm about half as fast on a CPU with full-width AVX-512).
+AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+AVX512_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openblas_core(library: str) -> str | None:
+    """The kernel set OpenBLAS picked in this process (openblas_get_corename), or None when
+    `library` is not an OpenBLAS."""
+    try:
+        lib = ctypes.CDLL(library, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+        fn = lib.openblas_get_corename
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_char_p
+    return (fn() or b"?").decode()
+
+
+def openblas_advice(core: str, forced: str | None, flags: set[str]) -> str | None:
+    """Why OpenBLAS runs narrower kernels than the CPU has, and what to do; None when it does not."""
+    if core.lower() in AVX512_CORES or not all(f in flags for f in AVX512_FLAGS):
+        return None
+    if forced is not None:
+        return (f"OPENBLAS_CORETYPE={forced} forces OpenBLAS's {core} kernels on a CPU with AVX-512: "
+                "unset it (or set SkylakeX) for its AVX-512 sgemm")
+    return (f"OpenBLAS picked its {core} kernels on a CPU with AVX-512 (a CPU its version does not "
+            "know): OPENBLAS_CORETYPE=SkylakeX selects its AVX-512 kernels")
+
+
+def openblas_line(provider: str) -> str | None:
+    core = openblas_core(provider)
+    if core is None:
+        return None
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    line = f"OpenBLAS core    {core}" + (f" (OPENBLAS_CORETYPE={forced})" if forced is not None else "")
+    advice = openblas_advice(core, forced, cpu_flags())
+    return line + (f"\nWARNING: {advice}" if advice else "")
+
+
 def onednn_line() -> str:
     """Runs a 3x3 Conv (above the EP's cpu_dnnl_min_flops) on MLX's CPU device and says whether
     oneDNN ran it (the report's count) and which libdnnl the process mapped."""
@@ -175,8 +225,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     p(sgemm_line(r))
     if not args.sgemm_only:
-        p(f"BLAS for libmlx  {sgemm_provider()} (provides cblas_sgemm)")
+        provider = sgemm_provider()
+        p(f"BLAS for libmlx  {provider} (provides cblas_sgemm)")
         p(f"BLAS preload     {om.blas_preload}")
+        if line := openblas_line(provider):
+            p(line)
         try:
             p(onednn_line())
         except Exception as e:  # noqa: BLE001 - report, do not trace back

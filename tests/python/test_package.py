@@ -176,6 +176,34 @@ def test_cli_doctor_sgemm():
     assert "openblas" in blas.lower() and "mlx_cpu.libs" not in blas, blas
 
 
+def test_cli_doctor_names_openblas_kernels():
+    """doctor names the kernel set OpenBLAS picked for libmlx, and warns when OPENBLAS_CORETYPE
+    forces narrower kernels than the CPU has (a machine-wide setting that halves the EP's sgemm
+    on an AVX-512 CPU). Broken by a doctor that no longer reads OpenBLAS's choice or the
+    variable."""
+    if oracle.DEVICE == "gpu":
+        pytest.skip("checks this machine's mlx-cpu wheel setup (the BLAS libmlx resolves)")
+    from onnxruntime_mlx import doctor
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OPENBLAS_CORETYPE="Haswell")
+    r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "doctor", "--n", "64", "--runs", "1",
+                        "--warmup", "0", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "OpenBLAS core    Haswell (OPENBLAS_CORETYPE=Haswell)" in r.stdout, r.stdout
+    avx512 = all(f in doctor.cpu_flags() for f in doctor.AVX512_FLAGS)
+    assert ("WARNING: OPENBLAS_CORETYPE=Haswell forces" in r.stdout) == avx512, r.stdout
+
+
+def test_openblas_advice():
+    from onnxruntime_mlx.doctor import AVX512_FLAGS, openblas_advice
+    flags = set(AVX512_FLAGS) | {"avx2", "fma"}
+    assert "OPENBLAS_CORETYPE=Haswell" in openblas_advice("Haswell", "Haswell", flags)
+    assert "SkylakeX" in openblas_advice("Zen", None, flags)
+    assert openblas_advice("Cooperlake", None, flags) is None
+    assert openblas_advice("SkylakeX", "SkylakeX", flags) is None
+    assert openblas_advice("Haswell", None, {"avx2", "fma", "avx512f"}) is None  # not all of them
+
+
 # -- fallback and errors ----------------------------------------------------------------------
 
 def _fallback_model():
