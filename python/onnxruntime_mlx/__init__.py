@@ -104,6 +104,7 @@ OPTIONS: dict[str, tuple] = {
     "int4_dense_rows": (0, 1 << 30),
     "int4_dequantize_kernel": (0, 1),
     "gpu_attention_split_rows": (0, 8192),
+    "cpu_avx512": (0, 1),
 }
 
 

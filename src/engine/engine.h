@@ -74,6 +74,7 @@ struct Options {
   // on the GPU, a decode step's attention over a shared KV buffer in blocks of this many rows a
   // head, combined after (0: one block a head)
   int gpu_attention_split_rows = 128;
+  bool cpu_avx512 = true;          // on the CPU, the EP's kernels take their AVX-512 forms where the CPU has them
   // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
   // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).
   bool cpu_poll = true;

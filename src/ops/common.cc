@@ -56,7 +56,7 @@ thread_local TranslationSwitches current_switches;
 const TranslationSwitches& translation_switches() { return current_switches; }
 
 SwitchesScope::SwitchesScope(const TranslationSwitches& s)
-    : prev_(current_switches), kernels_(s.cpu_kernels) {
+    : prev_(current_switches), kernels_(s.cpu_kernels, s.cpu_avx512) {
   current_switches = s;
 }
 SwitchesScope::~SwitchesScope() { current_switches = prev_; }

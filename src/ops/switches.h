@@ -35,6 +35,8 @@ struct TranslationSwitches {
   // a shared-buffer decode step's attention splits the buffer's rows into blocks of this many
   // (kernels/cuda/decode_attention.h; 0: one block a head)
   int gpu_attention_split_rows = 128;
+  // the EP's CPU kernels take their AVX-512 forms where the CPU has AVX-512F (kernels.h)
+  bool cpu_avx512 = true;
 };
 
 // The calling thread's current switches.

@@ -98,10 +98,12 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
 @pytest.mark.parametrize("groups,cin,cout,hw", [(4, 64, 20, (9, 7)), (3, 54, 21, (5, 3)), (1, 16, 13, (17, 1)),
                                                 (2, 136, 136, (14, 14))])
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid", None])
-def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capfd):
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, avx512, capfd):
     """A 1x1 convolution that oneDNN does not take (grouped, or below its size) runs as the EP's
-    kernel over NCHW as it lies (kernels/cpu/pointwise.cc: 6 x 16 register tiles, masked at the
-    edges), its bias and a Relu after it inside: one primitive, where MLX's form was reshapes
+    kernel over NCHW as it lies (kernels/cpu/pointwise.cc: 6 x 16 register tiles, 6 x 32 with
+    AVX-512 where the CPU has it and cpu_avx512=1, masked at the edges), its bias and a Relu
+    after it inside: one primitive, where MLX's form was reshapes
     around a batched product. Output channels not a multiple of 6 and positions not a multiple
     of 16 take the edge tiles (groups of fewer than 16 input channels stay MLX's product, see
     test_grouped_pointwise_conv_has_no_weight_views). Outputs equal ORT's CPU EP."""
@@ -112,7 +114,8 @@ def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, capf
     if act:
         nodes.append(helper.make_node(act, ["c"], ["y"]))
     # cpu_dnnl=0: the kernel also for the ungrouped case, which oneDNN would otherwise take
-    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_fuse=1, cpu_dnnl=0 if groups == 1 else 1)
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_fuse=1, cpu_dnnl=0 if groups == 1 else 1,
+                 cpu_avx512=avx512)
     assert prims.get("PointwiseConv") == 1 and "Matmul" not in prims and "Broadcast" not in prims, prims
     assert "Reshape" not in prims, prims
     if act == "Relu" and groups > 1:  # (the Relu joins the Conv where oneDNN is on: graph/fuse_conv_activation)

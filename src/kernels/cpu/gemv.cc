@@ -199,12 +199,29 @@ bool cpu_has_avx2_fma() {
 
 namespace {
 thread_local bool row_kernels_on = true;
+thread_local bool avx512_on = true;
+
+bool cpu_has_avx512f() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 bool cpu_row_kernels_enabled() { return row_kernels_on; }
+bool cpu_avx512_kernels() { return avx512_on && cpu_has_avx512f(); }
 
-RowKernelsScope::RowKernelsScope(bool on) : prev_(row_kernels_on) { row_kernels_on = on; }
-RowKernelsScope::~RowKernelsScope() { row_kernels_on = prev_; }
+RowKernelsScope::RowKernelsScope(bool on, bool avx512) : prev_(row_kernels_on), prev_avx512_(avx512_on) {
+  row_kernels_on = on;
+  avx512_on = avx512;
+}
+RowKernelsScope::~RowKernelsScope() {
+  row_kernels_on = prev_;
+  avx512_on = prev_avx512_;
+}
 
 std::optional<mx::array> cpu_row_gemv(const mx::array& x, const mx::array& w, mx::Stream s,
                                       bool small_products) {

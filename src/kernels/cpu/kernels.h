@@ -38,15 +38,18 @@ bool cpu_gemv_available();
 // (env ORT_MLX_CPU_GEMV), set for the calling thread's translation by a RowKernelsScope (the
 // kernels are reached from helpers that take only a stream). On outside any scope.
 bool cpu_row_kernels_enabled();
+// Whether the kernels that have an AVX-512 form take it: the CPU has AVX-512F and the engine
+// option cpu_avx512 is on (set with the kernels' scope below).
+bool cpu_avx512_kernels();
 class RowKernelsScope {
  public:
-  explicit RowKernelsScope(bool on);
+  explicit RowKernelsScope(bool on, bool avx512 = true);
   ~RowKernelsScope();
   RowKernelsScope(const RowKernelsScope&) = delete;
   RowKernelsScope& operator=(const RowKernelsScope&) = delete;
 
  private:
-  bool prev_;
+  bool prev_, prev_avx512_;
 };
 
 // One float32 row times a 4-bit blockwise-quantized weight in MatMulNBits's layout, on MLX's CPU

@@ -130,15 +130,80 @@ __attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float*
         tile_avx2<false>(x, w6 + m * s.cg, b, y, s, m, p, cols);
   }
 }
+
+// The same tile with AVX-512: 6 output channels x 32 positions in 12 zmm accumulators (one
+// weight broadcast feeds two 16-lane FMAs), the tail of fewer than 32 positions by lane masks.
+template <bool Full>
+__attribute__((target("avx512f"))) void tile_avx512(const float* x, const float* w6, const float* b, float* y,
+                                                    const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
+  const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
+  const int rows = static_cast<int>(std::min<int64_t>(6, s.mg - m0));
+  const __mmask16 k0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 k1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : __mmask16(0);
+  float bias[6];
+  for (int r = 0; r < 6; ++r) bias[r] = b ? b[std::min(m0 + r, last)] : 0.f;
+  __m512 c00 = _mm512_set1_ps(bias[0]), c01 = c00, c10 = _mm512_set1_ps(bias[1]), c11 = c10;
+  __m512 c20 = _mm512_set1_ps(bias[2]), c21 = c20, c30 = _mm512_set1_ps(bias[3]), c31 = c30;
+  __m512 c40 = _mm512_set1_ps(bias[4]), c41 = c40, c50 = _mm512_set1_ps(bias[5]), c51 = c50;
+  const float* xp = x + p0;
+  const float* wk = w6;
+  for (int64_t k = 0; k < K; ++k, xp += P, wk += 6) {
+    __m512 x0, x1;
+    if constexpr (Full) {
+      x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
+    } else {
+      x0 = _mm512_maskz_loadu_ps(k0, xp), x1 = _mm512_maskz_loadu_ps(k1, xp + 16);
+    }
+    __m512 v = _mm512_set1_ps(wk[0]);
+    c00 = _mm512_fmadd_ps(v, x0, c00), c01 = _mm512_fmadd_ps(v, x1, c01);
+    v = _mm512_set1_ps(wk[1]);
+    c10 = _mm512_fmadd_ps(v, x0, c10), c11 = _mm512_fmadd_ps(v, x1, c11);
+    v = _mm512_set1_ps(wk[2]);
+    c20 = _mm512_fmadd_ps(v, x0, c20), c21 = _mm512_fmadd_ps(v, x1, c21);
+    v = _mm512_set1_ps(wk[3]);
+    c30 = _mm512_fmadd_ps(v, x0, c30), c31 = _mm512_fmadd_ps(v, x1, c31);
+    v = _mm512_set1_ps(wk[4]);
+    c40 = _mm512_fmadd_ps(v, x0, c40), c41 = _mm512_fmadd_ps(v, x1, c41);
+    v = _mm512_set1_ps(wk[5]);
+    c50 = _mm512_fmadd_ps(v, x0, c50), c51 = _mm512_fmadd_ps(v, x1, c51);
+  }
+  const __m512 a[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    float* yp = y + (m0 + r) * P + p0;
+    const __m512 a0 = s.relu ? _mm512_maskz_max_ps(0xFFFF, a[r][0], zero) : a[r][0];
+    const __m512 a1 = s.relu ? _mm512_maskz_max_ps(0xFFFF, a[r][1], zero) : a[r][1];
+    if constexpr (Full) {
+      _mm512_storeu_ps(yp, a0);
+      _mm512_storeu_ps(yp + 16, a1);
+    } else {
+      _mm512_mask_storeu_ps(yp, k0, a0);
+      _mm512_mask_storeu_ps(yp + 16, k1, a1);
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void panel_avx512(const float* x, const float* w6, const float* b, float* y,
+                                                     const PointwiseShape& s, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p += 32) {
+    const int cols = static_cast<int>(std::min<int64_t>(32, p1 - p));
+    for (int64_t m = 0; m < s.mg; m += 6)
+      if (cols == 32)
+        tile_avx512<true>(x, w6 + m * s.cg, b, y, s, m, p, cols);
+      else
+        tile_avx512<false>(x, w6 + m * s.cg, b, y, s, m, p, cols);
+  }
+}
 #endif
 
 class PointwiseConv : public mx::UnaryPrimitive {
  public:
-  PointwiseConv(mx::Stream st, const PointwiseShape& s, bool parallel, bool constant_weight)
+  PointwiseConv(mx::Stream st, const PointwiseShape& s, bool parallel, bool constant_weight, bool avx512)
       : mx::UnaryPrimitive(st),
         s_(s),
         parallel_(parallel),
         constant_weight_(constant_weight),
+        avx512_(avx512),
         cache_(constant_weight ? std::make_shared<PackedWeight>() : nullptr) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -147,7 +212,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
-                  yp = out.data<float>(), s = s_, parallel = parallel_] {
+                  yp = out.data<float>(), s = s_, parallel = parallel_, avx512 = avx512_] {
       const float* xp = x.rows();
 #ifdef ORTMLX_X86
       const bool avx2 = cpu_has_avx2_fma();
@@ -170,6 +235,10 @@ class PointwiseConv : public mx::UnaryPrimitive {
           const float* wg = wp + g * s.mg * s.cg;
           const float* bg = bp ? bp + g * s.mg : nullptr;
 #ifdef ORTMLX_X86
+          if (avx512) {
+            panel_avx512(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, yg, s, p0, p1);
+            continue;
+          }
           if (avx2) {
             panel_avx2(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, yg, s, p0, p1);
             continue;
@@ -188,7 +257,8 @@ class PointwiseConv : public mx::UnaryPrimitive {
   const char* name() const override { return "PointwiseConv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PointwiseConv*>(&other);
-    return o && o->s_ == s_ && o->parallel_ == parallel_ && o->constant_weight_ == constant_weight_;
+    return o && o->s_ == s_ && o->parallel_ == parallel_ && o->constant_weight_ == constant_weight_ &&
+           o->avx512_ == avx512_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -216,6 +286,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
   PointwiseShape s_;
   bool parallel_;
   bool constant_weight_;  // the weight is a constant of the graph: its buffer never changes
+  bool avx512_;           // the AVX-512 tiles (cpu_avx512_kernels() at translation)
   std::shared_ptr<PackedWeight> cache_;  // with constant_weight_
 };
 
@@ -238,7 +309,8 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
   out[1] = static_cast<int>(M);
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
-  return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel, constant_weight),
+  return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel, constant_weight,
+                                                                                 cpu_avx512_kernels()),
                    std::move(in));
 }
 
