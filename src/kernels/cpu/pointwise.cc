@@ -118,18 +118,6 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* 
   for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, Full, mask0, mask1);
 }
 
-// `w6`: the group's weight as packed_weight lays it out.
-__attribute__((target("avx2,fma"))) void panel_avx2(const float* x, const float* w6, const float* b, float* y,
-                                                     const PointwiseShape& s, int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; p += 16) {
-    const int cols = static_cast<int>(std::min<int64_t>(16, p1 - p));
-    for (int64_t m = 0; m < s.mg; m += 6)
-      if (cols == 16)
-        tile_avx2<true>(x, w6 + m * s.cg, b, y, s, m, p, cols);
-      else
-        tile_avx2<false>(x, w6 + m * s.cg, b, y, s, m, p, cols);
-  }
-}
 
 // The same tile with AVX-512: 6 output channels x 32 positions in 12 zmm accumulators (one
 // weight broadcast feeds two 16-lane FMAs), the tail of fewer than 32 positions by lane masks.
@@ -183,17 +171,19 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, const float*
   }
 }
 
-__attribute__((target("avx512f"))) void panel_avx512(const float* x, const float* w6, const float* b, float* y,
-                                                     const PointwiseShape& s, int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; p += 32) {
-    const int cols = static_cast<int>(std::min<int64_t>(32, p1 - p));
-    for (int64_t m = 0; m < s.mg; m += 6)
-      if (cols == 32)
-        tile_avx512<true>(x, w6 + m * s.cg, b, y, s, m, p, cols);
-      else
-        tile_avx512<false>(x, w6 + m * s.cg, b, y, s, m, p, cols);
+// Output columns [p0, p1) of one group in tiles of Cols positions (the full tile, or the edge
+// tile for the last few); `w6`: the group's weight as packed_weight lays it out.
+using TileFn = void (*)(const float*, const float*, const float*, float*, const PointwiseShape&, int64_t, int64_t, int);
+template <int Cols, TileFn Full, TileFn Edge>
+void panel(const float* x, const float* w6, const float* b, float* y, const PointwiseShape& s, int64_t p0,
+           int64_t p1) {
+  for (int64_t p = p0; p < p1; p += Cols) {
+    const int cols = static_cast<int>(std::min<int64_t>(Cols, p1 - p));
+    for (int64_t m = 0; m < s.mg; m += 6) (cols == Cols ? Full : Edge)(x, w6 + m * s.cg, b, y, s, m, p, cols);
   }
 }
+constexpr auto panel_avx2 = panel<16, tile_avx2<true>, tile_avx2<false>>;
+constexpr auto panel_avx512 = panel<32, tile_avx512<true>, tile_avx512<false>>;
 #endif
 
 class PointwiseConv : public mx::UnaryPrimitive {
