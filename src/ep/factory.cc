@@ -77,6 +77,15 @@ class Limits {
       memory_.insert(o.memory_limit_mb << 20);
       mx::set_memory_limit(*memory_.begin());
     }
+    if (o.cache_limit_mb == SIZE_MAX && cache_.empty()) {
+      // MLX's CPU allocator keeps 32 MiB of freed buffers by default: a model whose activations
+      // are larger gets fresh pages from the OS on every run, each zeroed by the kernel. Unless a
+      // session sets a limit, the cache may hold up to a quarter of MLX's memory limit (what it
+      // holds is at most a run's peak, as ORT's arena keeps its peak).
+      const size_t floor = mx::get_memory_limit() / 4;
+      const size_t before = mx::set_cache_limit(floor);
+      if (before > floor) mx::set_cache_limit(before);
+    }
     if (o.cache_limit_mb != SIZE_MAX) {
       size_t before = mx::set_cache_limit(o.cache_limit_mb << 20);
       if (cache_.empty()) default_cache_ = before;

@@ -267,3 +267,43 @@ def test_cpu_poll_probes_after_long_evaluations(tmp_path):
     evals = st["runs"]  # one evaluation a run
     assert st["polled_evals"] == st["after_short_evals"], st
     assert 1 + (evals - 1) // 16 <= st["polled_evals"] <= 2 + evals // 16, st
+
+
+_CACHE_PROBE = """
+import sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto, helper, numpy_helper
+n = 1024
+w = numpy_helper.from_array(np.full((n, n), 1e-3, np.float32), "w")
+nodes, prev = [], "x"
+for i in range(6):  # six [n, n] float32 intermediates (4 MiB each) a run, freed as it goes
+    nodes += [helper.make_node("MatMul", [prev, "w"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+    prev = f"r{i}"
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n, n])],
+                      [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+opts = dict(a.split("=") for a in sys.argv[1:])
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, **opts))
+x = np.ones((4, n, n), np.float32)
+for _ in range(3):
+    s.run(None, {"x": x})
+import mlx.core as mx
+print("CACHE", mx.get_cache_memory())
+"""
+
+
+def test_cpu_cache_keeps_a_runs_buffers():
+    """MLX's CPU allocator keeps 32 MiB of freed buffers by default; unless a session sets
+    cache_limit_mb the EP raises that to a quarter of MLX's memory limit, so a model whose
+    activations exceed 32 MiB reuses its buffers instead of taking fresh (zeroed) pages from the
+    OS every run; an explicit limit still applies. Broken by a default left at MLX's 32 MiB or
+    an explicit limit no longer honoured."""
+    import subprocess
+    import sys
+
+    def cache_after(*opts):
+        r = subprocess.run([sys.executable, "-c", _CACHE_PROBE, *opts], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(r.stdout.split("CACHE", 1)[1])
+
+    assert cache_after() > 48 << 20
+    assert cache_after("cache_limit_mb=8") <= 8 << 20
