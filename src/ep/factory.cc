@@ -77,7 +77,8 @@ class Limits {
       memory_.insert(o.memory_limit_mb << 20);
       mx::set_memory_limit(*memory_.begin());
     }
-    if (o.cache_limit_mb == SIZE_MAX && cache_.empty()) {
+    if (o.cache_limit_mb == SIZE_MAX && cache_.empty() && !cache_raised_) {
+      cache_raised_ = true;  // once a process: MLX lowers the cache to a new limit at once
       // MLX's CPU allocator keeps 32 MiB of freed buffers by default: a model whose activations
       // are larger gets fresh pages from the OS on every run, each zeroed by the kernel. Unless a
       // session sets a limit, the cache may hold up to a quarter of MLX's memory limit (what it
@@ -109,6 +110,7 @@ class Limits {
   std::mutex mu_;
   std::multiset<size_t> memory_, cache_;
   size_t default_memory_ = 0, default_cache_ = 0;
+  bool cache_raised_ = false;
 };
 
 }  // namespace
