@@ -180,15 +180,18 @@ def test_densenet_layer_stays_blocked(first, capfd):
 @pytest.mark.parametrize("pool", [dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
                                   dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2])])
-def test_max_pool_of_blocked_outputs_stays_blocked(pool, capfd):
+@pytest.mark.parametrize("channels", [(16, 8), (64, 24)])
+def test_max_pool_of_blocked_outputs_stays_blocked(pool, channels, capfd):
     """Max pooling of a concatenation of convolutions' blocked outputs (inception's pool branch)
     pools the blocked buffer into the same layout (cpu_dnnl_blocked_max_pool), and the next
     convolution takes it as it is: the only unblocking is the graph output's. Windows with
-    padding, ceil mode's partial windows and dilation. Outputs equal ORT's CPU EP."""
+    padding, ceil mode's partial windows and dilation; 24 and 88 channels (channels-last on
+    AVX-512 machines: 16-lane blocks and a rest). Outputs equal ORT's CPU EP."""
     rng = np.random.default_rng(31)
+    ca, cb = channels
     x = rng.standard_normal((1, 8, 13, 11)).astype(np.float32)
-    inits = [_init("w1", rng.standard_normal((16, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((8, 8, 3, 3)) * 0.3),
-             _init("w3", rng.standard_normal((16, 24, 1, 1)) * 0.3)]
+    inits = [_init("w1", rng.standard_normal((ca, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((cb, 8, 3, 3)) * 0.3),
+             _init("w3", rng.standard_normal((16, ca + cb, 1, 1)) * 0.3)]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
              helper.make_node("Concat", ["a", "b"], ["c"], axis=1), helper.make_node("MaxPool", ["c"], ["p"], **pool),
              helper.make_node("Conv", ["p", "w3"], ["y"])]
