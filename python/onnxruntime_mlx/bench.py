@@ -865,6 +865,14 @@ def run(args) -> int:
             " ".join(sys.argv[2:] if len(sys.argv) > 2 else []), "device": args.device,
             "quick": args.quick, "onnxruntime": ort.__version__, "mlx": mx.__version__,
             "cpus": os.cpu_count(), "elapsed_s": round(time.perf_counter() - t0, 1)}
+    # Which sgemm kernels MLX's CPU products ran (OPENBLAS_CORETYPE, set machine-wide on some
+    # hosts, halves them on an AVX-512 CPU; README Troubleshooting).
+    from onnxruntime_mlx import doctor
+    meta["openblas_core"] = doctor.openblas_core(doctor.sgemm_provider())
+    meta["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
+    blas = f", OpenBLAS {meta['openblas_core']}" if meta["openblas_core"] else ""
+    if meta["openblas_coretype"] is not None:
+        blas += f" (OPENBLAS_CORETYPE={meta['openblas_coretype']})"
     tf32 = ""
     if args.device == "gpu":
         meta["tf32"] = getattr(args, "tf32", 0)
@@ -872,7 +880,7 @@ def run(args) -> int:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results, **summary,
                                                 "overhead": overhead}, indent=1))
     md = f"Benchmark {meta['date']} (device {args.device}, ORT {meta['onnxruntime']}, MLX {meta['mlx']}, " \
-         f"{meta['cpus']} CPUs, {meta['elapsed_s']} s{tf32})\n\n" + table(summary, overhead, results)
+         f"{meta['cpus']} CPUs, {meta['elapsed_s']} s{blas}{tf32})\n\n" + table(summary, overhead, results)
     (out / "bench.md").write_text(md)
     plotted = plot(summary, out / "bench.png")
     print(md)

@@ -31,6 +31,12 @@ def test_bench_quick_runs_every_group(tmp_path):
             st = res["ep_stats"]
             assert st["runs"] > 0 and st["eval_arrays"] > 0 and st["empty_operand_runs"] == 0, st
     assert "EP statistics" in (tmp_path / "bench.md").read_text()
+    # The header names OpenBLAS's kernels (and the variable that forces them), and the LLM cases
+    # their phases' seconds.
+    assert data["meta"]["openblas_core"], data["meta"]
+    assert f"OpenBLAS {data['meta']['openblas_core']}" in (tmp_path / "bench.md").read_text()
+    assert all(set(res["phase_s"]) >= {"session", "prefill@32", "decode@32"}
+               for (_, provider), res in llm.items() if provider in ("mlx", "cpu"))
 
 
 def test_case_timeout_keeps_the_figures_finished(tmp_path):
