@@ -171,7 +171,10 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
     """One random array per graph input, from the input's type and (made concrete) shape.
 
     Floats: standard normal. Integers: [0, 100) for signed/unsigned types alike (a guess that
-    stays inside most vocabularies and index ranges). Bools: fair coin. Strings: a few words."""
+    stays inside most vocabularies and index ranges), except inputs named like a mask
+    (attention_mask): ones, every position attended, as real inputs mostly are (random integers
+    there turn an encoder's additive mask into +inf scores). Bools: fair coin. Strings: a few
+    words."""
     rng = np.random.default_rng(seed)
     feeds = {}
     used: set[str] = set()
@@ -193,6 +196,8 @@ def random_feeds(session: ort.InferenceSession, dims: dict[str, int],
                                 "it (give it with --input)")
         if dtype == np.bool_:
             arr = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer) and "mask" in inp.name.lower():
+            arr = np.ones(shape, dtype)
         elif np.issubdtype(dtype, np.integer):
             arr = rng.integers(0, min(100, np.iinfo(dtype).max), size=shape).astype(dtype)
         else:

@@ -204,6 +204,22 @@ def test_openblas_advice():
     assert openblas_advice("Haswell", None, {"avx2", "fma", "avx512f"}) is None  # not all of them
 
 
+def test_random_feeds_attend_everywhere():
+    """The CLI's and tools' random inputs (runner.random_feeds): an integer input named like a
+    mask is all ones (random integers there make an encoder's additive mask +inf), other
+    integers stay in [0, 100)."""
+    from onnxruntime_mlx import runner
+    g = helper.make_graph([helper.make_node("Add", ["input_ids", "attention_mask"], ["y"])], "g",
+                          [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+                           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = runner.random_feeds(s, runner.dims_of(s, {}, {"b": 2, "s": 64}), 0, {})
+    assert feeds["attention_mask"].shape == (2, 64) and (feeds["attention_mask"] == 1).all()
+    assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 100 and feeds["input_ids"].max() > 1
+
+
 # -- fallback and errors ----------------------------------------------------------------------
 
 def _fallback_model():
