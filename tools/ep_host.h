@@ -148,7 +148,7 @@ inline std::vector<Ort::ConstEpDevice> mlx_cpu_devices(Ort::Env& env) {
 
 // Session options with the MLX EP on the CPU device, every node on MLX (a session with a
 // declined node fails): this checks the EP's code, not ORT's CPU kernels. `extra`: more EP
-// options (README "Options"), e.g. {"compile", "0"}.
+// options (docs/options.md), e.g. {"compile", "0"}.
 inline Ort::SessionOptions mlx_options(Ort::Env& env, const std::vector<Ort::ConstEpDevice>& mlx,
                                        std::unordered_map<std::string, std::string> extra = {}) {
   Ort::SessionOptions so;

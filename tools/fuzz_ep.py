@@ -173,7 +173,7 @@ FLAGS = {"keepdims", "ceil_mode", "noop_with_empty_axes", "training_mode", "sele
 
 
 def known_mismatch(m, feeds=None) -> str | None:
-    """Differences from the CPU EP already triaged (README "Reliability"): counted, not raised,
+    """Differences from the CPU EP already triaged (docs/performance.md "Reliability gates"): counted, not raised,
     so a bounded run stops only at new findings. Remove an entry once its cause is fixed (the
     matching regression test in tests/python/test_fuzz_regressions.py then says so)."""
     for n in m.graph.node:

@@ -1,4 +1,4 @@
-"""Reliability gates, long forms (README "Reliability"; the fast forms run in scripts/test).
+"""Reliability gates, long forms (docs/performance.md "Reliability gates"; the fast forms run in scripts/test).
 
     python tools/reliability.py leak    [--sessions 500 --runs 2]   RSS + MLX memory over session churn
     python tools/reliability.py threads [--threads 16 --iters 200]  shared + separate sessions

@@ -323,7 +323,7 @@ def session_options(device: str = "auto", *, fallback: bool = True,
                     so: ort.SessionOptions | None = None, **provider_options) -> ort.SessionOptions:
     """SessionOptions with the MLX EP added for `device` (auto picks MLX's GPU when there is one).
 
-    provider_options: see OPTIONS (and README "Options"); an unknown key or a bad value raises
+    provider_options: see OPTIONS (and docs/options.md); an unknown key or a bad value raises
     OptionError (a ValueError) naming the key and what it allows, before ORT sees it.
     fallback=False sets session.disable_cpu_ep_fallback=1, so a session fails unless every
     node runs on MLX. Create the session with InferenceSession() below, or pass

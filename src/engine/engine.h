@@ -45,7 +45,7 @@ struct Options {
   size_t pinned_inputs = 1 << 20;
   // MatMulNBits accuracy_level 4 int8 activations (EngineHooks): -1 on the CPU device only.
   int int8_emulation = -1;
-  // Choices between two exact translations, kept for comparisons (README "Options"; off = the
+  // Choices between two exact translations, kept for comparisons (docs/options.md; off = the
   // plainer form). step_order: engine/shape_family.cc; the others: ops/switches.h.
   bool step_order = true;    // a shape family's runs take fixed steps as early as they can
   bool fused_rotary = true;  // rotary halves rotated by one compiled kernel

@@ -1,5 +1,5 @@
 // EP options: provider options (session config entries "ep.mlxexecutionprovider.<key>") over
-// environment variables (ORT_MLX_<KEY>) over defaults. Documented in README "Options".
+// environment variables (ORT_MLX_<KEY>) over defaults. Documented in docs/options.md.
 #pragma once
 
 #include <map>

@@ -1,5 +1,5 @@
-// Engine options that choose between two exact translations of the same nodes (README
-// "Options": fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, cpu_dnnl_matmul, int4_dense_rows, ...), as translators and their helpers
+// Engine options that choose between two exact translations of the same nodes (docs/options.md:
+// fused_rotary, zero_bias, grouped_kv, cpu_gemv, gpu_kernels, flat_products, cpu_dnnl, cpu_dnnl_matmul, int4_dense_rows, ...), as translators and their helpers
 // read them. The engine sets them for each translation (Program::run_steps, a SwitchesScope);
 // outside one (a C++ test calling a translator directly) every switch is on, the default.
 // Thread-local rather than an EngineHooks field: the rotary rotation and the CPU kernels are

@@ -1,4 +1,4 @@
-"""The engine options that choose between two exact translations (README "Options": step_order,
+"""The engine options that choose between two exact translations (docs/options.md: step_order,
 fused_rotary, zero_bias, grouped_kv, cpu_gemv) reach the code they switch, given as a provider
 option or through their environment alias (ORT_MLX_<NAME>), and change nothing in the results.
 Each test sees the switch's effect in what MLX evaluates (log_level=3 names every primitive of an

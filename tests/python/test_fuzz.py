@@ -1,4 +1,4 @@
-"""A short, bounded pass of tools/fuzz_ep.py (the long form is in README "Reliability"): mutated
+"""A short, bounded pass of tools/fuzz_ep.py (the long form is in docs/performance.md "Reliability gates"): mutated
 node-test models run on the MLX EP and on ORT's CPU EP in one process. It fails on a crash of
 the process or on a result that differs from the CPU EP and is not a triaged known mismatch
 (fuzz_ep.known_mismatch). Starts from the committed corpus tests/fuzz_corpus/."""

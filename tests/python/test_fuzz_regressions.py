@@ -1,4 +1,4 @@
-"""Regression tests for what tools/fuzz_ep.py found (README "Reliability"). Each compares with
+"""Regression tests for what tools/fuzz_ep.py found (docs/performance.md "Reliability gates"). Each compares with
 ORT's CPU EP, or with numpy where ORT's own kernel is the one that crashes."""
 import numpy as np
 import onnxruntime as ort

@@ -1,4 +1,4 @@
-"""Reliability gates, fast forms (the long forms are tools/reliability.py; README "Reliability").
+"""Reliability gates, fast forms (the long forms are tools/reliability.py; docs/performance.md "Reliability gates").
 
 Bad models and inputs must give an error status (or run correctly on the fallback), never a
 crash, and the next good run in the same session must still be correct. Runs must be correct
