@@ -16,11 +16,8 @@ pytestmark = pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's
 
 
 def _avx512_core():
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+    from onnxruntime_mlx.doctor import cpu_flags
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu_flags()
 
 
 # oneDNN 2.6 leaves a convolution's output channel-blocked (nChw8c, nChw16c) on AVX2 machines and

@@ -115,11 +115,12 @@ constexpr const char* kBody = R"(
   const int r0 = lo > split * CH ? lo : split * CH;
   const int r1 = p + 1 < (split + 1) * CH ? p + 1 : (split + 1) * CH;  // exclusive
   const int nr = r1 - r0;
+  const size_t slot = (size_t)bn * S + split;  // this block's part (S > 1)
   if (S > 1 && nr <= 0) {  // a split past the valid rows (the same for the whole block)
-    for (int d = tid; d < D; d += NT) part_acc[((size_t)bn * S + split) * D + d] = 0.f;
+    for (int d = tid; d < D; d += NT) part_acc[slot * D + d] = 0.f;
     if (tid == 0) {
-      part_ml[((size_t)bn * S + split) * 2] = neg_inf;
-      part_ml[((size_t)bn * S + split) * 2 + 1] = 0.f;
+      part_ml[slot * 2] = neg_inf;
+      part_ml[slot * 2 + 1] = 0.f;
     }
     return;
   }
@@ -213,12 +214,12 @@ constexpr const char* kBody = R"(
     if (S == 1) {
       out[(size_t)bn * D + d] = static_cast<T>(sum / l);
     } else {
-      part_acc[((size_t)bn * S + split) * D + d] = sum;
+      part_acc[slot * D + d] = sum;
     }
   }
   if (S > 1 && tid == 0) {
-    part_ml[((size_t)bn * S + split) * 2] = m;
-    part_ml[((size_t)bn * S + split) * 2 + 1] = l;
+    part_ml[slot * 2] = m;
+    part_ml[slot * 2 + 1] = l;
   }
 )";
 
