@@ -281,6 +281,7 @@ for i in range(6):  # six [n, n] float32 intermediates (4 MiB each) a run, freed
 g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n, n])],
                       [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], [w])
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
 opts = dict(a.split("=") for a in sys.argv[1:])
 s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, **opts))
 x = np.ones((4, n, n), np.float32)

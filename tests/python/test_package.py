@@ -214,6 +214,7 @@ def test_random_feeds_attend_everywhere():
                            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
                           [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
     s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = runner.random_feeds(s, runner.dims_of(s, {}, {"b": 2, "s": 64}), 0, {})
     assert feeds["attention_mask"].shape == (2, 64) and (feeds["attention_mask"] == 1).all()

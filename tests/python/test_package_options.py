@@ -197,6 +197,7 @@ def test_unwritable_report_path_fails_session_creation(tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
     bad = tmp_path / "no such folder" / "report.jsonl"
     with pytest.raises(Exception, match="report_path.*no such folder"):
         om.InferenceSession(model.SerializeToString(), "cpu", report_path=str(bad))

