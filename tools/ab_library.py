@@ -5,6 +5,11 @@ B/A ratio of their medians.
 
     python tools/ab_library.py --a OLD.so --b NEW.so MODEL.onnx... [--rounds 5] [--runs 500]
         [--device cpu] [--dim name=value]
+    python tools/ab_library.py --env-a OMP_WAIT_POLICY=PASSIVE --env-b GOMP_SPINCOUNT=5000 MODEL.onnx...
+
+--env-a / --env-b (KEY=VALUE, repeatable; KEY= removes KEY) set each side's environment: settings
+read once a process, such as the OpenMP runtime's, compared with one library ($ORT_MLX_EP_LIBRARY
+unless --a / --b name one).
 
 Used for changes whose cost should be nil when unused, e.g. the trace spans with tracing off.
 A copy of the library loads oneDNN from its own folder: put libdnnl.so.2 and libOpenCL.so.1 (links
@@ -35,8 +40,14 @@ print(json.dumps({"median_us": sorted(t)[len(t) // 2] * 1e6}))
 """
 
 
-def one(lib, model, device, runs, dims):
+def one(lib, model, device, runs, dims, extra_env=()):
     env = dict(os.environ, ORT_MLX_EP_LIBRARY=lib)
+    for kv in extra_env:
+        key, value = kv.split("=", 1)
+        if value:
+            env[key] = value
+        else:
+            env.pop(key, None)
     r = subprocess.run([sys.executable, "-c", WORKER, model, device, str(runs), json.dumps(dims)],
                        env=env, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])["median_us"]
@@ -44,22 +55,26 @@ def one(lib, model, device, runs, dims):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--a", required=True)
-    ap.add_argument("--b", required=True)
+    ap.add_argument("--a", default=os.environ.get("ORT_MLX_EP_LIBRARY"))
+    ap.add_argument("--b", default=os.environ.get("ORT_MLX_EP_LIBRARY"))
+    ap.add_argument("--env-a", action="append", default=[])
+    ap.add_argument("--env-b", action="append", default=[])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=500)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dim", action="append", default=[])
     args = ap.parse_args()
+    if not args.a or not args.b:
+        ap.error("name the libraries (--a, --b) or set ORT_MLX_EP_LIBRARY")
     dims = {k: int(v) for k, v in (d.split("=") for d in args.dim)}
     print(f"| model | A median µs (per round) | B median µs (per round) | B/A |")
     print("|---|---|---|---:|")
     for model in args.models:
         a, b = [], []
         for _ in range(args.rounds):
-            a.append(one(args.a, model, args.device, args.runs, dims))
-            b.append(one(args.b, model, args.device, args.runs, dims))
+            a.append(one(args.a, model, args.device, args.runs, dims, args.env_a))
+            b.append(one(args.b, model, args.device, args.runs, dims, args.env_b))
         ratio = statistics.median(b) / statistics.median(a)
         print(f"| {os.path.basename(model)} | {', '.join(f'{x:.1f}' for x in a)} | "
               f"{', '.join(f'{x:.1f}' for x in b)} | {ratio:.3f} |")

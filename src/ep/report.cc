@@ -65,6 +65,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()
     << ",\"process_dnnl_matmul_failures\":" << ops::cpu_dnnl_matmul_failures()
+    << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

@@ -385,3 +385,59 @@ def test_depthwise_conv_after_a_channel_shuffle(capfd):
     x = rng.standard_normal((1, C, 14, 14)).astype(np.float32)
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
     assert prims.get("DepthwiseConv") == 1 and "DnnlConvBlocked" not in prims and "DnnlUnblock" not in prims, prims
+
+
+_OPENMP_PROBE = """
+import ctypes, json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.1, "w")
+g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                       helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+                       helper.make_node("Softmax", ["p"], ["y"], axis=-1)], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 96, 96])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+x = rng.standard_normal((2, 8, 96, 96)).astype(np.float32)
+report = sys.argv[1]
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, report_path=report))
+for _ in range(3):
+    y = s.run(None, {"x": x})[0]
+ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+print(json.dumps({"regions": line["process_openmp_regions"], "convs": line["process_dnnl_convs"],
+                  "diff": float(np.abs(y - ref).max()),
+                  "spincount": (getenv(b"GOMP_SPINCOUNT") or b"").decode()}))
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"ORT_MLX_CPU_OPENMP_POOL": "0"}, {"OMP_WAIT_POLICY": "PASSIVE"}])
+def test_cpu_kernels_share_openmps_threads(env, tmp_path):
+    """With oneDNN loaded, the EP's CPU kernels split their loops over OpenMP's threads (the ones
+    oneDNN's convolutions run on), and libgomp's workers spin 5000 pauses between regions unless
+    the user chose a wait policy; ORT_MLX_CPU_OPENMP_POOL=0 keeps the EP's own pool. Outputs equal
+    ORT's CPU EP either way. Broken by the loops back on a separate pool, the spin count not set,
+    or a user's OMP_WAIT_POLICY overridden."""
+    import json
+    import os
+    import subprocess
+    import sys
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the kernels do not split")
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", _OPENMP_PROBE, str(tmp_path / "r.jsonl")],
+                         env={**base, **env}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["convs"] == 0:
+        pytest.skip("oneDNN is not loaded here")
+    assert got["diff"] < 1e-4, got
+    if env.get("ORT_MLX_CPU_OPENMP_POOL") == "0":
+        assert got["regions"] == 0, got
+    else:
+        assert got["regions"] >= 3, got  # the pooling and the softmax of each run, at least
+    assert got["spincount"] == ("" if "OMP_WAIT_POLICY" in env else "5000"), got

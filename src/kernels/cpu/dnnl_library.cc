@@ -5,7 +5,11 @@
 
 #ifdef ORTMLX_HAVE_DNNL
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <string>
 
 #include <dlfcn.h>
@@ -17,9 +21,13 @@ namespace {
 // This library's own folder first (the wheel and the build tree put oneDNN there, with the
 // OpenCL loader it links against), then the system's search path.
 void* open_library() {
-  // libgomp reads this once, when it loads: OpenMP's workers then sleep after a oneDNN call
-  // instead of spinning beside the MLX stream thread and BLAS's threads. A user's value wins.
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  // libgomp reads these once, when it loads. Its workers wait for the next parallel region
+  // spinning ~0.1 ms (5000 pauses) before they sleep: waking a sleeping one takes tens of µs, more
+  // than a small convolution, and the CPU kernels' loops run on the same workers
+  // (openmp_parallel_for), so a model's back-to-back kernels find them awake. Spinning longer
+  // would hold the core from BLAS's threads and the rest of the process. A user's setting wins.
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT"))
+    ::setenv("GOMP_SPINCOUNT", "5000", 0);
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&open_library), &info) && info.dli_fname) {
     std::string dir = info.dli_fname;
@@ -50,6 +58,10 @@ DnnlLibrary::DnnlLibrary() {
   omp_set_num_threads = reinterpret_cast<void (*)(int)>(::dlsym(h, "omp_set_num_threads"));
   omp_get_max_threads = reinterpret_cast<int (*)()>(::dlsym(h, "omp_get_max_threads"));
   if (!omp_set_num_threads || !omp_get_max_threads) omp_set_num_threads = nullptr, omp_get_max_threads = nullptr;
+  gomp_parallel = reinterpret_cast<decltype(gomp_parallel)>(::dlsym(h, "GOMP_parallel"));
+  omp_get_thread_num = reinterpret_cast<int (*)()>(::dlsym(h, "omp_get_thread_num"));
+  omp_get_num_threads = reinterpret_cast<int (*)()>(::dlsym(h, "omp_get_num_threads"));
+  if (!gomp_parallel || !omp_get_thread_num || !omp_get_num_threads) gomp_parallel = nullptr;
   if (primitive_attr_create(&user_scratchpad) != dnnl_success ||
       primitive_attr_set_scratchpad_mode(user_scratchpad, dnnl_scratchpad_mode_user) != dnnl_success) {
     engine_destroy(engine);
@@ -68,6 +80,59 @@ const DnnlLibrary& dnnl_lib() {
 }
 
 bool cpu_dnnl_available() { return dnnl_lib().engine != nullptr; }
+
+namespace {
+
+struct Region {
+  const std::function<void(int64_t, int64_t)>* fn;
+  int64_t n, per;
+  int parts;
+  std::mutex mutex;
+  std::exception_ptr error;  // the first thrown; an exception must not leave an OpenMP region
+};
+
+// Each thread of the region takes parts t, t + threads, ...: the runtime may start fewer threads
+// than asked for.
+void run_region(void* data) {
+  auto& r = *static_cast<Region*>(data);
+  const auto& l = dnnl_lib();
+  const int threads = std::max(1, l.omp_get_num_threads());
+  for (int p = l.omp_get_thread_num(); p < r.parts; p += threads) {
+    const int64_t b = p * r.per, e = std::min(r.n, b + r.per);
+    if (b >= e) continue;
+    try {
+      (*r.fn)(b, e);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      if (!r.error) r.error = std::current_exception();
+    }
+  }
+}
+
+std::atomic<uint64_t> g_regions{0};
+
+bool openmp_pool_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ORT_MLX_CPU_OPENMP_POOL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool openmp_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
+  if (!openmp_pool_enabled()) return false;
+  const auto& l = dnnl_lib();
+  if (!l.engine || !l.gomp_parallel) return false;
+  Region r{&fn, n, (n + parts - 1) / parts, parts, {}, {}};
+  l.gomp_parallel(&run_region, &r, static_cast<unsigned>(parts), 0);
+  g_regions.fetch_add(1, std::memory_order_relaxed);
+  if (r.error) std::rethrow_exception(r.error);
+  return true;
+}
+
+uint64_t cpu_openmp_regions() { return g_regions.load(std::memory_order_relaxed); }
 
 ThreadLimit::ThreadLimit(int threads) {
   const auto& l = dnnl_lib();
@@ -88,6 +153,8 @@ ThreadLimit::~ThreadLimit() {
 namespace ortmlx::ops {
 
 bool cpu_dnnl_available() { return false; }
+bool openmp_parallel_for(int64_t, int, const std::function<void(int64_t, int64_t)>&) { return false; }
+uint64_t cpu_openmp_regions() { return 0; }
 
 }  // namespace ortmlx::ops
 

@@ -5,6 +5,20 @@
 // oneDNN's headers at build time.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+
+namespace ortmlx::ops {
+
+// Runs fn(begin, end) over [0, n) cut into `parts` ranges on the OpenMP threads oneDNN runs on
+// (libgomp, loaded with it), the calling thread taking a share, so that the CPU kernels' loops
+// (cpu_parallel_for) and the convolutions use one set of workers, which spin a while between
+// regions instead of being woken each time. False, having run nothing, where oneDNN or libgomp is
+// not loaded or the environment sets ORT_MLX_CPU_OPENMP_POOL=0 (read once a process).
+bool openmp_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace ortmlx::ops
+
 #ifdef ORTMLX_HAVE_DNNL
 
 #include <oneapi/dnnl/dnnl.h>
@@ -37,6 +51,11 @@ struct DnnlLibrary {
   // convolution runs on the calling thread alone (ThreadLimit). Null where it is not found.
   void (*omp_set_num_threads)(int) = nullptr;
   int (*omp_get_max_threads)() = nullptr;
+  // What `#pragma omp parallel num_threads(n)` compiles to, and a thread's place in the region
+  // (openmp_parallel_for). Null where not found.
+  void (*gomp_parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;
+  int (*omp_get_thread_num)() = nullptr;
+  int (*omp_get_num_threads)() = nullptr;
 
   DnnlLibrary();
   ~DnnlLibrary();

@@ -202,6 +202,8 @@ uint64_t cpu_dnnl_conv_one_thread_runs();
 // Geometries left to MLX because oneDNN offered only a GEMM-based implementation for them (its
 // JIT GEMM kernels are not safe against signals: dnnl_conv.cc).
 uint64_t cpu_dnnl_conv_gemm_refusals();
+// The CPU kernels' parallel loops run on OpenMP's threads in this process (openmp_parallel_for).
+uint64_t cpu_openmp_regions();
 
 // x @ w for a float32 x [..., M, K] (its rows taken flat: M_total = x.size() / K) and a 2-D
 // float32 w [K, N], as one MLX primitive that calls oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc)

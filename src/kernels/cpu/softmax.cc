@@ -16,6 +16,7 @@
 #include <mlx/primitives.h>
 #include <mlx/threadpool.h>
 
+#include "kernels/cpu/dnnl_library.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/simd.h"
 
@@ -38,6 +39,8 @@ int cpu_threads() {
 
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
   parts = static_cast<int>(std::clamp<int64_t>(parts, 1, std::max<int64_t>(n, 1)));
+  if (parts == 1) return fn(0, n);
+  if (openmp_parallel_for(n, parts, fn)) return;
   const int64_t per = (n + parts - 1) / parts;
   std::vector<std::future<void>> done;
   for (int p = 1; p < parts; ++p) {
