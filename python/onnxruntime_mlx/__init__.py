@@ -202,6 +202,11 @@ def _preload_blas() -> None:
     import ctypes
     import ctypes.util
     import sys
+    # OpenBLAS's workers spin (yielding) for 2^28 TSC cycles (~0.1 s) after each call before they
+    # sleep: one spinning beside oneDNN's two OpenMP threads leaves those to share a core, and a
+    # CNN's runs take ~2.5x their time in streaks. 2^20 (~0.3 ms) still bridges a model's
+    # back-to-back products. OpenBLAS reads it once, when it loads; a user's value wins.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
     choice = os.environ.get("ORT_MLX_BLAS", "")
     if choice == "bundled" or not sys.platform.startswith("linux"):
         blas_preload = "none (ORT_MLX_BLAS=bundled)" if choice else "none (not Linux)"

@@ -204,6 +204,29 @@ def test_openblas_advice():
     assert openblas_advice("Haswell", None, {"avx2", "fma", "avx512f"}) is None  # not all of them
 
 
+_BLAS_TIMEOUT_PROBE = """
+import ctypes, onnxruntime_mlx
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+print((getenv(b"OPENBLAS_THREAD_TIMEOUT") or b"").decode())
+"""
+
+
+@pytest.mark.parametrize("user", [None, "24"])
+def test_openblas_workers_sleep_soon_after_a_call(user):
+    """Importing the package sets OPENBLAS_THREAD_TIMEOUT=20 (OpenBLAS's workers sleep ~0.3 ms
+    after a call instead of spinning ~0.1 s beside oneDNN's OpenMP threads) before it loads
+    OpenBLAS, which reads it as it loads; a user's value wins. Broken by the default dropped or
+    a user's value overridden."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if user:
+        env["OPENBLAS_THREAD_TIMEOUT"] = user
+    out = subprocess.run([sys.executable, "-c", _BLAS_TIMEOUT_PROBE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == (user or "20"), out.stdout
+
+
 def test_random_feeds_attend_everywhere():
     """The CLI's and tools' random inputs (runner.random_feeds): an integer input named like a
     mask is all ones (random integers there make an encoder's additive mask +inf), other
