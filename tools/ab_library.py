@@ -7,6 +7,9 @@ B/A ratio of their medians.
         [--device cpu] [--dim name=value]
     python tools/ab_library.py --env-a OMP_WAIT_POLICY=PASSIVE --env-b GOMP_SPINCOUNT=5000 MODEL.onnx...
 
+`--b cpu-ep` runs ORT's CPU EP on the B side (each EP in its own processes, so neither one's
+spinning threads run during the other's runs). `--shape 1x3x48x192`: one float32 input of that
+shape (models whose dims have no names).
 --env-a / --env-b (KEY=VALUE, repeatable; KEY= removes KEY) set each side's environment: settings
 read once a process, such as the OpenMP runtime's, compared with one library ($ORT_MLX_EP_LIBRARY
 unless --a / --b name one).
@@ -26,9 +29,17 @@ import json, sys, time
 import numpy as np
 import onnxruntime_mlx as om
 from onnxruntime_mlx import runner
-model, device, runs, dims = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
-s = om.InferenceSession(model, device, fallback=False)
-feeds = runner.random_feeds(s, runner.dims_of(s, {}, dims), 0, {})
+model, device, runs, dims, shape = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+if sys.argv[6] == "cpu-ep":
+    import onnxruntime as ort
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+else:
+    s = om.InferenceSession(model, device, fallback=False)
+if shape:  # one float32 input of this shape
+    feeds = {s.get_inputs()[0].name: np.random.default_rng(0).standard_normal(
+        [int(v) for v in shape.split("x")]).astype(np.float32)}
+else:
+    feeds = runner.random_feeds(s, runner.dims_of(s, {}, dims), 0, {})
 for _ in range(20):
     s.run(None, feeds)
 t = []
@@ -40,15 +51,16 @@ print(json.dumps({"median_us": sorted(t)[len(t) // 2] * 1e6}))
 """
 
 
-def one(lib, model, device, runs, dims, extra_env=()):
-    env = dict(os.environ, ORT_MLX_EP_LIBRARY=lib)
+def one(lib, model, device, runs, dims, extra_env=(), shape=""):
+    env = dict(os.environ, ORT_MLX_EP_LIBRARY=lib if lib != "cpu-ep" else os.environ.get("ORT_MLX_EP_LIBRARY", ""))
     for kv in extra_env:
         key, value = kv.split("=", 1)
         if value:
             env[key] = value
         else:
             env.pop(key, None)
-    r = subprocess.run([sys.executable, "-c", WORKER, model, device, str(runs), json.dumps(dims)],
+    r = subprocess.run([sys.executable, "-c", WORKER, model, device, str(runs), json.dumps(dims), shape,
+                        "cpu-ep" if lib == "cpu-ep" else "ep"],
                        env=env, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])["median_us"]
 
@@ -64,6 +76,7 @@ def main():
     ap.add_argument("--runs", type=int, default=500)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dim", action="append", default=[])
+    ap.add_argument("--shape", default="", help="one float32 input of this shape, e.g. 1x3x48x192")
     args = ap.parse_args()
     if not args.a or not args.b:
         ap.error("name the libraries (--a, --b) or set ORT_MLX_EP_LIBRARY")
@@ -73,8 +86,8 @@ def main():
     for model in args.models:
         a, b = [], []
         for _ in range(args.rounds):
-            a.append(one(args.a, model, args.device, args.runs, dims, args.env_a))
-            b.append(one(args.b, model, args.device, args.runs, dims, args.env_b))
+            a.append(one(args.a, model, args.device, args.runs, dims, args.env_a, args.shape))
+            b.append(one(args.b, model, args.device, args.runs, dims, args.env_b, args.shape))
         ratio = statistics.median(b) / statistics.median(a)
         print(f"| {os.path.basename(model)} | {', '.join(f'{x:.1f}' for x in a)} | "
               f"{', '.join(f'{x:.1f}' for x in b)} | {ratio:.3f} |")

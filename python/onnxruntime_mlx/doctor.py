@@ -195,6 +195,22 @@ def onednn_line() -> str:
             "libdnnl.so.2; it needs the system's libgomp, GCC's OpenMP runtime)")
 
 
+def threads_line() -> str:
+    """The process-wide settings that decide whether the CPU device's worker threads (OpenMP's,
+    which oneDNN and the EP's kernels share, and OpenBLAS's) spin or sleep between kernels, as
+    the process sees them once the EP and oneDNN are loaded (docs/options.md)."""
+    import ctypes
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+
+    def value(key: str) -> str:
+        v = getenv(key.encode())
+        return v.decode() if v is not None else "unset"
+    pool = "the EP's own" if value("ORT_MLX_CPU_OPENMP_POOL") == "0" else "OpenMP's"
+    return (f"CPU threads      GOMP_SPINCOUNT={value('GOMP_SPINCOUNT')} OMP_WAIT_POLICY={value('OMP_WAIT_POLICY')} "
+            f"OPENBLAS_THREAD_TIMEOUT={value('OPENBLAS_THREAD_TIMEOUT')}; the EP's kernels split over {pool} threads")
+
+
 def run(args: argparse.Namespace) -> int:
     om.register()  # the package's libmlx first, then mlx.core's (the same library)
     import mlx.core as mx
@@ -234,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             p(onednn_line())
         except Exception as e:  # noqa: BLE001 - report, do not trace back
             p(f"oneDNN           (could not check: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
+        p(threads_line())
         # Reference BLAS runs ~4 GFLOP/s where MLAS runs >100: a gap that load cannot explain.
         if r["mlx_gflops"] < 0.2 * r["cpu_gflops"] and args.device != "gpu":
             p("WARNING: the EP's sgemm is at reference-BLAS speed: install OpenBLAS "

@@ -179,17 +179,24 @@ def test_cli_doctor_sgemm():
 def test_cli_doctor_names_openblas_kernels():
     """doctor names the kernel set OpenBLAS picked for libmlx, and warns when OPENBLAS_CORETYPE
     forces narrower kernels than the CPU has (a machine-wide setting that halves the EP's sgemm
-    on an AVX-512 CPU). Broken by a doctor that no longer reads OpenBLAS's choice or the
-    variable."""
+    on an AVX-512 CPU); it also prints the worker threads' spin settings. Broken by a doctor
+    that no longer reads OpenBLAS's choice or the variable."""
     if oracle.DEVICE == "gpu":
         pytest.skip("checks this machine's mlx-cpu wheel setup (the BLAS libmlx resolves)")
     from onnxruntime_mlx import doctor
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OPENBLAS_CORETYPE="Haswell")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "ORT_MLX_CPU_OPENMP_POOL")}
+    env.update(PYTHONPATH=str(ROOT / "python"), OPENBLAS_CORETYPE="Haswell")
     r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "doctor", "--n", "64", "--runs", "1",
                         "--warmup", "0", "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "OpenBLAS core    Haswell (OPENBLAS_CORETYPE=Haswell)" in r.stdout, r.stdout
+    # the worker threads' settings the EP and the package chose (the variables were unset here)
+    threads = next(ln for ln in r.stdout.splitlines() if ln.startswith("CPU threads"))
+    assert "OPENBLAS_THREAD_TIMEOUT=20" in threads, threads
+    if "oneDNN           not loaded" not in r.stdout:
+        assert "GOMP_SPINCOUNT=5000 OMP_WAIT_POLICY=unset" in threads and "OpenMP's threads" in threads, threads
     avx512 = all(f in doctor.cpu_flags() for f in doctor.AVX512_FLAGS)
     assert ("WARNING: OPENBLAS_CORETYPE=Haswell forces" in r.stdout) == avx512, r.stdout
 
