@@ -20,7 +20,7 @@
 # The conformance run on the GPU device:
 #      GPU_TEST_PARTS=conformance GPU_TEST_DEVICES=gpu CONFORMANCE_JOBS=16 CONFORMANCE_LIMIT=480 \
 #        CONFORMANCE_DATA=/tmp/td/node scripts/gpu-test $OUT
-# and the oracle in two shards: GPU_TEST_PARTS=pytest GPU_TEST_SHARD=k/2 scripts/gpu-test $OUT.
+# and the oracle in four shards: GPU_TEST_PARTS=pytest GPU_TEST_SHARD=k/4 scripts/gpu-test $OUT.
 # A/Bs of one change in one process (tools/decode_steps.py), e.g. the shared KV buffer against
 # the growing cache, and ORT's CUDA EP on the same file:
 #      PYTHONPATH=python:$PYTHONPATH python3 tools/decode_steps.py /tmp/gpu-models/llama_cuda-fp16 --device gpu
