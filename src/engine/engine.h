@@ -75,9 +75,11 @@ struct Options {
   // head, combined after (0: one block a head)
   int gpu_attention_split_rows = 128;
   bool cpu_avx512 = true;          // on the CPU, the EP's kernels take their AVX-512 forms where the CPU has them
-  // MLX's CPU device: after a short evaluation, the next one polls its results for up to 100 us
+  // MLX's CPU device: after a short evaluation, the next one polls its results for a while
   // before sleeping until MLX's stream thread signals them (engine/program.cc: evaluate).
   bool cpu_poll = true;
+  // cpu_poll's window: an evaluation shorter than this makes the next one poll, for this long.
+  int64_t cpu_poll_us = 200;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

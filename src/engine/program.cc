@@ -75,14 +75,14 @@ thread_local const char* tl_last_run_path = "";
 // The choice rests on the last *polled* evaluation: one that slept takes the wake-up's time too,
 // so judging by it, one slow evaluation (another process on the core) would stop polling for
 // good. Every kPollProbeEvery-th evaluation polls regardless, to find out again.
-constexpr uint64_t kPollBelowNs = 100'000;
-constexpr auto kPollFor = std::chrono::microseconds(100);
+// The window (how short an evaluation must be, and how long the next one polls) is the option
+// cpu_poll_us.
 constexpr uint64_t kPollProbeEvery = 16;
 
-void evaluate(std::vector<mx::array>& arrays, bool poll) {
+void evaluate(std::vector<mx::array>& arrays, bool poll, std::chrono::microseconds poll_for) {
   if (!poll) return mx::eval(arrays);
   mx::async_eval(arrays);
-  const auto until = std::chrono::steady_clock::now() + kPollFor;
+  const auto until = std::chrono::steady_clock::now() + poll_for;
   do {
     bool done = true;
     for (const auto& a : arrays) done = done && a.is_available();
@@ -606,7 +606,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
-    const bool after_short = !opt_.gpu && (last_polled_eval_ns_.load(std::memory_order_relaxed) < kPollBelowNs ||
+    const bool after_short = !opt_.gpu && (last_polled_eval_ns_.load(std::memory_order_relaxed) <
+                                               static_cast<uint64_t>(opt_.cpu_poll_us) * 1000 ||
                                            evals_.fetch_add(1, std::memory_order_relaxed) % kPollProbeEvery == 0);
     {
       trace::Span span("phase", "evaluate");
@@ -624,7 +625,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
           std::cerr << "[MLX EP] fused node '" << name_ << "': run not kept as a CUDA graph: " << why << "\n";
         }
       } else {
-        evaluate(todo, poll);
+        evaluate(todo, poll, std::chrono::microseconds(opt_.cpu_poll_us));
       }
     }
     tl_last_eval_ns = elapsed_ns(t0);

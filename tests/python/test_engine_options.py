@@ -239,7 +239,7 @@ def test_cpu_poll(switch, tmp_path, value):
     # many there are depends on the machine's load)
     assert st["polled_evals"] == (st["after_short_evals"] if value else 0), st
     if value and st["after_short_evals"] == 0:
-        pytest.skip("no evaluation under 100 us on this machine now: polling never applied")
+        pytest.skip("no evaluation under cpu_poll_us on this machine now: polling never applied")
 
 
 def test_cpu_poll_probes_after_long_evaluations(tmp_path):
@@ -267,6 +267,38 @@ def test_cpu_poll_probes_after_long_evaluations(tmp_path):
     evals = st["runs"]  # one evaluation a run
     assert st["polled_evals"] == st["after_short_evals"], st
     assert 1 + (evals - 1) // 16 <= st["polled_evals"] <= 2 + evals // 16, st
+
+
+@pytest.mark.parametrize("window_us", [None, 100000])
+def test_cpu_poll_window_is_the_option(tmp_path, window_us):
+    """cpu_poll_us sets the window (default 200): evaluations of a few milliseconds (a cumulative
+    sum of 4M floats) are long under the default, so only the first and the probes poll; under a
+    100 ms window every one is short and each next one polls (ending as soon as the results are
+    there). Outputs equal ORT's CPU EP's. Broken by the option not reaching the engine."""
+    import gc
+    import json
+    x = rng.standard_normal((1, 1 << 22)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+                          [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    report = tmp_path / "report.jsonl"
+    opts = {} if window_us is None else {"cpu_poll_us": window_us}
+    sess = _session(model, report_path=str(report), **opts)
+    for _ in range(32):
+        (y,) = sess.run(None, {"x": x})
+    ref = run_cpu(model, {"x": x})[0]  # float32 sums of 4M terms: their order's rounding
+    np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+    del sess
+    gc.collect()
+    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    evals = st["runs"]
+    if window_us is None:
+        assert st["polled_evals"] <= 2 + evals // 16, st
+    else:
+        assert st["polled_evals"] >= evals - 1, st
 
 
 _CACHE_PROBE = """
