@@ -441,3 +441,30 @@ def test_cpu_kernels_share_openmps_threads(env, tmp_path):
     else:
         assert got["regions"] >= 3, got  # the pooling and the softmax of each run, at least
     assert got["spincount"] == ("" if "OMP_WAIT_POLICY" in env else "5000"), got
+
+
+@pytest.mark.parametrize("channels", [16, 24])
+def test_steps_after_the_post_ops_stay_blocked(channels, capfd):
+    """PP-LCNet's block: Conv, a scalar affine, HardSwish (as Add, Clip, Mul, Div), another scalar
+    affine, Conv. oneDNN takes the first affine and the HardSwish as post-ops but not the second
+    affine (a linear post-op repeated with other constants); that step runs on the convolution's
+    blocked buffer, so the next convolution reads it blocked and the one unblocking evaluated is
+    the model's output's. 24 channels: channels-last on AVX-512 machines, a partial nChw16c block
+    (unblocked as before) elsewhere. Outputs equal ORT's CPU EP. Broken by the steps applied after
+    the unblocking again."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, channels, 20, 20)).astype(np.float32)
+    inits = [_init("w1", rng.standard_normal((channels, channels, 3, 3)) * 0.1),
+             _init("w2", rng.standard_normal((channels, channels, 1, 1)) * 0.1)]
+    inits += [_init(n, v) for n, v in (("a1", 1.1), ("b1", 0.1), ("three", 3.0), ("zero", 0.0), ("six", 6.0),
+                                       ("a2", 0.9), ("b2", -0.2))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c1", "a1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["l1"]),
+             helper.make_node("Add", ["l1", "three"], ["h1"]), helper.make_node("Clip", ["h1", "zero", "six"], ["h2"]),
+             helper.make_node("Mul", ["l1", "h2"], ["h3"]), helper.make_node("Div", ["h3", "six"], ["h4"]),
+             helper.make_node("Mul", ["h4", "a2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["l2"]),
+             helper.make_node("Conv", ["l2", "w2"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4)
+    assert prims.get("DnnlConvBlocked") == 2, prims
+    if channels % 16 == 0 or CHANNELS_LAST:
+        assert prims.get("DnnlUnblock") == 1, prims

@@ -324,7 +324,15 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
   auto y = mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s, translation_switches().cpu_conv_blocked), x0.dtype(), c.s);
-  return apply_activations({steps.begin() + static_cast<std::ptrdiff_t>(covered), steps.end()}, y, c.s);
+  const std::vector<graph::ConvActivation> rest(steps.begin() + static_cast<std::ptrdiff_t>(covered), steps.end());
+  if (rest.empty()) return y;
+  // The steps oneDNN did not take (a kind repeated with other constants) are elementwise with
+  // scalar constants: run on the blocked buffer they leave the output blocked, so the next
+  // convolution reads it without an unblocking and a reorder back (PP-LCNet's affine after
+  // HardSwish after an affine).
+  auto on_buffer = [&](const std::vector<mx::array>& a) { return apply_activations(rest, a[0], c.s); };
+  if (auto z = cpu_dnnl_blocked_channel_map(y, {}, on_buffer, c.s)) return z;
+  return apply_activations(rest, y, c.s);
 }
 
 // 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
