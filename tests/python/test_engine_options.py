@@ -242,6 +242,19 @@ def test_cpu_poll(switch, tmp_path, value):
         pytest.skip("no evaluation under cpu_poll_us on this machine now: polling never applied")
 
 
+def _long_cumsum():
+    """A cumulative sum of 4M floats and its input: evaluations of milliseconds on MLX's CPU
+    device (its scan is one thread on any machine)."""
+    x = rng.standard_normal((1, 1 << 22)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+                          [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # (onnxruntime-gpu 1.31 reads IR versions up to 13)
+    return x, model
+
+
 def test_cpu_poll_probes_after_long_evaluations(tmp_path):
     """Polling follows the last *polled* evaluation, and every 16th evaluation polls regardless
     (engine/program.cc, kPollProbeEvery): judging by the last evaluation, which also took the
@@ -250,13 +263,7 @@ def test_cpu_poll_probes_after_long_evaluations(tmp_path):
     any machine) polls in its first evaluation and in those probes only."""
     import gc
     import json
-    x = rng.standard_normal((1, 1 << 22)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
-                          [numpy_helper.from_array(np.array(1, np.int64), "axis")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9  # (onnxruntime-gpu 1.31 reads IR versions up to 13)
+    x, model = _long_cumsum()
     report = tmp_path / "report.jsonl"
     sess = _session(model, report_path=str(report))
     for _ in range(48):
@@ -277,13 +284,7 @@ def test_cpu_poll_window_is_the_option(tmp_path, window_us):
     there). Outputs equal ORT's CPU EP's. Broken by the option not reaching the engine."""
     import gc
     import json
-    x = rng.standard_normal((1, 1 << 22)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
-                          [numpy_helper.from_array(np.array(1, np.int64), "axis")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
+    x, model = _long_cumsum()
     report = tmp_path / "report.jsonl"
     opts = {} if window_us is None else {"cpu_poll_us": window_us}
     sess = _session(model, report_path=str(report), **opts)
