@@ -468,3 +468,23 @@ def test_steps_after_the_post_ops_stay_blocked(channels, capfd):
     assert prims.get("DnnlConvBlocked") == 2, prims
     if channels % 16 == 0 or CHANNELS_LAST:
         assert prims.get("DnnlUnblock") == 1, prims
+
+
+def test_squeeze_excitation_reads_the_blocked_output(capfd):
+    """An SE block (MobileNetV3, PP-LCNet): a convolution's output x, its GlobalAveragePool, two
+    1x1 convolutions, HardSigmoid, then x times that per-channel scale, then a convolution. The
+    pooling reads x's blocked buffer (kernels.h, cpu_dnnl_blocked_global_mean) and the rescaling
+    runs on it, so x is never unblocked: the one unblocking evaluated is the output's. Outputs
+    equal ORT's CPU EP. Broken by the pooling reading NCHW again (x unblocked for it)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 32, 24, 24)).astype(np.float32)
+    inits = [_init(n, rng.standard_normal(s) * 0.2) for n, s in
+             (("w1", (32, 32, 3, 3)), ("w2", (8, 32, 1, 1)), ("w3", (32, 8, 1, 1)), ("w4", (16, 32, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["a"], ["p"]),
+             helper.make_node("Conv", ["p", "w2"], ["q"]), helper.make_node("Relu", ["q"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["t"]), helper.make_node("HardSigmoid", ["t"], ["h"]),
+             helper.make_node("Mul", ["a", "h"], ["m"]),
+             helper.make_node("Conv", ["m", "w4"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_min_flops=0)
+    assert prims.get("DnnlUnblock") == 1, prims

@@ -773,6 +773,21 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
   return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
 }
 
+std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::Stream s) {
+  if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32) return std::nullopt;
+  const DnnlUnblock* u = unblocking(x);
+  if (!u) return std::nullopt;
+  const auto [tag, block] = channel_blocked(x, *u);
+  const int C = x.shape(1);
+  if (!block || C % block) return std::nullopt;
+  // The buffer as [N, C / b, H * W, b]: the mean over axis 2 is [N, C / b, 1, b], channel k * b + lane.
+  const int b = static_cast<int>(block);
+  const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b};
+  const auto& buffer = x.inputs()[0];
+  auto m = mx::mean(buffer.shape() == view ? buffer : mx::reshape(buffer, view, s), 2, true, s);
+  return mx::reshape(m, {x.shape(0), C, 1, 1}, s);
+}
+
 std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
   if (!g.max || s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || g.out_h <= 0 ||
       g.out_w <= 0)
@@ -901,6 +916,7 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
 }
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array&, const CpuPool2d&, mx::Stream) { return std::nullopt; }
+std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,
                                                       const std::function<mx::array(const std::vector<mx::array>&)>&,
                                                       mx::Stream) {

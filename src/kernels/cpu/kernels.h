@@ -251,6 +251,11 @@ std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx:
 // layout under a new unblocking: a following convolution takes it as it is (inception's pool
 // branch, squeezenet's pools between fire modules). std::nullopt otherwise.
 std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s);
+// The per-channel mean over the positions of a convolution's blocked output (GlobalAveragePool:
+// an SE block's squeeze), read from its blocked buffer, as [N, C, 1, 1]: the output then needs no
+// unblocking when its other readers take the blocked buffer too (the SE block's rescaling, a
+// per-channel map). std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::Stream s);
 
 // The machine's hardware threads (at least 1).
 int cpu_threads();
