@@ -739,21 +739,38 @@ std::pair<dnnl_format_tag_t, int64_t> channel_blocked(const mx::array& x, const 
 }
 }  // namespace
 
-std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const std::vector<mx::array>& params,
-                                                      const std::function<mx::array(const std::vector<mx::array>&)>& f,
-                                                      mx::Stream s) {
+namespace {
+// A convolution's blocked output `x` (4-D float32 on the CPU device, channels a multiple of its
+// layout's block b, so no padding) as its buffer viewed [N, C / b, H * W, b], with its unblocking.
+struct BlockedBuffer {
+  mx::array view;
+  const DnnlUnblock* unblock;
+  int block;
+};
+std::optional<BlockedBuffer> blocked_buffer(const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32) return std::nullopt;
   const DnnlUnblock* u = unblocking(x);
   if (!u) return std::nullopt;
   const auto [tag, block] = channel_blocked(x, *u);
   const int C = x.shape(1);
   if (!block || C % block) return std::nullopt;
-  // The blocked buffer as [N, C / b, H * W, b] (no padding: C is a multiple of b); each
-  // parameter, [C, 1, 1] or [1, C, 1, 1] (or one value), as [1, C / b, 1, b].
   const int b = static_cast<int>(block);
-  const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b}, param{1, C / b, 1, b};
+  const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b};
   const auto& buffer = x.inputs()[0];
-  std::vector<mx::array> args{buffer.shape() == view ? buffer : mx::reshape(buffer, view, s)};
+  return BlockedBuffer{buffer.shape() == view ? buffer : mx::reshape(buffer, view, s), u, b};
+}
+}  // namespace
+
+std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const std::vector<mx::array>& params,
+                                                      const std::function<mx::array(const std::vector<mx::array>&)>& f,
+                                                      mx::Stream s) {
+  auto bb = blocked_buffer(x, s);
+  if (!bb) return std::nullopt;
+  // Each parameter, [C, 1, 1] or [1, C, 1, 1] (or one value), as [1, C / b, 1, b].
+  const int C = x.shape(1), b = bb->block;
+  const DnnlUnblock* u = bb->unblock;
+  const mx::Shape param{1, C / b, 1, b};
+  std::vector<mx::array> args{bb->view};
   for (const auto& p : params) {
     if (p.dtype() != mx::float32) return std::nullopt;
     if (p.size() == 1) {
@@ -774,18 +791,10 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
 }
 
 std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::Stream s) {
-  if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32) return std::nullopt;
-  const DnnlUnblock* u = unblocking(x);
-  if (!u) return std::nullopt;
-  const auto [tag, block] = channel_blocked(x, *u);
-  const int C = x.shape(1);
-  if (!block || C % block) return std::nullopt;
-  // The buffer as [N, C / b, H * W, b]: the mean over axis 2 is [N, C / b, 1, b], channel k * b + lane.
-  const int b = static_cast<int>(block);
-  const mx::Shape view{x.shape(0), C / b, x.shape(2) * x.shape(3), b};
-  const auto& buffer = x.inputs()[0];
-  auto m = mx::mean(buffer.shape() == view ? buffer : mx::reshape(buffer, view, s), 2, true, s);
-  return mx::reshape(m, {x.shape(0), C, 1, 1}, s);
+  auto bb = blocked_buffer(x, s);
+  if (!bb) return std::nullopt;
+  // The mean over the view's axis 2 is [N, C / b, 1, b]: channel k * b + lane, in order.
+  return mx::reshape(mx::mean(bb->view, 2, true, s), {x.shape(0), x.shape(1), 1, 1}, s);
 }
 
 std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
