@@ -52,7 +52,9 @@ print(json.dumps({"median_us": sorted(t)[len(t) // 2] * 1e6}))
 
 
 def one(lib, model, device, runs, dims, extra_env=(), shape=""):
-    env = dict(os.environ, ORT_MLX_EP_LIBRARY=lib if lib != "cpu-ep" else os.environ.get("ORT_MLX_EP_LIBRARY", ""))
+    env = dict(os.environ)
+    if lib != "cpu-ep":
+        env["ORT_MLX_EP_LIBRARY"] = lib
     for kv in extra_env:
         key, value = kv.split("=", 1)
         if value:

@@ -195,17 +195,22 @@ def onednn_line() -> str:
             "libdnnl.so.2; it needs the system's libgomp, GCC's OpenMP runtime)")
 
 
+def process_getenv(key: str) -> str | None:
+    """`key` in the process's C environment: what the libraries read, including what the EP or
+    this package set there after Python took its os.environ snapshot."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    v = getenv(key.encode())
+    return v.decode() if v is not None else None
+
+
 def threads_line() -> str:
     """The process-wide settings that decide whether the CPU device's worker threads (OpenMP's,
     which oneDNN and the EP's kernels share, and OpenBLAS's) spin or sleep between kernels, as
     the process sees them once the EP and oneDNN are loaded (docs/options.md)."""
-    import ctypes
-    getenv = ctypes.CDLL(None).getenv
-    getenv.restype = ctypes.c_char_p
-
     def value(key: str) -> str:
-        v = getenv(key.encode())
-        return v.decode() if v is not None else "unset"
+        v = process_getenv(key)
+        return "unset" if v is None else v
     pool = "the EP's own" if value("ORT_MLX_CPU_OPENMP_POOL") == "0" else "OpenMP's"
     return (f"CPU threads      GOMP_SPINCOUNT={value('GOMP_SPINCOUNT')} OMP_WAIT_POLICY={value('OMP_WAIT_POLICY')} "
             f"OPENBLAS_THREAD_TIMEOUT={value('OPENBLAS_THREAD_TIMEOUT')}; the EP's kernels split over {pool} threads")

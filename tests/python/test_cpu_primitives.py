@@ -388,8 +388,9 @@ def test_depthwise_conv_after_a_channel_shuffle(capfd):
 
 
 _OPENMP_PROBE = """
-import ctypes, json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime_mlx.doctor import process_getenv
 rng = np.random.default_rng(0)
 w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.1, "w")
 g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
@@ -407,11 +408,8 @@ for _ in range(3):
 ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 del s
 line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
-getenv = ctypes.CDLL(None).getenv
-getenv.restype = ctypes.c_char_p
 print(json.dumps({"regions": line["process_openmp_regions"], "convs": line["process_dnnl_convs"],
-                  "diff": float(np.abs(y - ref).max()),
-                  "spincount": (getenv(b"GOMP_SPINCOUNT") or b"").decode()}))
+                  "diff": float(np.abs(y - ref).max()), "spincount": process_getenv("GOMP_SPINCOUNT") or ""}))
 """
 
 

@@ -212,10 +212,9 @@ def test_openblas_advice():
 
 
 _BLAS_TIMEOUT_PROBE = """
-import ctypes, onnxruntime_mlx
-getenv = ctypes.CDLL(None).getenv
-getenv.restype = ctypes.c_char_p
-print((getenv(b"OPENBLAS_THREAD_TIMEOUT") or b"").decode())
+import onnxruntime_mlx
+from onnxruntime_mlx.doctor import process_getenv
+print(process_getenv("OPENBLAS_THREAD_TIMEOUT") or "")
 """
 
 
