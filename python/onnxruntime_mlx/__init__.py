@@ -87,6 +87,8 @@ OPTIONS: dict[str, tuple] = {
     "pinned_inputs": (0, 1 << 40),
     "cpu_poll": (0, 1),
     "cpu_poll_us": (1, 100000),
+    "cpu_hold": (0, 1),
+    "cpu_packed_matmul": (0, 1),
     "cpu_dnnl_blocked": (0, 1),
     "cpu_depthwise": (0, 1),
     "gpu_graph_replay": (0, 1),

@@ -66,6 +66,7 @@ struct Options {
   // way), keep them as MLX's own vectorized ops (0: compile mode no_fuse while tracing), or
   // (2) time both on a signature's first compiled runs and keep the faster.
   int cpu_fuse = 2;
+  bool cpu_packed_matmul = true;   // on the CPU, float32 products of several rows by a constant matrix as the EP's kernel
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
@@ -80,6 +81,9 @@ struct Options {
   bool cpu_poll = true;
   // cpu_poll's window: an evaluation shorter than this makes the next one poll, for this long.
   int64_t cpu_poll_us = 200;
+  // ... and such an evaluation keeps MLX's stream thread awake while its tasks are queued and
+  // for cpu_poll_us after them (engine/stream_hold.h).
+  bool cpu_hold = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

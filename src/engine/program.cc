@@ -1,4 +1,5 @@
 #include "engine/program.h"
+#include "engine/stream_hold.h"
 
 #include <algorithm>
 #include <chrono>
@@ -79,9 +80,14 @@ thread_local const char* tl_last_run_path = "";
 // cpu_poll_us.
 constexpr uint64_t kPollProbeEvery = 16;
 
-void evaluate(std::vector<mx::array>& arrays, bool poll, std::chrono::microseconds poll_for) {
+void evaluate(std::vector<mx::array>& arrays, bool poll, bool hold, std::chrono::microseconds poll_for,
+              mx::Stream s) {
   if (!poll) return mx::eval(arrays);
-  mx::async_eval(arrays);
+  {
+    std::optional<StreamHold> held;
+    if (hold) held.emplace(s, poll_for);
+    mx::async_eval(arrays);
+  }
   const auto until = std::chrono::steady_clock::now() + poll_for;
   do {
     bool done = true;
@@ -625,7 +631,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
           std::cerr << "[MLX EP] fused node '" << name_ << "': run not kept as a CUDA graph: " << why << "\n";
         }
       } else {
-        evaluate(todo, poll, std::chrono::microseconds(opt_.cpu_poll_us));
+        evaluate(todo, poll, poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us), s);
       }
     }
     tl_last_eval_ns = elapsed_ns(t0);

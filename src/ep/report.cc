@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "engine/device_buffers.h"
+#include "engine/stream_hold.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/dequantize.h"
@@ -66,6 +67,10 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()
     << ",\"process_dnnl_matmul_failures\":" << ops::cpu_dnnl_matmul_failures()
     << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()
+    << ",\"process_packed_matmuls\":" << ops::cpu_packed_matmul_runs()
+    << ",\"process_held_runs\":" << engine::StreamHold::held_runs()
+    << ",\"process_hold_lingers\":" << engine::StreamHold::linger_hits() + engine::StreamHold::linger_misses()
+    << ",\"process_hold_linger_hits\":" << engine::StreamHold::linger_hits()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

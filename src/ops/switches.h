@@ -37,6 +37,9 @@ struct TranslationSwitches {
   int gpu_attention_split_rows = 128;
   // the EP's CPU kernels take their AVX-512 forms where the CPU has AVX-512F (kernels.h)
   bool cpu_avx512 = true;
+  // float32 products of several rows by a constant matrix as the EP's packed-panel kernel
+  // (kernels/cpu/packed_gemm.cc)
+  bool cpu_packed_matmul = true;
 };
 
 // The calling thread's current switches.

@@ -486,3 +486,41 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
              helper.make_node("Conv", ["m", "w4"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_min_flops=0)
     assert prims.get("DnnlUnblock") == 1, prims
+
+
+@pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20)])
+@pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm"])
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
+    """Several float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
+    packed_gemm.cc: the weight laid out once as panels of 48 columns, 16 without AVX-512; 8 x 48
+    and 6 x 16 register tiles, masked at the last panel's edge, K in blocks of 512 summed into
+    the output): one primitive, no MLX Matmul. Rows not a multiple of the tile's, columns not a
+    multiple of the panel's, K past one block, a batch of rows taken flat, and Gemm's transposed
+    weight (read through its strides), alpha and C. Outputs equal ORT's CPU EP (float32 sums in
+    another order)."""
+    rng = np.random.default_rng(m * 1000 + n)
+    w = rng.standard_normal((k, n)).astype(np.float32) / np.sqrt(k)
+    if op == "Gemm":
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        inits = [_init("w", w.T), _init("c", rng.standard_normal(n))]
+        nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+    else:
+        x = rng.standard_normal((2, m, k) if op == "MatMul3d" else (m, k)).astype(np.float32)
+        inits, nodes = [_init("w", w)], [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
+    assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
+
+
+def test_products_by_an_activation_are_mlxs(capfd):
+    """A product whose right operand is not a constant (attention's) stays MLX's Matmul: the
+    kernel's layout of the weight is made once, for a buffer whose contents never change.
+    With cpu_packed_matmul=0 a constant's product is MLX's too. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 32)).astype(np.float32)
+    prims = _run([helper.make_node("MatMul", ["x", "b"], ["y"])], {"x": x, "b": b}, [], capfd, 2e-5, 2e-5)
+    assert "PackedMatmul" not in prims and prims.get("Matmul") == 1, prims
+    prims = _run([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, [_init("w", b)], capfd, 2e-5, 2e-5,
+                 cpu_packed_matmul=0)
+    assert "PackedMatmul" not in prims and prims.get("Matmul") == 1, prims

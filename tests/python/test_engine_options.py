@@ -242,6 +242,38 @@ def test_cpu_poll(switch, tmp_path, value):
         pytest.skip("no evaluation under cpu_poll_us on this machine now: polling never applied")
 
 
+def test_cpu_hold_keeps_the_stream_thread_awake(tmp_path):
+    """cpu_hold=1 (the default): a polled evaluation queues, ahead of its tasks, one that keeps
+    MLX's stream thread spinning until the caller has queued them all, and after them one that
+    spins until the next run begins (engine/stream_hold.h); the report counts held runs and the
+    lingers the next run ended. cpu_hold=0 queues neither. Outputs equal ORT's CPU EP in every
+    run: the spinning tasks only delay the stream thread."""
+    import gc
+    import json
+
+    def session_counts(value):
+        model, _ = _hard_swish_model(c=2)
+        report = tmp_path / f"report{value}.jsonl"
+        sess = _session(model, report_path=str(report), cpu_hold=value)
+        feeds = [{"x": rng.standard_normal((2, 2, 16, 16)).astype(np.float32)} for _ in range(4)]
+        want = [run_cpu(model, f)[0] for f in feeds]
+        got = [sess.run(None, feeds[i % 4])[0] for i in range(40)]  # back to back: lingers pay
+        for i, y in enumerate(got):
+            np.testing.assert_allclose(y, want[i % 4], rtol=1e-5, atol=1e-5)
+        del sess
+        gc.collect()
+        return next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+
+    on = session_counts(1)
+    off = session_counts(0)  # the counts are the process's: this session adds none
+    if on["polled_evals"] < 10:
+        pytest.skip("few evaluations under cpu_poll_us on this machine now: holding seldom applied")
+    assert on["process_held_runs"] >= on["polled_evals"], on
+    assert on["process_hold_linger_hits"] >= 1, on
+    assert off["process_held_runs"] == on["process_held_runs"], (on, off)
+    assert off["process_hold_lingers"] == on["process_hold_lingers"], (on, off)
+
+
 def _long_cumsum():
     """A cumulative sum of 4M floats and its input: evaluations of milliseconds on MLX's CPU
     device (its scan is one thread on any machine)."""

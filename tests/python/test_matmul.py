@@ -198,7 +198,7 @@ def test_products_run_through_onednn_on_the_cpu(tmp_path):
     ORT's CPU EP with cpu_dnnl_matmul on and off. On MLX's CPU device the report counts a oneDNN
     product per several-row product and run when the option is on (none fail), none when it is
     off, and never the one-row product (sgemv's) or one under cpu_dnnl_min_flops (1e5 here); on the GPU
-    none at all."""
+    none at all. (cpu_packed_matmul=0: the EP's own kernel takes the products by constants first.)"""
     r = np.random.default_rng(5)
     w1 = (r.standard_normal((128, 192)) / 11).astype(np.float32)  # outputs of magnitude ~1
     w2 = (r.standard_normal((96, 192)) / 14).astype(np.float32)  # Gemm transB: [N, K]
@@ -229,7 +229,7 @@ def test_products_run_through_onednn_on_the_cpu(tmp_path):
     for on in (1, 0, 1):
         report = tmp_path / f"r{len(counts)}.jsonl"
         s = om.InferenceSession(m.SerializeToString(), oracle.DEVICE, fallback=False, report_path=str(report),
-                                cpu_dnnl_matmul=on, cpu_dnnl_min_flops=100000)
+                                cpu_dnnl_matmul=on, cpu_dnnl_min_flops=100000, cpu_packed_matmul=0)
         for _ in range(runs):
             got = s.run(None, feeds)
         del s

@@ -88,6 +88,17 @@ inline constexpr size_t kCpuUnaryMinElements = 256;
 enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
 
+// x @ w for a float32 x [..., K] of two or more rows (taken flat) and a constant 2-D float32 w
+// [K, N] (any strides: Gemm's transposed weight is read as such), as one MLX primitive on the CPU
+// stream; the result has x's shape with the last dim N. w is laid out once (on the first run) as
+// panels of 48 columns (16 with AVX2) that the register tiles (8 x 48, AVX2 6 x 16) stream
+// through; K in blocks of 512; tiles split over the threads with `parallel`. Why: OpenBLAS's
+// sgemm packs the weight on every call, and for an encoder's rows (16 to a few hundred) ran at
+// about a third of what the cores reach. std::nullopt off the CPU or x86-64 without AVX2, for
+// other dtypes, one row, or with the CPU kernels off.
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s);
+uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
+
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies
 // with groups: y[n, g*Mg + m, p] = bias[g*Mg + m] + sum_k w[g*Mg + m, k] x[n, g*Cg + k, p], then
 // max(y, 0) with `relu`; `w` the row-contiguous [M, Cg] weight. The output positions are split

@@ -61,9 +61,19 @@ std::optional<mx::array> product_through_library(const mx::array& a, const mx::a
   return cpu_dnnl_matmul(a, b, s);
 }
 
-mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
+// Several float32 rows by a constant matrix on the CPU: the EP's packed-panel kernel, split over
+// the threads from cpu_dnnl_parallel_min_flops.
+std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, bool b_constant, mx::Stream s) {
+  const auto& sw = translation_switches();
+  if (!b_constant || !sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
+  const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
+  return cpu_packed_matmul(a, b, flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops), s);
+}
+
+mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s, bool b_constant = false) {
   if (b.ndim() == 2)  // one row times a weight matrix (a decode step): BLAS gemv on the CPU
     if (auto y = cpu_row_gemv(a, b, s)) return *y;
+  if (auto y = packed_product(a, b, b_constant, s)) return *y;
   if (compute_half_in_f32(a, s)) {
     auto a32 = mx::astype(a, mx::float32, s), b32 = mx::astype(b, mx::float32, s);
     auto y = product_through_library(a32, b32, s);
@@ -201,7 +211,9 @@ Outputs translate_matmul(OpContext& c) {
     b = *b32;
   }
   auto p = promote(a, b, c.s);
-  auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s);
+  // A half-precision constant converted once (b32) is no graph constant: its buffer is the
+  // program's, made by the conversion, so the kernel's cached layout is not tied to it.
+  auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s, c.is_constant(1) && !b32 && !p.col);
   y = unpromote(y, p, c.s);
   if (b32) y = mx::astype(y, dt, c.s);
   return {flat ? rows_to(y, batched, c.s) : y};
@@ -267,7 +279,9 @@ Outputs translate_gemm(OpContext& c) {
       auto bias = mx::astype(*cc, m.dtype(), c.s);
       return mx::add(m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m.dtype()), c.s), c.s);
     }
-    if (auto m = product_through_library(a, b, c.s)) {  // several rows through oneDNN, then alpha and C
+    auto m = packed_product(a, b, c.is_constant(1) && !b32 && !f32, c.s);  // several rows: the EP's kernel or oneDNN
+    if (!m) m = product_through_library(a, b, c.s);
+    if (m) {  // then alpha and C
       if (alpha != 1.f) m = mx::multiply(*m, mx::array(alpha, m->dtype()), c.s);
       if (!cc) return *m;
       auto bias = mx::astype(*cc, m->dtype(), c.s);

@@ -1,0 +1,235 @@
+// Products of several float32 rows by a constant matrix: cpu_packed_matmul of kernels/cpu/kernels.h.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+std::atomic<uint64_t> g_runs{0};
+
+#ifdef ORTMLX_X86
+
+// Tile geometry by instruction set: `rows` rows of the product a tile, `cols` columns of the
+// packed panel (so many floats of each of its rows). AVX-512: 8 x 48 (24 zmm accumulators, three
+// loads of B and eight broadcasts of A feed 24 FMAs); AVX2: 6 x 16 (12 ymm accumulators).
+struct Geometry {
+  int rows, cols;
+};
+constexpr Geometry kAvx512{8, 48};
+constexpr Geometry kAvx2{6, 16};
+// K is cut into blocks this deep, so that a panel's block stays in L2 while every row tile reads it.
+constexpr int64_t kDepthBlock = 512;
+
+// w [K, N] (element (k, n) at w[k * sk + n * sn]) as panels of `cols` columns, each its K rows of
+// `cols` floats side by side ([N / cols][K][cols], the last panel's missing columns zero).
+std::vector<float> pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
+  const int64_t panels = (N + cols - 1) / cols;
+  std::vector<float> out(static_cast<size_t>(panels * K * cols), 0.f);
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * cols, width = std::min<int64_t>(cols, N - n0);
+    float* o = out.data() + p * K * cols;
+    for (int64_t k = 0; k < K; ++k, o += cols)
+      if (sn == 1) {
+        std::memcpy(o, w + k * sk + n0, static_cast<size_t>(width) * sizeof(float));
+      } else {
+        for (int64_t j = 0; j < width; ++j) o[j] = w[k * sk + (n0 + j) * sn];
+      }
+  }
+  return out;
+}
+
+// C[r, 0:width) = (C[r, 0:width) if `accumulate`) + sum_{k < kc} A[r, k] * P[k, 0:48) for r < R;
+// A's rows `lda` apart, C's `ldc`; P: kc rows of one panel (48 floats each).
+template <int R>
+__attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
+                                                    int64_t ldc, int width, bool accumulate) {
+  __m512 acc[R][3];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, p += 48) {
+    const __m512 b0 = _mm512_loadu_ps(p), b1 = _mm512_loadu_ps(p + 16), b2 = _mm512_loadu_ps(p + 32);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_set1_ps(a[r * lda + k]);
+      acc[r][0] = _mm512_fmadd_ps(v, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(v, b1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(v, b2, acc[r][2]);
+    }
+  }
+  __mmask16 m[3];
+  for (int j = 0; j < 3; ++j) {
+    const int w = std::clamp(width - 16 * j, 0, 16);
+    m[j] = static_cast<__mmask16>((1u << w) - 1);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) {
+      float* cp = c + r * ldc + 16 * j;
+      __m512 v = acc[r][j];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[j], cp));
+      _mm512_mask_storeu_ps(cp, m[j], v);
+    }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
+                                                    int64_t ldc, int width, bool accumulate) {
+  __m256 acc[R][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, p += 16) {
+    const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = _mm256_broadcast_ss(a + r * lda + k);
+      acc[r][0] = _mm256_fmadd_ps(v, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(v, b1, acc[r][1]);
+    }
+  }
+  alignas(32) float tmp[16];
+  for (int r = 0; r < R; ++r) {
+    float* cp = c + r * ldc;
+    if (width == 16) {
+      __m256 v0 = acc[r][0], v1 = acc[r][1];
+      if (accumulate) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp + 8));
+      _mm256_storeu_ps(cp, v0);
+      _mm256_storeu_ps(cp + 8, v1);
+    } else {
+      _mm256_store_ps(tmp, acc[r][0]);
+      _mm256_store_ps(tmp + 8, acc[r][1]);
+      for (int j = 0; j < width; ++j) cp[j] = (accumulate ? cp[j] : 0.f) + tmp[j];
+    }
+  }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool);
+// The tile function for r rows (1..geometry rows).
+TileFn tile_for(bool avx512, int r) {
+  static constexpr TileFn k512[] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>,
+                                    tile_avx512<5>, tile_avx512<6>, tile_avx512<7>, tile_avx512<8>};
+  static constexpr TileFn k2[] = {tile_avx2<1>, tile_avx2<2>, tile_avx2<3>, tile_avx2<4>, tile_avx2<5>, tile_avx2<6>};
+  return avx512 ? k512[r - 1] : k2[r - 1];
+}
+
+#endif  // ORTMLX_X86
+
+struct GemmShape {
+  int64_t m, k, n;
+  bool operator==(const GemmShape&) const = default;
+};
+
+class PackedMatmul : public mx::UnaryPrimitive {
+ public:
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512)
+      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), cache_(std::make_shared<Packed>()) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+#ifdef ORTMLX_X86
+    const auto& w = inputs[1];
+    const int64_t sk = w.strides()[0], sn = w.strides()[1];
+    auto& enc = begin_output(inputs, out, stream());
+    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, yp = out.data<float>(),
+                  g = g_, parallel = parallel_, avx512 = avx512_] {
+      g_runs.fetch_add(1, std::memory_order_relaxed);
+      const Geometry geo = avx512 ? kAvx512 : kAvx2;
+      const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
+      const float* xp = x.rows();
+      const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
+      // Work items: (panel, row tile), a panel's row tiles together so that its block stays in
+      // the cache of the thread that reads it.
+      auto run = [&](int64_t i0, int64_t i1) {
+        for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
+          const int64_t kc = std::min(kDepthBlock, g.k - k0);
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t panel = i / row_tiles, r0 = (i % row_tiles) * geo.rows;
+            const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
+            const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
+            tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
+                                   yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0);
+          }
+        }
+      };
+      const int64_t items = row_tiles * panels;
+      cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, run);
+    });
+#else
+    throw std::logic_error("[PackedMatmul] needs x86-64");
+#endif
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[PackedMatmul] runs on the CPU stream only");
+  }
+  const char* name() const override { return "PackedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const PackedMatmul*>(&other);
+    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape out = inputs[0].shape();
+    out.back() = static_cast<int>(g_.n);
+    return {out};
+  }
+
+ private:
+  // The constant weight's panels, made on the first run for its buffer (on the stream thread).
+  // Held by the tasks too: an eager run's primitive may go before its task runs.
+  struct Packed {
+    std::shared_ptr<const std::vector<float>> panels_for(const float* w, int64_t sk, int64_t sn, const GemmShape& g,
+                                                         int cols) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (src != w || sk_ != sk || sn_ != sn || !panels) {
+#ifdef ORTMLX_X86
+        panels = std::make_shared<const std::vector<float>>(pack_panels(w, g.k, g.n, sk, sn, cols));
+#endif
+        src = w, sk_ = sk, sn_ = sn;
+      }
+      return panels;
+    }
+    std::mutex mu;
+    const float* src = nullptr;
+    int64_t sk_ = 0, sn_ = 0;
+    std::shared_ptr<const std::vector<float>> panels;
+  };
+
+  GemmShape g_;
+  bool parallel_;
+  bool avx512_;
+  std::shared_ptr<Packed> cache_;
+};
+
+}  // namespace
+
+uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
+
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s) {
+#ifdef ORTMLX_X86
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
+      w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0)
+    return std::nullopt;
+  const int64_t K = w.shape(0), N = w.shape(1), M = static_cast<int64_t>(x.size()) / K;
+  if (M < 2) return std::nullopt;
+  mx::Shape out = x.shape();
+  out.back() = static_cast<int>(N);
+  return mx::array(std::move(out), mx::float32,
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels()),
+                   {x, w});
+#else
+  return std::nullopt;
+#endif
+}
+
+}  // namespace ortmlx::ops
