@@ -64,6 +64,12 @@ def main() -> int:
         if "fused_node" in st and st.get("runs", 0) > n // 2:
             print(f"  runs {st['runs']}, polled {st['polled_evals']}, after a short one {st['after_short_evals']}, "
                   f"arrays a run {st.get('eval_arrays', 0) / max(st['runs'], 1):.1f}")
+            c = max(st.get("compiled_runs", 0), 1)
+            print("  a compiled run, µs: " + ", ".join(
+                f"{k} {st.get(f, 0) / c / 1e3:.1f}" for k, f in
+                (("Compute call", "compute_ns_compiled"), ("inputs", "inputs_ns_compiled"),
+                 ("compiled function", "call_ns_compiled"), ("evaluation", "eval_ns_compiled"),
+                 ("outputs", "outputs_ns_compiled"))))
     return 0
 
 

@@ -198,6 +198,10 @@ Outputs translate_matmul(OpContext& c) {
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
   // so there only a flat source already at hand pays.
+  // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
+  // a view too, costs MLX's stream thread a task).
+  if (a.dtype() == mx::float32 && c.is_constant(1))
+    if (auto y = packed_product(a, b, true, c.s)) return {*y};
   const mx::array batched = a;
   std::optional<mx::array> rows;
   if (!is_int(a) && a.ndim() > 2 && b.ndim() == 2 && translation_switches().flat_products)
