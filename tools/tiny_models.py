@@ -1,6 +1,7 @@
 """Writes the small models the per-run floor is measured on (fixed weights from a seed):
 chain10.onnx, ten nodes over a [1, 64] input (MatMul, Add, Relu, MatMul, Add, Tanh, Mul,
-Sigmoid, Mul, Softmax), the size of a wake-word head.
+Sigmoid, Mul, Softmax), the size of a wake-word head; and mm_M_K_N.onnx, one MatMul of an
+[M, K] input by a constant [K, N] weight, for the encoder's and a prompt's product shapes.
 
     python tools/tiny_models.py OUT_DIR"""
 import pathlib
@@ -28,8 +29,25 @@ def chain10():
     return m
 
 
+PRODUCTS = [(16, 384, 384), (16, 384, 1536), (16, 1536, 384), (128, 384, 1536), (1024, 384, 384),
+            (1024, 384, 1536), (1024, 1536, 384)]
+
+
+def product(m, k, n):
+    w = np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float32) * 0.05
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [m, n])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
 if __name__ == "__main__":
     out = pathlib.Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(chain10(), out / "chain10.onnx")
     print(out / "chain10.onnx")
+    for m, k, n in PRODUCTS:
+        onnx.save(product(m, k, n), out / f"mm_{m}_{k}_{n}.onnx")
+        print(out / f"mm_{m}_{k}_{n}.onnx")
