@@ -96,7 +96,9 @@ std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s)
 // sgemm packs the weight on every call, and for an encoder's rows (16 to a few hundred) ran at
 // about a third of what the cores reach. std::nullopt off the CPU or x86-64 without AVX2, for
 // other dtypes, one row, or with the CPU kernels off.
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s);
+// `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
+                                           const std::optional<mx::array>& bias = std::nullopt);
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -51,14 +52,22 @@ std::vector<float> pack_panels(const float* w, int64_t K, int64_t N, int64_t sk,
   return out;
 }
 
-// C[r, 0:width) = (C[r, 0:width) if `accumulate`) + sum_{k < kc} A[r, k] * P[k, 0:48) for r < R;
-// A's rows `lda` apart, C's `ldc`; P: kc rows of one panel (48 floats each).
+// C[r, 0:width) = (C[r, 0:width) if `accumulate`, else bias[0:width) or 0) + sum_{k < kc} A[r, k] *
+// P[k, 0:48) for r < R; A's rows `lda` apart, C's `ldc`; P: kc rows of one panel (48 floats each).
 template <int R>
 __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
-                                                    int64_t ldc, int width, bool accumulate) {
+                                                    int64_t ldc, int width, bool accumulate, const float* bias) {
+  __mmask16 m[3];
+  for (int j = 0; j < 3; ++j) {
+    const int w = std::clamp(width - 16 * j, 0, 16);
+    m[j] = static_cast<__mmask16>((1u << w) - 1);
+  }
+  __m512 start[3];
+  for (int j = 0; j < 3; ++j)
+    start[j] = bias && !accumulate ? _mm512_maskz_loadu_ps(m[j], bias + 16 * j) : _mm512_setzero_ps();
   __m512 acc[R][3];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r][0] = start[0], acc[r][1] = start[1], acc[r][2] = start[2];
   for (int64_t k = 0; k < kc; ++k, p += 48) {
     const __m512 b0 = _mm512_loadu_ps(p), b1 = _mm512_loadu_ps(p + 16), b2 = _mm512_loadu_ps(p + 32);
 #pragma GCC unroll 8
@@ -68,11 +77,6 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
       acc[r][1] = _mm512_fmadd_ps(v, b1, acc[r][1]);
       acc[r][2] = _mm512_fmadd_ps(v, b2, acc[r][2]);
     }
-  }
-  __mmask16 m[3];
-  for (int j = 0; j < 3; ++j) {
-    const int w = std::clamp(width - 16 * j, 0, 16);
-    m[j] = static_cast<__mmask16>((1u << w) - 1);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -86,10 +90,14 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
 
 template <int R>
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
-                                                    int64_t ldc, int width, bool accumulate) {
+                                                    int64_t ldc, int width, bool accumulate, const float* bias) {
+  alignas(32) float b16[16] = {};
+  if (bias && !accumulate)
+    for (int j = 0; j < width; ++j) b16[j] = bias[j];
+  const __m256 start0 = _mm256_load_ps(b16), start1 = _mm256_load_ps(b16 + 8);
   __m256 acc[R][2];
 #pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r][0] = start0, acc[r][1] = start1;
   for (int64_t k = 0; k < kc; ++k, p += 16) {
     const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
 #pragma GCC unroll 6
@@ -115,7 +123,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, 
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool, const float*);
 // The tile function for r rows (1..geometry rows).
 TileFn tile_for(bool avx512, int r) {
   static constexpr TileFn k512[] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>,
@@ -141,12 +149,15 @@ class PackedMatmul : public mx::UnaryPrimitive {
     const auto& w = inputs[1];
     const int64_t sk = w.strides()[0], sn = w.strides()[1];
     auto& enc = begin_output(inputs, out, stream());
-    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, yp = out.data<float>(),
-                  g = g_, parallel = parallel_, avx512 = avx512_] {
+    std::optional<RowMajorInput> bias;
+    if (inputs.size() > 2) bias.emplace(inputs[2]);
+    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
+                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
       const float* xp = x.rows();
+      const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
       // Work items: (panel, row tile), a panel's row tiles together so that its block stays in
       // the cache of the thread that reads it.
@@ -158,7 +169,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
             const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
             const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
             tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
-                                   yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0);
+                                   yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0,
+                                   bp ? bp + panel * geo.cols : nullptr);
           }
         }
       };
@@ -215,18 +227,21 @@ class PackedMatmul : public mx::UnaryPrimitive {
 
 uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
 
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s) {
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
+                                           const std::optional<mx::array>& bias) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
-      w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0)
+      w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
+      (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != w.shape(1))))
     return std::nullopt;
   const int64_t K = w.shape(0), N = w.shape(1), M = static_cast<int64_t>(x.size()) / K;
   if (M < 2) return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = static_cast<int>(N);
+  std::vector<mx::array> in{x, w};
+  if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels()),
-                   {x, w});
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels()), std::move(in));
 #else
   return std::nullopt;
 #endif

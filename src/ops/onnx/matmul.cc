@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph/fuse_matmul_bias.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 #include "ops/int_matmul.h"
@@ -63,11 +64,12 @@ std::optional<mx::array> product_through_library(const mx::array& a, const mx::a
 
 // Several float32 rows by a constant matrix on the CPU: the EP's packed-panel kernel, split over
 // the threads from cpu_dnnl_parallel_min_flops.
-std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, bool b_constant, mx::Stream s) {
+std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, bool b_constant, mx::Stream s,
+                                        const std::optional<mx::array>& bias = std::nullopt) {
   const auto& sw = translation_switches();
   if (!b_constant || !sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
   const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
-  return cpu_packed_matmul(a, b, flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops), s);
+  return cpu_packed_matmul(a, b, flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops), s, bias);
 }
 
 mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s, bool b_constant = false) {
@@ -193,15 +195,23 @@ static std::optional<mx::array> f32_constant(OpContext& c, size_t i) {
 
 Outputs translate_matmul(OpContext& c) {
   mx::array a = c.in(0), b = c.in(1);
+  // A bias Add fused into the node (graph/fuse_matmul_bias.h): the kernel starts from it, any
+  // other product adds it after, as the Add did.
+  std::optional<mx::array> bias;
+  if (c.node.has_attr(graph::kMatMulBias)) {
+    if (!c.has(2)) c.fail("fused bias missing");
+    bias = c.in(2);
+  }
+  auto with_bias = [&](const mx::array& y) { return bias ? mx::add(y, *bias, c.s) : y; };
   const auto dt = a.dtype();
+  // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
+  // a view too, costs MLX's stream thread a task).
+  if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32))
+    if (auto y = packed_product(a, b, true, c.s, bias)) return {*y};
   // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
   // so there only a flat source already at hand pays.
-  // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
-  // a view too, costs MLX's stream thread a task).
-  if (a.dtype() == mx::float32 && c.is_constant(1))
-    if (auto y = packed_product(a, b, true, c.s)) return {*y};
   const mx::array batched = a;
   std::optional<mx::array> rows;
   if (!is_int(a) && a.ndim() > 2 && b.ndim() == 2 && translation_switches().flat_products)
@@ -220,7 +230,7 @@ Outputs translate_matmul(OpContext& c) {
   auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s, c.is_constant(1) && !b32 && !p.col);
   y = unpromote(y, p, c.s);
   if (b32) y = mx::astype(y, dt, c.s);
-  return {flat ? rows_to(y, batched, c.s) : y};
+  return {with_bias(flat ? rows_to(y, batched, c.s) : y)};
 }
 
 // ---- Gemm ----------------------------------------------------------------------------------
