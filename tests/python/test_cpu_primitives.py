@@ -31,12 +31,13 @@ def _init(name, array):
     return onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
 
 
-def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, **options):
-    """Runs a graph of `nodes` (inputs `feeds`, output "y") on the MLX EP's CPU device and on ORT's
-    CPU EP, asserts the outputs agree, and returns the MLX primitives of the EP's last run
-    (log_level=3)."""
+def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, **options):
+    """Runs a graph of `nodes` (inputs `feeds`, declared with their shapes or `shapes[name]`,
+    output "y") on the MLX EP's CPU device and on ORT's CPU EP, asserts the outputs agree, and
+    returns the MLX primitives of the EP's last run (log_level=3)."""
     import onnxruntime_mlx as om
-    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
+    shapes = shapes or {}
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, shapes.get(k, list(v.shape))) for k, v in feeds.items()]
     g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model = model.SerializeToString()
@@ -524,3 +525,36 @@ def test_products_by_an_activation_are_mlxs(capfd):
     prims = _run([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, [_init("w", b)], capfd, 2e-5, 2e-5,
                  cpu_packed_matmul=0)
     assert "PackedMatmul" not in prims and prims.get("Matmul") == 1, prims
+
+
+@pytest.mark.parametrize("case", ["bias", "bias_first", "rows_symbolic", "read_twice", "bias_2d", "bias_input"])
+def test_matmul_bias_add_is_the_kernels_start(case, capfd):
+    """A MatMul by a constant whose output only an Add of a constant [N] reads takes that bias
+    into the node (graph/fuse_matmul_bias): the packed kernel starts its sums from it, no Add
+    primitive after it. ORT's own optimizer may first write the pair as a Gemm (between reshapes
+    for 3-D rows), whose C of [N] the kernel starts from the same way (a C fed as an input too:
+    it is read each run). Not fused: a product read by another node too, or a bias of another
+    shape ([1, N] could change the output's rank). Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 5, 40)).astype(np.float32)
+    inits = [_init("w", rng.standard_normal((40, 24)) / 6)]
+    feeds = {"x": x}
+    bias = rng.standard_normal((1, 24) if case == "bias_2d" else 24).astype(np.float32)
+    if case == "bias_input":
+        feeds["b"] = bias
+    else:
+        inits.append(_init("b", bias))
+    add_in = ["b", "p"] if case == "bias_first" else ["p", "b"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Add", add_in, ["y" if case != "read_twice" else "q"])]
+    if case == "read_twice":
+        nodes.append(helper.make_node("Mul", ["q", "p"], ["y"]))
+    # rows_symbolic: a batch dim ORT's optimizer cannot see through, so the MatMul and the Add
+    # reach the EP as they are
+    shapes = {"x": ["n", 5, 40]} if case == "rows_symbolic" else None
+    prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5, shapes=shapes, cpu_fuse=1)
+    assert prims.get("PackedMatmul") == 1, prims
+    if case == "rows_symbolic":
+        assert "Reshape" not in prims, prims  # no Gemm between reshapes: the EP's own fusion
+    adds = sum(v for k, v in prims.items() if "Add" in k)
+    assert adds == (1 if case in ("read_twice", "bias_2d") else 0), prims

@@ -293,7 +293,11 @@ Outputs translate_gemm(OpContext& c) {
       auto bias = mx::astype(*cc, m.dtype(), c.s);
       return mx::add(m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m.dtype()), c.s), c.s);
     }
-    auto m = packed_product(a, b, c.is_constant(1) && !b32 && !f32, c.s);  // several rows: the EP's kernel or oneDNN
+    // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start, as ORT's
+    // MatMul+Add fusion writes a bias) or oneDNN.
+    const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
+    auto m = packed_product(a, b, c.is_constant(1) && !b32 && !f32, c.s, bias_first ? cc : std::nullopt);
+    if (m && bias_first) return *m;
     if (!m) m = product_through_library(a, b, c.s);
     if (m) {  // then alpha and C
       if (alpha != 1.f) m = mx::multiply(*m, mx::array(alpha, m->dtype()), c.s);
