@@ -230,10 +230,11 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
     : name_(std::move(name)), where_("fused node '" + name_ + "'"), graph_(g),
       input_names_(std::move(input_names)), output_names_(std::move(output_names)), opt_(opt),
       cache_(opt.cache_capacity), family_(opt.step_order, opt.log_level, where_) {
+  // (the biases first: sibling products then share theirs too)
+  if (!opt_.gpu && opt_.cpu_packed_matmul) graph::fuse_matmul_bias(graph_, output_names_);
   if (opt_.fuse_matmuls) graph::fuse_sibling_matmuls(graph_);
   if (opt_.gpu && opt_.transposed_weights) graph::transpose_matmul_weights(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_activation) graph::fuse_conv_activation(graph_, output_names_);
-  if (!opt_.gpu && opt_.cpu_packed_matmul) graph::fuse_matmul_bias(graph_, output_names_);
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);

@@ -1,5 +1,7 @@
 #include "graph/fuse_matmuls.h"
 
+#include "graph/fuse_matmul_bias.h"
+
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -18,12 +20,20 @@ size_t row_bytes(const ConstTensor& t, int64_t n) {
 // What must agree for two nodes to share one product (beyond reading the same input).
 std::string group_key(const Graph& g, const Node& n) {
   if (n.domain.empty() && n.op_type == "MatMul") {
-    if (n.inputs.size() != 2 || !n.has_input(0) || !n.has_input(1) || g.constant(n.inputs[0])) return {};
+    // A fused bias (graph/fuse_matmul_bias.h) is concatenated like the weights: every member
+    // of such a group has one.
+    const bool bias = n.has_attr(kMatMulBias);
+    if (n.inputs.size() != (bias ? 3u : 2u) || !n.has_input(0) || !n.has_input(1) || g.constant(n.inputs[0]))
+      return {};
     const auto* w = g.constant(n.inputs[1]);
     if (!w || w->shape.size() != 2 || !is_float(w->dtype) || w->shape[0] <= 0 || w->shape[1] <= 0 ||
         !w->data)
       return {};
-    return "mm|" + n.inputs[0] + "|" + std::to_string(static_cast<int>(w->dtype)) + "|" +
+    if (bias) {
+      const auto* b = g.constant(n.inputs[2]);
+      if (!b || !b->data || b->dtype != w->dtype || b->shape != std::vector<int64_t>{w->shape[1]}) return {};
+    }
+    return std::string(bias ? "mmb|" : "mm|") + n.inputs[0] + "|" + std::to_string(static_cast<int>(w->dtype)) + "|" +
            std::to_string(w->shape[0]);
   }
   if (n.domain == "com.microsoft" && n.op_type == "MatMulNBits") {
@@ -134,7 +144,7 @@ int fuse_sibling_matmuls(Graph& g) {
     for (size_t i = 1; i < first.inputs.size(); ++i) {
       if (!first.has_input(i)) continue;
       auto name = base + "/in" + std::to_string(i);
-      g.constants[name] = concat_n(g, nodes, i, dense);
+      g.constants[name] = concat_n(g, nodes, i, dense && i == 1);  // (a MatMul's bias: 1-D)
       product.inputs[i] = name;
     }
     if (!dense) product.attrs["N"].i = total;

@@ -558,3 +558,20 @@ def test_matmul_bias_add_is_the_kernels_start(case, capfd):
         assert "Reshape" not in prims, prims  # no Gemm between reshapes: the EP's own fusion
     adds = sum(v for k, v in prims.items() if "Add" in k)
     assert adds == (1 if case in ("read_twice", "bias_2d") else 0), prims
+
+
+def test_sibling_products_share_their_biases(capfd):
+    """Two products of one input by constants, each with its bias Add (attention's q, k, v
+    projections): the biases join their MatMuls first (graph/fuse_matmul_bias), then the
+    siblings become one product with weights and biases concatenated (graph/fuse_matmuls): one
+    packed kernel starting from both biases, no Add. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    inits = [_init("w1", rng.standard_normal((32, 20)) / 6), _init("b1", rng.standard_normal(20)),
+             _init("w2", rng.standard_normal((32, 20)) / 6), _init("b2", rng.standard_normal(20))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["p1"]), helper.make_node("Add", ["p1", "b1"], ["q1"]),
+             helper.make_node("MatMul", ["x", "w2"], ["p2"]), helper.make_node("Add", ["b2", "p2"], ["q2"]),
+             helper.make_node("Mul", ["q1", "q2"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, shapes={"x": ["n", 4, 32]}, cpu_fuse=1)
+    assert prims.get("PackedMatmul") == 1, prims
+    assert not any("Add" in k for k in prims), prims
