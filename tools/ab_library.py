@@ -82,6 +82,13 @@ def main():
     args = ap.parse_args()
     if not args.a or not args.b:
         ap.error("name the libraries (--a, --b) or set ORT_MLX_EP_LIBRARY")
+    # The EP loads oneDNN from its own folder first: a build copied elsewhere without it runs
+    # every convolution through MLX's own, and the A/B compares that instead.
+    for lib in {args.a, args.b} - {"cpu-ep"}:
+        folder = os.path.dirname(os.path.abspath(lib))
+        if not os.path.exists(os.path.join(folder, "libdnnl.so.2")):
+            print(f"warning: no libdnnl.so.2 beside {lib}: copy the build's libdnnl.so.2 and libOpenCL.so.1 "
+                  "there, or its convolutions are MLX's", file=sys.stderr)
     dims = {k: int(v) for k, v in (d.split("=") for d in args.dim)}
     print(f"| model | A median µs (per round) | B median µs (per round) | B/A |")
     print("|---|---|---|---:|")

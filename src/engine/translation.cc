@@ -30,6 +30,45 @@ using graph::DType;
 
 namespace {
 
+// Whether unevaluated `x` is a view whose elements in row-major order are its input's in
+// row-major order: a reshape by another name, or a transpose that moves only axes of size 1.
+bool order_preserving_view(const mx::array& x) {
+  if (x.is_available() || !x.has_primitive() || x.inputs().size() != 1 || !x.siblings().empty()) return false;
+  const std::string_view name = x.primitive().name();
+  if (name == "Reshape" || name == "Squeeze" || name == "ExpandDims" || name == "Flatten" || name == "Unflatten")
+    return true;
+  if (name != "Transpose") return false;
+  const auto& in = x.inputs()[0];
+  int last = -1;  // (by name: libmlx exports no RTTI for its primitives)
+  for (int axis : static_cast<mx::Transpose&>(x.primitive()).state())
+    if (in.shape(axis) != 1) {
+      if (axis < last) return false;
+      last = axis;
+    }
+  return true;
+}
+
+// A Reshape of such views reads the first input before them instead (MLX's Reshape evaluates
+// from its input's shape and its own alone), so the views between drop out of the graph where
+// nothing else reads them: on MLX's CPU device every primitive, a view too, is a task of the
+// stream thread (translations stack them: Unsqueeze after Squeeze, a 1-D convolution's reshapes
+// around a 2-D one, a recurrent step's reshapes of one row).
+void shorten_reshape_chains(const std::vector<mx::array>& outs) {
+  std::vector<mx::array> stack(outs.begin(), outs.end());
+  std::unordered_set<std::uintptr_t> seen;
+  while (!stack.empty()) {
+    mx::array a = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(a.id()).second || a.is_available() || !a.has_primitive()) continue;
+    if (a.inputs().size() == 1 && std::string_view(a.primitive().name()) == "Reshape") {
+      mx::array source = a.inputs()[0];
+      while (order_preserving_view(source)) source = mx::array(source.inputs()[0]);
+      if (source.id() != a.inputs()[0].id()) a.inputs()[0] = source;
+    }
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+}
+
 // Host reads of values derived from these ops depend only on shapes, never on tensor data.
 // (SequenceLength too: a sequence's length follows from the signature and from host reads
 // that were recorded with their own taint.)
@@ -466,6 +505,7 @@ std::vector<mx::array> Program::translate(const std::vector<mx::array>& args,
   std::vector<Taint> taints;
   input_values(args, layout, values, taints);
   auto result = finish_outputs(run_plan(*top_, std::move(values), std::move(taints), run), s);
+  if (s.device == mx::Device::cpu) shorten_reshape_chains(result);
   index_check::append_flag(result, run.index_flags, s);
   stats_.translate_ns += elapsed_ns(t0);
   return result;

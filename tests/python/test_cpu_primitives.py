@@ -575,3 +575,22 @@ def test_sibling_products_share_their_biases(capfd):
     prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, shapes={"x": ["n", 4, 32]}, cpu_fuse=1)
     assert prims.get("PackedMatmul") == 1, prims
     assert not any("Add" in k for k in prims), prims
+
+
+@pytest.mark.parametrize("perm,collapses", [([2, 0, 1, 3], True), ([0, 3, 2, 1], False)])
+def test_reshape_reads_through_views(perm, collapses, capfd):
+    """A Reshape after other views that keep the elements' order (Squeeze, Unsqueeze, a
+    Transpose that moves only axes of size 1) reads their input instead
+    (engine/translation.cc, shorten_reshape_chains): the views between drop out of the run's
+    primitives. A Transpose that reorders axes of other sizes stays. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((1, 6, 1, 4)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(np.array([0, 1] if collapses else [0, 2], np.int64), "axes"),
+             onnx.numpy_helper.from_array(np.array([3, 8], np.int64), "shape")]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm), helper.make_node("Squeeze", ["t", "axes"], ["q"]),
+             helper.make_node("Reshape", ["q", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 0, 0)
+    if collapses:
+        assert "Transpose" not in prims and "Squeeze" not in prims and prims.get("Reshape") == 1, prims
+    else:
+        assert prims.get("Transpose") == 1, prims
