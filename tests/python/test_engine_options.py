@@ -259,7 +259,7 @@ def test_cpu_hold_keeps_the_stream_thread_awake(tmp_path):
         sess = _session(model, report_path=str(report), cpu_hold=value, cpu_poll_us=5000)
         feeds = [{"x": rng.standard_normal((2, 2, 16, 16)).astype(np.float32)} for _ in range(4)]
         want = [run_cpu(model, f)[0] for f in feeds]
-        got = [sess.run(None, feeds[i % 4])[0] for i in range(40)]  # back to back: lingers pay
+        got = [sess.run(None, feeds[i % 4])[0] for i in range(80)]  # back to back: lingers pay
         for i, y in enumerate(got):
             np.testing.assert_allclose(y, want[i % 4], rtol=1e-5, atol=1e-5)
         del sess
