@@ -81,9 +81,12 @@ class Limits {
       cache_raised_ = true;  // once a process: MLX lowers the cache to a new limit at once
       // MLX's CPU allocator keeps 32 MiB of freed buffers by default: a model whose activations
       // are larger gets fresh pages from the OS on every run, each zeroed by the kernel. Unless a
-      // session sets a limit, the cache may hold up to a quarter of MLX's memory limit (what it
-      // holds is at most a run's peak, as ORT's arena keeps its peak).
-      const size_t floor = mx::get_memory_limit() / 4;
+      // session sets a limit, the cache may hold kDefaultCacheBytes (at most a quarter of MLX's
+      // memory limit). Not more: MLX reuses a cached buffer only for a request at most two pages
+      // smaller, so arrays that grow every run (a decode step's KV cache) leave buffers it never
+      // reuses, and a larger cache holds them instead of handing the memory back to malloc.
+      constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
+      const size_t floor = std::min(mx::get_memory_limit() / 4, kDefaultCacheBytes);
       const size_t before = mx::set_cache_limit(floor);
       if (before > floor) mx::set_cache_limit(before);
     }
