@@ -10,7 +10,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<uint64_t> g_runs_begun{0};
-std::atomic<uint64_t> g_held{0}, g_hits{0}, g_misses{0};
+std::atomic<uint64_t> g_held{0}, g_lingers{0}, g_hits{0};
 // Whether the last linger ended by the next run's start; a missed one stops lingering until
 // every kProbeEvery-th run tries again (the caller's rhythm may have changed).
 std::atomic<bool> g_last_linger_hit{true};
@@ -44,8 +44,9 @@ StreamHold::~StreamHold() {
         bool hit = false;
         while (!(hit = g_runs_begun.load(std::memory_order_acquire) != begun) && Clock::now() < deadline) relax();
         g_last_linger_hit.store(hit, std::memory_order_relaxed);
-        (hit ? g_hits : g_misses).fetch_add(1, std::memory_order_relaxed);
+        if (hit) g_hits.fetch_add(1, std::memory_order_relaxed);
       });
+      g_lingers.fetch_add(1, std::memory_order_relaxed);
     } catch (...) {
       // A stopped stream: nothing to keep awake.
     }
@@ -55,6 +56,6 @@ StreamHold::~StreamHold() {
 
 uint64_t StreamHold::held_runs() { return g_held.load(); }
 uint64_t StreamHold::linger_hits() { return g_hits.load(); }
-uint64_t StreamHold::linger_misses() { return g_misses.load(); }
+uint64_t StreamHold::lingers() { return g_lingers.load(); }
 
 }  // namespace ortmlx::engine

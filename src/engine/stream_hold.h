@@ -27,11 +27,11 @@ class StreamHold {
   StreamHold(const StreamHold&) = delete;
   StreamHold& operator=(const StreamHold&) = delete;
 
-  // Process-wide counts: runs held, and lingers that the next run ended (hits) or the
-  // deadline ended (misses).
+  // Process-wide counts: runs held, lingers queued, and lingers that the next run ended (hits,
+  // counted as they end; the others ended by their deadline).
   static uint64_t held_runs();
+  static uint64_t lingers();
   static uint64_t linger_hits();
-  static uint64_t linger_misses();
 
  private:
   mlx::core::Stream stream_;

@@ -69,7 +69,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()
     << ",\"process_packed_matmuls\":" << ops::cpu_packed_matmul_runs()
     << ",\"process_held_runs\":" << engine::StreamHold::held_runs()
-    << ",\"process_hold_lingers\":" << engine::StreamHold::linger_hits() + engine::StreamHold::linger_misses()
+    << ",\"process_hold_lingers\":" << engine::StreamHold::lingers()
     << ",\"process_hold_linger_hits\":" << engine::StreamHold::linger_hits()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
