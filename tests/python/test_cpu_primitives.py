@@ -594,3 +594,15 @@ def test_reshape_reads_through_views(perm, collapses, capfd):
         assert "Transpose" not in prims and "Squeeze" not in prims and prims.get("Reshape") == 1, prims
     else:
         assert prims.get("Transpose") == 1, prims
+
+
+@pytest.mark.parametrize("rows", [2, 33])
+def test_prompt_attention_uses_the_softmax_kernel(rows, capfd):
+    """Attention over several query rows (a prompt) on the CPU takes the explicit math with the
+    EP's vectorized softmax (RowSoftmax) instead of MLX's fused attention, whose composed CPU
+    form runs exp one lane at a time. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(37)
+    q, k, v = (rng.standard_normal((1, rows, 32)).astype(np.float32) for _ in range(3))
+    nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=4)]
+    prims = _run(nodes, {"q": q, "k": k, "v": v}, [], capfd, 1e-5, 1e-5)
+    assert prims.get("RowSoftmax") == 1 and "Softmax" not in prims, prims

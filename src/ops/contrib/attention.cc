@@ -31,7 +31,11 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
   // MLX's fused attention falls back to sgemm there, which packs K and V on every call.
   const bool row_gemv = q.shape(2) == 1 && t == mx::float32 && s.device == mx::Device::cpu &&
                         cpu_gemv_available();
-  if (softcap <= 0.f && qk_mode < 0 && !row_gemv) {
+  // Several query rows on the CPU (a prompt): the explicit math too, for the EP's softmax kernel;
+  // MLX's fused attention has no CPU kernel, and its composed form's softmax runs exp one lane
+  // at a time (most of a 1024-token prompt's time).
+  const bool cpu_rows = t == mx::float32 && s.device == mx::Device::cpu && cpu_row_kernels_enabled();
+  if (softcap <= 0.f && qk_mode < 0 && !row_gemv && !cpu_rows) {
     std::optional<mx::array> m;
     if (bias && mask)
       m = mx::where(*mask, mx::astype(*bias, t, s), mx::array(kNegInf, t), s);
@@ -78,8 +82,8 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
     auto sink = mx::broadcast_to(mx::reshape(mx::astype(*sinks, t, s), {1, N, 1, 1}, s), {B, N, S, 1}, s);
     probs = mx::softmax(mx::concatenate({sink, scores}, -1, s), -1, true, s);
     probs = mx::slice(probs, {0, 0, 0, 1}, {B, N, S, T + 1}, s);
-  } else if (auto p = row_gemv ? cpu_softmax_last_axis(scores, s) : std::nullopt) {
-    probs = *p;  // a decode row on the CPU: the vectorized softmax (ops/cpu_gemv.h)
+  } else if (auto p = row_gemv || cpu_rows ? cpu_softmax_last_axis(scores, s) : std::nullopt) {
+    probs = *p;  // on the CPU: the vectorized softmax (kernels/cpu/kernels.h)
   } else {
     probs = mx::softmax(scores, -1, true, s);
   }
