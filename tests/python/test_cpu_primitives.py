@@ -606,3 +606,19 @@ def test_prompt_attention_uses_the_softmax_kernel(rows, capfd):
     nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=4)]
     prims = _run(nodes, {"q": q, "k": k, "v": v}, [], capfd, 1e-5, 1e-5)
     assert prims.get("RowSoftmax") == 1 and "Softmax" not in prims, prims
+
+
+def test_int4_prompt_products_are_the_packed_kernel(capfd):
+    """MatMulNBits over a prompt's rows on the CPU: the weight dequantized once per program
+    (exactly, as ORT's CPU EP does), then the EP's packed product kernel. Outputs equal ORT's
+    CPU EP."""
+    rng = np.random.default_rng(41)
+    k, n, block = 64, 40, 32
+    x = rng.standard_normal((1, 16, k)).astype(np.float32)
+    b = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * (k // block)) * 0.1).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(scales, "s")]
+    nodes = [helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                              block_size=block)]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
+    assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims

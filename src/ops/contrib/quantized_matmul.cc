@@ -257,8 +257,17 @@ Outputs translate_matmul_nbits(OpContext& c) {
     }
     return mx::transpose(w, c.s);
     };
-    y = mx::matmul(x, c.prepared("deq_wT/" + std::to_string(static_cast<int>(ct.val())) + (g_idx ? "/g" : ""),
-                                 weight_inputs, dequantized), c.s);
+    const auto wT = c.prepared("deq_wT/" + std::to_string(static_cast<int>(ct.val())) + (g_idx ? "/g" : ""),
+                               weight_inputs, dequantized);
+    // A prompt on the CPU: the EP's packed product (the dequantized weight, prepared once, is
+    // laid out once more for its tiles), as MatMul by a constant takes it.
+    std::optional<mx::array> packed_y;
+    if (c.s.device == mx::Device::cpu && ct == mx::float32 && translation_switches().cpu_packed_matmul) {
+      const double flops = 2.0 * static_cast<double>(x.size()) * N;
+      packed_y = cpu_packed_matmul(x, wT, flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops),
+                                   c.s);
+    }
+    y = packed_y ? *packed_y : mx::matmul(x, wT, c.s);
   }
   if (c.has(5)) y = mx::add(y, mx::astype(c.in(5), ct, c.s), c.s);
   y = mx::astype(y, out_t, c.s);
