@@ -267,7 +267,7 @@ def test_cpu_hold_keeps_the_stream_thread_awake(tmp_path):
         return next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
 
     on = session_counts(1)
-    off = session_counts(0)  # the counts are the process's: this session adds none
+    off = session_counts(0)  # the counts are the process's: a session with the option off adds none
     if on["polled_evals"] < 10:
         pytest.skip("few evaluations under cpu_poll_us on this machine now: holding seldom applied")
     assert on["process_held_runs"] >= on["polled_evals"], on
