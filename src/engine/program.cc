@@ -1,5 +1,4 @@
 #include "engine/program.h"
-#include "engine/stream_hold.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include <mlx/primitives.h>
 
 #include "engine/device_buffers.h"
+#include "engine/stream_hold.h"
 #include "graph/fuse_matmuls.h"
 #include "graph/fuse_conv_activation.h"
 #include "graph/fuse_matmul_bias.h"

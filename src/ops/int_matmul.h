@@ -1,6 +1,9 @@
-// Exact integer products through float matmuls (matmul.cc), shared with the integer
-// convolutions of conv_extra.cc.
+// Products of matmul.cc shared with other op families: exact integer products through float
+// matmuls (the integer convolutions of conv_extra.cc) and the CPU's packed product by a constant
+// (MatMulNBits' prompts, contrib/quantized_matmul.cc).
 #pragma once
+
+#include <optional>
 
 #include "ops/op_context.h"
 
@@ -10,5 +13,12 @@ namespace ortmlx::ops {
 // returned exactly as int64: K is cut into chunks whose partial sums fit the mantissa of the
 // float type used (float64 on the CPU, float32 elsewhere).
 mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s);
+
+// a @ b (+ bias [N]) for float32 rows a [..., K] (two or more) and a 2-D float32 b [K, N] that is a
+// constant of the program (its buffer never changes: the kernel lays it out once), through
+// cpu_packed_matmul (kernels/cpu/kernels.h), split over the threads from the switches'
+// cpu_conv_parallel_min_flops; std::nullopt when that path is off or does not fit.
+std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
+                                        const std::optional<mx::array>& bias = std::nullopt);
 
 }  // namespace ortmlx::ops

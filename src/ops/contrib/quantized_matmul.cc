@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "ops/contrib/contrib_internal.h"
+#include "ops/int_matmul.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/dequantize.h"
 #include "ops/switches.h"
@@ -261,12 +262,7 @@ Outputs translate_matmul_nbits(OpContext& c) {
                                weight_inputs, dequantized);
     // A prompt on the CPU: the EP's packed product (the dequantized weight, prepared once, is
     // laid out once more for its tiles), as MatMul by a constant takes it.
-    std::optional<mx::array> packed_y;
-    if (c.s.device == mx::Device::cpu && ct == mx::float32 && translation_switches().cpu_packed_matmul) {
-      const double flops = 2.0 * static_cast<double>(x.size()) * N;
-      packed_y = cpu_packed_matmul(x, wT, flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops),
-                                   c.s);
-    }
+    const auto packed_y = ct == mx::float32 ? packed_product(x, wT, c.s) : std::nullopt;
     y = packed_y ? *packed_y : mx::matmul(x, wT, c.s);
   }
   if (c.has(5)) y = mx::add(y, mx::astype(c.in(5), ct, c.s), c.s);

@@ -62,20 +62,9 @@ std::optional<mx::array> product_through_library(const mx::array& a, const mx::a
   return cpu_dnnl_matmul(a, b, s);
 }
 
-// Several float32 rows by a constant matrix on the CPU: the EP's packed-panel kernel, split over
-// the threads from cpu_dnnl_parallel_min_flops.
-std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, bool b_constant, mx::Stream s,
-                                        const std::optional<mx::array>& bias = std::nullopt) {
-  const auto& sw = translation_switches();
-  if (!b_constant || !sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
-  const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
-  return cpu_packed_matmul(a, b, flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops), s, bias);
-}
-
-mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s, bool b_constant = false) {
+mx::array float_matmul(const mx::array& a, const mx::array& b, mx::Stream s) {
   if (b.ndim() == 2)  // one row times a weight matrix (a decode step): BLAS gemv on the CPU
     if (auto y = cpu_row_gemv(a, b, s)) return *y;
-  if (auto y = packed_product(a, b, b_constant, s)) return *y;
   if (compute_half_in_f32(a, s)) {
     auto a32 = mx::astype(a, mx::float32, s), b32 = mx::astype(b, mx::float32, s);
     auto y = product_through_library(a32, b32, s);
@@ -92,6 +81,17 @@ mx::Dtype exact_float(mx::Stream s) { return s.device == mx::Device::cpu ? mx::f
 int mantissa_bits(mx::Dtype t) { return t == mx::float64 ? 53 : 24; }
 
 }  // namespace
+
+// Declared in ops/int_matmul.h (also used by MatMulNBits' prompts): several float32 rows by a
+// constant matrix on the CPU as the EP's packed-panel kernel, split over the threads from
+// cpu_dnnl_parallel_min_flops.
+std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
+                                        const std::optional<mx::array>& bias) {
+  const auto& sw = translation_switches();
+  if (!sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
+  const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
+  return cpu_packed_matmul(a, b, flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops), s, bias);
+}
 
 // Declared in ops/int_matmul.h (also used by ConvInteger/QLinearConv).
 // a @ b (rank >= 2, numpy batch broadcasting) for integer-valued arrays with |a|, |b| < 2^bits,
@@ -207,7 +207,7 @@ Outputs translate_matmul(OpContext& c) {
   // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
   // a view too, costs MLX's stream thread a task).
   if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32))
-    if (auto y = packed_product(a, b, true, c.s, bias)) return {*y};
+    if (auto y = packed_product(a, b, c.s, bias)) return {*y};
   // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
@@ -225,9 +225,7 @@ Outputs translate_matmul(OpContext& c) {
     b = *b32;
   }
   auto p = promote(a, b, c.s);
-  // A half-precision constant converted once (b32) is no graph constant: its buffer is the
-  // program's, made by the conversion, so the kernel's cached layout is not tied to it.
-  auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s, c.is_constant(1) && !b32 && !p.col);
+  auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s);
   y = unpromote(y, p, c.s);
   if (b32) y = mx::astype(y, dt, c.s);
   return {with_bias(flat ? rows_to(y, batched, c.s) : y)};
@@ -296,7 +294,9 @@ Outputs translate_gemm(OpContext& c) {
     // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start, as ORT's
     // MatMul+Add fusion writes a bias) or oneDNN.
     const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
-    auto m = packed_product(a, b, c.is_constant(1) && !b32 && !f32, c.s, bias_first ? cc : std::nullopt);
+    // (b32, f32: a half-precision B converted per program, no graph constant whose buffer the
+    // kernel's cached layout may be tied to)
+    auto m = c.is_constant(1) && !b32 && !f32 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt) : std::nullopt;
     if (m && bias_first) return *m;
     if (!m) m = product_through_library(a, b, c.s);
     if (m) {  // then alpha and C
