@@ -84,6 +84,10 @@ struct Options {
   // ... and such an evaluation keeps MLX's stream thread awake while its tasks are queued and
   // for cpu_poll_us after them (engine/stream_hold.h).
   bool cpu_hold = true;
+  // MLX's CPU device: the caller computes what it can of a run's graph itself (views, the EP's
+  // CPU kernels, MLX's float32 elementwise primitives) instead of queueing every primitive on
+  // MLX's stream thread (engine/caller_eval.h).
+  bool cpu_caller_eval = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

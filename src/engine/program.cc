@@ -15,6 +15,7 @@
 
 #include <mlx/primitives.h>
 
+#include "engine/caller_eval.h"
 #include "engine/device_buffers.h"
 #include "engine/stream_hold.h"
 #include "graph/fuse_matmuls.h"
@@ -634,7 +635,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
           std::cerr << "[MLX EP] fused node '" << name_ << "': run not kept as a CUDA graph: " << why << "\n";
         }
       } else {
-        evaluate(todo, poll, poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us), s);
+        if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu && evaluate_on_caller(todo)))
+          evaluate(todo, poll, poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us), s);
       }
     }
     tl_last_eval_ns = elapsed_ns(t0);

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "engine/caller_eval.h"
 #include "engine/device_buffers.h"
 #include "engine/stream_hold.h"
 #include "kernels/cpu/kernels.h"
@@ -71,6 +72,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_held_runs\":" << engine::StreamHold::held_runs()
     << ",\"process_hold_lingers\":" << engine::StreamHold::lingers()
     << ",\"process_hold_linger_hits\":" << engine::StreamHold::linger_hits()
+    << ",\"process_caller_arrays\":" << engine::caller_eval_arrays()
+    << ",\"process_caller_left\":" << engine::caller_eval_left()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

@@ -9,6 +9,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 
 namespace ortmlx::ops {
 
@@ -32,7 +33,7 @@ class ChunkConcat : public mx::UnaryPrimitive {
     }
     size_t outer = 1;
     for (int d = 0; d < axis_; ++d) outer *= static_cast<size_t>(out.shape(d));
-    enc.dispatch([dst = out.data<char>(), src = std::move(src), chunk = std::move(chunk), outer] {
+    dispatch_task(enc, [dst = out.data<char>(), src = std::move(src), chunk = std::move(chunk), outer] {
       char* o = dst;
       for (size_t i = 0; i < outer; ++i)
         for (size_t k = 0; k < src.size(); ++k) {

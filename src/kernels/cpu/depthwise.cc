@@ -8,6 +8,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -141,7 +142,7 @@ class DepthwiseConv : public mx::UnaryPrimitive {
     auto& enc = begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    enc.dispatch([x = RowMajorInput(inputs[0]), w = RowMajorInput(inputs[1]), bias = std::move(bias),
+    dispatch_task(enc, [x = RowMajorInput(inputs[0]), w = RowMajorInput(inputs[1]), bias = std::move(bias),
                   yp = out.data<float>(), s = s_, c = channels_, parallel = parallel_] {
       const float* xp = x.rows();
       const float* wp = w.rows();

@@ -3,6 +3,7 @@
 // headers at build time, or the library at run time, cpu_dnnl_matmul says no and the
 // translators keep MLX's matmul.
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 
 #include <atomic>
 
@@ -132,7 +133,7 @@ class DnnlGemm : public mx::UnaryPrimitive {
     mx::Shape batch(w.shape().begin(), w.shape().end() - 2);
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    enc.dispatch([a = describe(x, M, K, flat_), b = describe(w, K, N, flat_), yp = out.data<float>(), M, N, K,
+    dispatch_task(enc, [a = describe(x, M, K, flat_), b = describe(w, K, N, flat_), yp = out.data<float>(), M, N, K,
                   batch = std::move(batch)] {
       // Gathered operands in buffers kept for the stream thread's next product.
       thread_local std::vector<float> buffers[2];

@@ -1,4 +1,5 @@
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 
 #include <dlfcn.h>
 
@@ -86,7 +87,7 @@ class RowGemv : public mx::Primitive {
     const int64_t ws0 = w.strides()[nd - 2], ws1 = w.strides()[nd - 1];
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    enc.dispatch([fn = sgemv(), own = own_, xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
+    dispatch_task(enc, [fn = sgemv(), own = own_, xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
                   K, N, xs, ws0, ws1, b = std::move(b)] {
       std::vector<int64_t> idx(b.shape.size(), 0);
       std::vector<float> xbuf;

@@ -16,6 +16,7 @@
 
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -219,7 +220,7 @@ class Int4RowGemv : public mx::Primitive {
     for (const auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(y);
     const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
-    enc.dispatch([xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
+    dispatch_task(enc, [xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
                   sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,
                   block, int8 = int8_blocks_] {
       // int8 blocks: integer codes where the CPU has AVX2 and blocks hold whole 16-byte steps;

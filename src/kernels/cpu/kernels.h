@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <optional>
 #include <vector>
 
@@ -87,6 +88,14 @@ std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s)
 inline constexpr size_t kCpuUnaryMinElements = 256;
 enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
+
+// One of MLX's own elementwise primitives (by its name) computed by the calling thread into a
+// new row-contiguous `out`, for the evaluation on the caller (engine/caller_eval.h): float32
+// Add, Subtract, Multiply, Divide, Maximum, Minimum, Power; Negative, Abs, Square, Sqrt, Rsqrt,
+// Log, Exp, Sigmoid, Tanh, Erf with MLX's own formulas (the same bits); AsType among float32, int32,
+// int64 and bool. Inputs of any layout; large ones split over the threads. False (nothing done)
+// for any other primitive or dtype.
+bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::array>& inputs, mx::array& out);
 
 // x @ w for a float32 x [..., K] of two or more rows (taken flat) and a constant 2-D float32 w
 // [K, N] (any strides: Gemm's transposed weight is read as such), as one MLX primitive on the CPU
@@ -304,5 +313,7 @@ class RowMajorInput {
   mx::Shape shape_;
   mx::Strides strides_;
 };
+// The elements of an available array `x` (any view) into `dst` in row-major order.
+void copy_row_major(const mx::array& x, void* dst);
 
 }  // namespace ortmlx::ops

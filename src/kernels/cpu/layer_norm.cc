@@ -11,6 +11,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -81,7 +82,7 @@ class RowLayerNorm : public mx::UnaryPrimitive {
     const int64_t n = x.shape(-1), rows = n ? static_cast<int64_t>(x.size()) / n : 0;
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    enc.dispatch([in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
+    dispatch_task(enc, [in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
                   yp = out.data<float>(), n, rows, eps = eps_, rms = rms_] {
       static const NormRow row = pick_norm_row();
       const float* xp = in.rows();

@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -151,7 +152,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
     auto& enc = begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
+    dispatch_task(enc, [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
                   yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;

@@ -13,6 +13,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -201,7 +202,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
     auto& enc = begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    enc.dispatch([cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
+    dispatch_task(enc, [cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
                   yp = out.data<float>(), s = s_, parallel = parallel_, avx512 = avx512_] {
       const float* xp = x.rows();
 #ifdef ORTMLX_X86

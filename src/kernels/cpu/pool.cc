@@ -16,6 +16,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -135,7 +136,7 @@ class Pool2d : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
     auto& enc = begin_output(inputs, out, stream());
-    enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
+    dispatch_task(enc, [in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
                   H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
       const float* xp = in.rows();
       // Planes in shares of >= 32K input elements (~10 us of work, the price of a hand-off).

@@ -3,6 +3,7 @@
 // (RowMajorInput).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <exception>
 #include <future>
@@ -18,6 +19,7 @@
 
 #include "kernels/cpu/dnnl_library.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
@@ -133,7 +135,7 @@ class RowSoftmax : public mx::UnaryPrimitive {
     auto& enc = begin_output(inputs, out, stream());
     const int n = x.shape(-1);
     const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-    enc.dispatch([in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
+    dispatch_task(enc, [in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
       static const SoftmaxRow row = pick_softmax_row();
       const float* xp = in.rows();
       auto run = [&](int64_t r0, int64_t r1) {
@@ -195,6 +197,19 @@ void gather_rows(const T* src, const mx::Shape& shape, const mx::Strides& stride
 struct Bytes16 { char b[16]; };
 }  // namespace
 
+namespace {
+void gather_bytes(const char* src, size_t item, const mx::Shape& shape, const mx::Strides& strides, void* dst) {
+  switch (item) {
+    case 1: gather_rows(reinterpret_cast<const uint8_t*>(src), shape, strides, static_cast<uint8_t*>(dst)); break;
+    case 2: gather_rows(reinterpret_cast<const uint16_t*>(src), shape, strides, static_cast<uint16_t*>(dst)); break;
+    case 4: gather_rows(reinterpret_cast<const uint32_t*>(src), shape, strides, static_cast<uint32_t*>(dst)); break;
+    case 8: gather_rows(reinterpret_cast<const uint64_t*>(src), shape, strides, static_cast<uint64_t*>(dst)); break;
+    case 16: gather_rows(reinterpret_cast<const Bytes16*>(src), shape, strides, static_cast<Bytes16*>(dst)); break;
+    default: throw std::logic_error("[RowMajorInput] unsupported element size");
+  }
+}
+}  // namespace
+
 const void* RowMajorInput::bytes() const {
   if (!scratch_) return src_;
   auto& out = *scratch_;
@@ -203,15 +218,17 @@ const void* RowMajorInput::bytes() const {
   for (auto d : shape_) total *= static_cast<size_t>(d);
   out.resize(std::max<size_t>(total, 1));
   if (shape_.empty() || total == 0) return out.data();  // (a 0-d array is always row-contiguous)
-  switch (item_) {
-    case 1: gather_rows(reinterpret_cast<const uint8_t*>(src_), shape_, strides_, reinterpret_cast<uint8_t*>(out.data())); break;
-    case 2: gather_rows(reinterpret_cast<const uint16_t*>(src_), shape_, strides_, reinterpret_cast<uint16_t*>(out.data())); break;
-    case 4: gather_rows(reinterpret_cast<const uint32_t*>(src_), shape_, strides_, reinterpret_cast<uint32_t*>(out.data())); break;
-    case 8: gather_rows(reinterpret_cast<const uint64_t*>(src_), shape_, strides_, reinterpret_cast<uint64_t*>(out.data())); break;
-    case 16: gather_rows(reinterpret_cast<const Bytes16*>(src_), shape_, strides_, reinterpret_cast<Bytes16*>(out.data())); break;
-    default: throw std::logic_error("[RowMajorInput] unsupported element size");
-  }
+  gather_bytes(src_, item_, shape_, strides_, out.data());
   return out.data();
+}
+
+void copy_row_major(const mx::array& x, void* dst) {
+  if (x.size() == 0) return;
+  if (x.flags().row_contiguous || x.ndim() == 0) {
+    std::memcpy(dst, x.data<char>(), x.nbytes());
+    return;
+  }
+  gather_bytes(x.data<char>(), x.itemsize(), x.shape(), x.strides(), dst);
 }
 
 std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s) {

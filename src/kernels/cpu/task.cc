@@ -1,0 +1,26 @@
+#include "kernels/cpu/task.h"
+
+#include <array>
+
+namespace ortmlx::ops {
+namespace {
+thread_local bool tl_on_caller = false;
+}  // namespace
+
+bool cpu_tasks_on_caller() { return tl_on_caller; }
+CallerTasksScope::CallerTasksScope() : prev_(std::exchange(tl_on_caller, true)) {}
+CallerTasksScope::~CallerTasksScope() { tl_on_caller = prev_; }
+
+bool is_cpu_kernel(std::string_view name) {
+  // The name() of every primitive class under kernels/cpu.
+  static constexpr std::array<std::string_view, 24> kNames = {
+      "RowGemv", "Int4RowGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
+      "DnnlConv", "DnnlConvBlocked", "DnnlUnblock", "DnnlBlockedConcat", "DnnlBlock",
+      "DnnlBlockedMaxPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
+      "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap"};
+  for (auto n : kNames)
+    if (n == name) return true;
+  return false;
+}
+
+}  // namespace ortmlx::ops
