@@ -1,21 +1,29 @@
 #include "engine/caller_eval.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <string_view>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
 #include <mlx/primitives.h>
+#include <mlx/scheduler.h>
 
+#include "engine/stream_hold.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/task.h"
 
 namespace ortmlx::engine {
-namespace {
 
 namespace mx = mlx::core;
 
-std::atomic<uint64_t> g_arrays{0}, g_left{0};
+namespace {
+
+std::atomic<uint64_t> g_arrays{0}, g_stream_arrays{0}, g_left{0};
 
 bool pending(const mx::array& a) { return a.status() == mx::array::Status::unscheduled && a.has_primitive(); }
 bool ready(const mx::array& a) { return a.status() == mx::array::Status::available || a.is_available(); }
@@ -62,28 +70,11 @@ bool compute(mx::array& a) {
   return outputs.size() == 1 && ops::cpu_elementwise_on_caller(n, inputs, outputs[0]);
 }
 
-}  // namespace
+// Arrays above this many elements may start parallel work in a kernel.
+constexpr size_t kCallerMaxElements = size_t{1} << 14;
 
-bool evaluate_on_caller(const std::vector<mx::array>& outs) {
-  // The arrays still to compute, inputs before the arrays that read them (siblings, the other
-  // outputs of one primitive, once).
-  std::vector<mx::array> tape;
-  std::unordered_set<std::uintptr_t> seen;
-  std::vector<std::pair<mx::array, bool>> stack;
-  for (const auto& o : outs) stack.emplace_back(o, false);
-  while (!stack.empty()) {
-    auto [a, expanded] = std::move(stack.back());
-    stack.pop_back();
-    if (expanded) {
-      tape.push_back(std::move(a));
-      continue;
-    }
-    if (!pending(a) || !seen.insert(a.id()).second) continue;
-    for (const auto& s : a.siblings()) seen.insert(s.id());
-    stack.emplace_back(a, true);
-    for (const auto& in : a.inputs())
-      if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
-  }
+// Computes what can be computed of `tape`, in order; returns the arrays computed and left.
+std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape) {
   uint64_t done = 0, left = 0;
   for (auto& a : tape) {
     bool inputs_ready = true;
@@ -96,15 +87,92 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs) {
     a.detach();
     ++done;
   }
-  g_arrays.fetch_add(done, std::memory_order_relaxed);
-  g_left.fetch_add(left, std::memory_order_relaxed);
-  if (left) return false;
+  return {done, left};
+}
+
+// The walk as one task of the stream's thread; the caller waits for it.
+std::pair<uint64_t, uint64_t> walk_on_stream(std::vector<mx::array>& tape, mx::Stream s, bool hold,
+                                             std::chrono::microseconds poll_for) {
+  struct State {
+    std::atomic<bool> done{false};
+    std::mutex mu;
+    std::condition_variable cv;
+    std::exception_ptr error;
+    std::pair<uint64_t, uint64_t> counts;
+  };
+  auto st = std::make_shared<State>();
+  {
+    std::optional<StreamHold> held;
+    if (hold) held.emplace(s, poll_for);
+    mx::scheduler::enqueue(s, [st, &tape] {
+      try {
+        st->counts = walk(tape);
+      } catch (...) {
+        st->error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->done.store(true, std::memory_order_release);
+      }
+      st->cv.notify_one();
+    });
+  }
+  const auto until = std::chrono::steady_clock::now() + poll_for;
+  while (!st->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->done.load(std::memory_order_acquire); });
+  }
+  if (st->error) std::rethrow_exception(st->error);
+  return st->counts;
+}
+
+}  // namespace
+
+bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
+                        std::chrono::microseconds poll_for) {
+  // The arrays still to compute, inputs before the arrays that read them (siblings, the other
+  // outputs of one primitive, once).
+  std::vector<mx::array> tape;
+  std::unordered_set<std::uintptr_t> seen;
+  std::vector<std::pair<mx::array, bool>> stack;
+  bool on_caller = true;
+  for (const auto& o : outs) stack.emplace_back(o, false);
+  while (!stack.empty()) {
+    auto [a, expanded] = std::move(stack.back());
+    stack.pop_back();
+    if (expanded) {
+      tape.push_back(std::move(a));
+      continue;
+    }
+    if (!pending(a) || !seen.insert(a.id()).second) continue;
+    for (const auto& sib : a.siblings()) seen.insert(sib.id());
+    on_caller = on_caller && a.size() <= kCallerMaxElements &&
+                std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
+    stack.emplace_back(a, true);
+    for (const auto& in : a.inputs())
+      if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
+  }
+  if (tape.empty()) return true;
+  std::pair<uint64_t, uint64_t> counts;
+  if (on_caller) {
+    StreamHold::note_run_begun();  // a lingering stream thread stops spinning beside this thread
+    counts = walk(tape);
+    g_arrays.fetch_add(counts.first, std::memory_order_relaxed);
+  } else {
+    counts = walk_on_stream(tape, s, hold, poll_for);
+    g_stream_arrays.fetch_add(counts.first, std::memory_order_relaxed);
+  }
+  g_left.fetch_add(counts.second, std::memory_order_relaxed);
+  if (counts.second) return false;
   for (const auto& o : outs)
     if (!ready(o)) return false;
   return true;
 }
 
 uint64_t caller_eval_arrays() { return g_arrays.load(std::memory_order_relaxed); }
+uint64_t caller_eval_stream_arrays() { return g_stream_arrays.load(std::memory_order_relaxed); }
 uint64_t caller_eval_left() { return g_left.load(std::memory_order_relaxed); }
 
 }  // namespace ortmlx::engine

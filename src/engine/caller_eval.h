@@ -1,16 +1,22 @@
-// The CPU device's evaluation on the calling thread (option cpu_caller_eval).
+// The CPU device's evaluation in one piece (option cpu_caller_eval).
 //
 // Why: MLX's CPU backend makes every primitive of a run, a view too, a task for the stream's
 // thread (a closure, a lock, a queue), and the caller then waits for the last. For small models
-// (a wake-word head, a VAD step) those hand-offs are most of a run. Here the caller walks the
-// run's graph itself, in order, and computes each array whose inputs are ready and whose
-// primitive it can run exactly as MLX would: views (MLX's own eval_cpu, which only shares a
+// (a wake-word head, a VAD step) those hand-offs are most of a run. Here the run's graph is
+// walked in order by one thread, which computes each array whose inputs are ready and whose
+// primitive it can run exactly as MLX would: views (MLX's own eval_cpu, which only points at a
 // buffer), the EP's CPU kernels (their tasks run at once: kernels/cpu/task.h) and MLX's float32
 // elementwise primitives (kernels/cpu/elementwise.cc). What it cannot run (and what depends on
-// that) is left for MLX's evaluation, which then sees the computed arrays as ready.
+// that) is left to MLX's evaluation, which then sees the computed arrays as ready.
+//
+// Which thread walks: the caller, when no array is large and no oneDNN primitive is among them
+// (nothing of the run then starts parallel work); otherwise MLX's stream thread, as one task.
+// Parallel kernels run on OpenMP's threads, whose team belongs to the thread that starts them: a
+// second such thread (the caller beside the stream thread) makes a second team, and with more
+// OpenMP threads than cores libgomp's workers sleep between regions instead of spinning.
 #pragma once
 
-#include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -18,12 +24,17 @@
 
 namespace ortmlx::engine {
 
-// Computes what it can of `outs`' graph on the calling thread; returns whether every array of
-// `outs` is available afterwards (then no MLX evaluation is needed).
-bool evaluate_on_caller(const std::vector<mlx::core::array>& outs);
+// Computes what it can of `outs`' graph (stream `s`, a CPU stream); returns whether every array
+// of `outs` is available afterwards (then no MLX evaluation is needed). A walk on the stream
+// thread is kept awake as StreamHold does (`hold`), and waited for by polling for `poll_for`
+// first.
+bool evaluate_on_caller(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
+                        std::chrono::microseconds poll_for);
 
-// Process-wide counts: arrays computed on the caller, and arrays left to MLX by such passes.
+// Process-wide counts: arrays computed by such walks (on the caller, on the stream thread), and
+// arrays they left to MLX.
 uint64_t caller_eval_arrays();
+uint64_t caller_eval_stream_arrays();
 uint64_t caller_eval_left();
 
 }  // namespace ortmlx::engine

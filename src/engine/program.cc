@@ -635,8 +635,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
           std::cerr << "[MLX EP] fused node '" << name_ << "': run not kept as a CUDA graph: " << why << "\n";
         }
       } else {
-        if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu && evaluate_on_caller(todo)))
-          evaluate(todo, poll, poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us), s);
+        const auto window = std::chrono::microseconds(opt_.cpu_poll_us);
+        if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu &&
+              evaluate_on_caller(todo, s, poll && opt_.cpu_hold, poll ? window : std::chrono::microseconds(0))))
+          evaluate(todo, poll, poll && opt_.cpu_hold, window, s);
       }
     }
     tl_last_eval_ns = elapsed_ns(t0);

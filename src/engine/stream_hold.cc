@@ -54,6 +54,8 @@ StreamHold::~StreamHold() {
   queued_->store(true, std::memory_order_release);
 }
 
+void StreamHold::note_run_begun() { g_runs_begun.fetch_add(1, std::memory_order_release); }
+
 uint64_t StreamHold::held_runs() { return g_held.load(); }
 uint64_t StreamHold::linger_hits() { return g_hits.load(); }
 uint64_t StreamHold::lingers() { return g_lingers.load(); }

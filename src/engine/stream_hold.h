@@ -32,6 +32,8 @@ class StreamHold {
   static uint64_t held_runs();
   static uint64_t lingers();
   static uint64_t linger_hits();
+  // A run that queues nothing on the stream began (engine/caller_eval.h): ends a linger.
+  static void note_run_begun();
 
  private:
   mlx::core::Stream stream_;

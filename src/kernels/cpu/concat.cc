@@ -22,7 +22,7 @@ class ChunkConcat : public mx::UnaryPrimitive {
   ChunkConcat(mx::Stream s, int axis) : mx::UnaryPrimitive(s), axis_(axis) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     std::vector<RowMajorInput> src;  // views gathered in the task (no Contiguous primitives)
     std::vector<size_t> chunk;
     for (const auto& x : inputs) {
@@ -33,7 +33,7 @@ class ChunkConcat : public mx::UnaryPrimitive {
     }
     size_t outer = 1;
     for (int d = 0; d < axis_; ++d) outer *= static_cast<size_t>(out.shape(d));
-    dispatch_task(enc, [dst = out.data<char>(), src = std::move(src), chunk = std::move(chunk), outer] {
+    dispatch_task(stream(), [dst = out.data<char>(), src = std::move(src), chunk = std::move(chunk), outer] {
       char* o = dst;
       for (size_t i = 0; i < outer; ++i)
         for (size_t k = 0; k < src.size(); ++k) {

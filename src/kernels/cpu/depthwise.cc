@@ -139,10 +139,10 @@ class DepthwiseConv : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(st), s_(s), channels_(channels), parallel_(parallel) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(enc, [x = RowMajorInput(inputs[0]), w = RowMajorInput(inputs[1]), bias = std::move(bias),
+    dispatch_task(stream(), [x = RowMajorInput(inputs[0]), w = RowMajorInput(inputs[1]), bias = std::move(bias),
                   yp = out.data<float>(), s = s_, c = channels_, parallel = parallel_] {
       const float* xp = x.rows();
       const float* wp = w.rows();

@@ -329,8 +329,8 @@ class DnnlConvWeights : public PlanPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& w = inputs[0];
     if (!w.flags().row_contiguous) throw std::runtime_error("[DnnlConvWeights] weight must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
                   wn = w.nbytes()] {
       const ThreadLimit limit(plan->threads);
       if (!plan->w_in.p) {
@@ -356,12 +356,12 @@ class DnnlConv : public PlanPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[DnnlConv] the prepared weights must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
     // x and the bias may be any view: gathered in the task when not row-contiguous
     std::optional<RowMajorInput> b;
     if (inputs.size() > 2) b.emplace(inputs[2]);
-    dispatch_task(enc, [plan = plan_, x = RowMajorInput(inputs[0]), wp = ptr(inputs[1]), b = std::move(b),
+    dispatch_task(stream(), [plan = plan_, x = RowMajorInput(inputs[0]), wp = ptr(inputs[1]), b = std::move(b),
                   yp = out.data<float>(), n = out.size(), reorder_in = plan_->src_in.p && !blocked_in_,
                   reorder_out = plan_->dst_out.p && !blocked_out_] {
       float* xp = const_cast<float*>(x.rows());
@@ -412,8 +412,8 @@ class DnnlUnblock : public PlanPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlUnblock] input must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [plan = plan_, xp = const_cast<float*>(inputs[0].data<float>()), yp = out.data<float>(), n = out.size()] {
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [plan = plan_, xp = const_cast<float*>(inputs[0].data<float>()), yp = out.data<float>(), n = out.size()] {
       const ThreadLimit limit(plan->threads);
       Memory from(plan->dst_md, xp), to(plan->dst_plain, yp);
       if (!from.m || !to.m || !execute(plan->dst_out, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
@@ -442,10 +442,10 @@ class DnnlBlockedConcat : public PlanPrimitiveWith<BlockedConcatParams> {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (const auto& x : inputs)
       if (!x.flags().row_contiguous) throw std::runtime_error("[DnnlBlockedConcat] inputs must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     std::vector<const float*> from;
     for (const auto& x : inputs) from.push_back(x.data<float>());
-    dispatch_task(enc, [from = std::move(from), yp = out.data<float>(), images = p_.images, sizes = p_.sizes] {
+    dispatch_task(stream(), [from = std::move(from), yp = out.data<float>(), images = p_.images, sizes = p_.sizes] {
       int64_t per_image = 0;
       for (auto n : sizes) per_image += n;
       for (int64_t i = 0; i < images; ++i) {
@@ -466,8 +466,8 @@ class DnnlBlock : public PlanPrimitive {
  public:
   using PlanPrimitive::PlanPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [plan = plan_, x = RowMajorInput(inputs[0]), yp = out.data<float>(), n = out.size()] {
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [plan = plan_, x = RowMajorInput(inputs[0]), yp = out.data<float>(), n = out.size()] {
       const ThreadLimit limit(plan->threads);
       Memory from(plan->dst_plain, const_cast<float*>(x.rows())), to(plan->dst_md, yp);
       if (!from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
@@ -587,8 +587,8 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlBlockedMaxPool] input must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [xp = inputs[0].data<float>(), yp = out.data<float>(), g = p_.g, d = p_.dims] {
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [xp = inputs[0].data<float>(), yp = out.data<float>(), g = p_.g, d = p_.dims] {
       const int64_t planes = d[0];
       if (d[3] != 8 && d[3] != 16) {
         const int64_t rows = planes * g.out_h;

@@ -123,17 +123,13 @@ class DnnlGemm : public mx::UnaryPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(out);
     const int nd = static_cast<int>(w.ndim());
     const int64_t K = w.shape(nd - 2), N = w.shape(nd - 1);
     const int64_t M = flat_ ? static_cast<int64_t>(out.size()) / N : out.shape(-2);
     mx::Shape batch(w.shape().begin(), w.shape().end() - 2);
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    dispatch_task(enc, [a = describe(x, M, K, flat_), b = describe(w, K, N, flat_), yp = out.data<float>(), M, N, K,
+    dispatch_task(stream(), [a = describe(x, M, K, flat_), b = describe(w, K, N, flat_), yp = out.data<float>(), M, N, K,
                   batch = std::move(batch)] {
       // Gathered operands in buffers kept for the stream thread's next product.
       thread_local std::vector<float> buffers[2];

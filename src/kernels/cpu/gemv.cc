@@ -71,10 +71,6 @@ class RowGemv : public mx::Primitive {
     const mx::array& w = inputs[1];
     mx::array& y = outputs[0];
     y.set_data(mx::allocator::malloc(y.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(y);
     const int nd = static_cast<int>(w.ndim());
     const int K = w.shape(nd - 2), N = w.shape(nd - 1);
     Batch b;
@@ -87,7 +83,7 @@ class RowGemv : public mx::Primitive {
     const int64_t ws0 = w.strides()[nd - 2], ws1 = w.strides()[nd - 1];
     // Pointers are captured raw: MLX's CPU eval keeps every input buffer alive until the
     // stream has run the dispatched task.
-    dispatch_task(enc, [fn = sgemv(), own = own_, xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
+    dispatch_task(stream(), [fn = sgemv(), own = own_, xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(),
                   K, N, xs, ws0, ws1, b = std::move(b)] {
       std::vector<int64_t> idx(b.shape.size(), 0);
       std::vector<float> xbuf;

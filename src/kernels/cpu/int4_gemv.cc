@@ -216,11 +216,8 @@ class Int4RowGemv : public mx::Primitive {
       if (!inputs[i].flags().row_contiguous)
         throw std::runtime_error("[Int4RowGemv] weights, scales and zero biases must be row-contiguous");
     y.set_data(mx::allocator::malloc(y.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(y);
     const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
-    dispatch_task(enc, [xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
+    dispatch_task(stream(), [xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
                   sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,
                   block, int8 = int8_blocks_] {
       // int8 blocks: integer codes where the CPU has AVX2 and blocks hold whole 16-byte steps;

@@ -287,9 +287,8 @@ int cpu_threads();
 // are done.
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
 
-// What every CPU kernel's eval_cpu does first: allocates `out`, and registers the inputs and
-// `out` with the stream's encoder, which it returns for the dispatch.
-mx::cpu::CommandEncoder& begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
+// What every CPU kernel's eval_cpu does first: allocates `out` (then dispatch_task, task.h).
+void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
 
 // An input of a CPU kernel, read in row-major order. Made in a primitive's eval_cpu: a
 // row-contiguous input is read in place; any other view (broadcast, transposed, sliced) is

@@ -78,11 +78,11 @@ class RowLayerNorm : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     const int64_t n = x.shape(-1), rows = n ? static_cast<int64_t>(x.size()) / n : 0;
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(enc, [in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
+    dispatch_task(stream(), [in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
                   yp = out.data<float>(), n, rows, eps = eps_, rms = rms_] {
       static const NormRow row = pick_norm_row();
       const float* xp = in.rows();

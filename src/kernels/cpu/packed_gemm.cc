@@ -149,10 +149,10 @@ class PackedMatmul : public mx::UnaryPrimitive {
 #ifdef ORTMLX_X86
     const auto& w = inputs[1];
     const int64_t sk = w.strides()[0], sn = w.strides()[1];
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(enc, [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
+    dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
                   yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;

@@ -199,10 +199,10 @@ class PointwiseConv : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[PointwiseConv] the weight must be row-contiguous");
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(enc, [cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
+    dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
                   yp = out.data<float>(), s = s_, parallel = parallel_, avx512 = avx512_] {
       const float* xp = x.rows();
 #ifdef ORTMLX_X86

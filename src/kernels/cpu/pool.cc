@@ -135,8 +135,8 @@ class Pool2d : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [in = RowMajorInput(x), yp = out.data<float>(), g = g_, planes = int64_t{x.shape(0)} * x.shape(1),
                   H = int64_t{x.shape(2)}, W = int64_t{x.shape(3)}] {
       const float* xp = in.rows();
       // Planes in shares of >= 32K input elements (~10 us of work, the price of a hand-off).

@@ -132,10 +132,10 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    auto& enc = begin_output(inputs, out, stream());
+    begin_output(inputs, out, stream());
     const int n = x.shape(-1);
     const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-    dispatch_task(enc, [in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
+    dispatch_task(stream(), [in = RowMajorInput(x), yp = out.data<float>(), n, rows] {
       static const SoftmaxRow row = pick_softmax_row();
       const float* xp = in.rows();
       auto run = [&](int64_t r0, int64_t r1) {
@@ -160,12 +160,8 @@ class RowSoftmax : public mx::UnaryPrimitive {
 
 }  // namespace
 
-mx::cpu::CommandEncoder& begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s) {
+void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  for (const auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
-  return enc;
 }
 
 RowMajorInput::RowMajorInput(const mx::array& x) : src_(x.data<char>()), item_(x.itemsize()) {

@@ -23,14 +23,16 @@ class CallerTasksScope {
   bool prev_;
 };
 
-// Every CPU kernel's eval_cpu ends here with its work.
+// Every CPU kernel's eval_cpu ends here with its work, for stream `s`. (The encoder is looked
+// up only to dispatch: MLX keeps one per stream and thread, and a walk may run on the stream's
+// own thread.)
 template <class F>
-void dispatch_task(mlx::core::cpu::CommandEncoder& enc, F&& task) {
+void dispatch_task(mlx::core::Stream s, F&& task) {
   if (cpu_tasks_on_caller()) {
     task();
     return;
   }
-  enc.dispatch(std::forward<F>(task));
+  mlx::core::cpu::get_command_encoder(s).dispatch(std::forward<F>(task));
 }
 
 // Whether an MLX primitive of this name is one of the EP's CPU kernels (all of which dispatch

@@ -148,8 +148,8 @@ class UnaryMap : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    auto& enc = begin_output(inputs, out, stream());
-    dispatch_task(enc, [in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
       const float* xp = in.rows();
       // Chunks of >= 32K elements (~10 us of work each, the price of a hand-off).
       const int parts = static_cast<int>(std::min<int64_t>(cpu_threads(), n / (int64_t{1} << 15)));
