@@ -70,6 +70,10 @@ def main() -> int:
                 (("Compute call", "compute_ns_compiled"), ("inputs", "inputs_ns_compiled"),
                  ("compiled function", "call_ns_compiled"), ("evaluation", "eval_ns_compiled"),
                  ("outputs", "outputs_ns_compiled"))))
+        if "process_caller_arrays" in st:
+            print(f"  walks (cpu_caller_eval), arrays a run: on the caller {st['process_caller_arrays'] / max(n, 1):.1f}, "
+                  f"on the stream thread {st['process_caller_stream_arrays'] / max(n, 1):.1f}, "
+                  f"left to MLX {st['process_caller_left'] / max(n, 1):.1f}")
     return 0
 
 

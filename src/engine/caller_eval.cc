@@ -67,7 +67,7 @@ bool compute(mx::array& a) {
     prim.eval_cpu(inputs, outputs);
     return true;
   }
-  return outputs.size() == 1 && ops::cpu_elementwise_on_caller(n, inputs, outputs[0]);
+  return ops::cpu_mlx_primitive_on_caller(prim, inputs, outputs);
 }
 
 // Arrays above this many elements may start parallel work in a kernel.

@@ -23,37 +23,43 @@ constexpr int64_t kParallelElements = int64_t{1} << 16;
 
 int parts_for(int64_t n) { return n >= kParallelElements ? cpu_threads() : 1; }
 
-struct AddOp { float operator()(float a, float b) const { return a + b; } };
-struct SubtractOp { float operator()(float a, float b) const { return a - b; } };
-struct MultiplyOp { float operator()(float a, float b) const { return a * b; } };
+struct AddOp { template <class T> T operator()(T a, T b) const { return a + b; } };
+struct SubtractOp { template <class T> T operator()(T a, T b) const { return a - b; } };
+struct MultiplyOp { template <class T> T operator()(T a, T b) const { return a * b; } };
 struct DivideOp { float operator()(float a, float b) const { return a / b; } };
 struct MaximumOp {
-  float operator()(float a, float b) const { return std::isnan(a) ? a : (a > b ? a : b); }
+  template <class T> T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) if (std::isnan(a)) return a;
+    return a > b ? a : b;
+  }
 };
 struct MinimumOp {
-  float operator()(float a, float b) const { return std::isnan(a) ? a : (a < b ? a : b); }
+  template <class T> T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) if (std::isnan(a)) return a;
+    return a < b ? a : b;
+  }
 };
 struct PowerOp { float operator()(float a, float b) const { return std::pow(a, b); } };
 
 // y = op(a, b) over inputs of y's shape with any strides (broadcasts are stride 0): a flat loop
 // when both are row-contiguous or one is a single value, else row by row along the last axis.
-template <class Op>
-void binary(const mx::array& a, const mx::array& b, float* y, Op op) {
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
+template <class T, class Op>
+void binary(const mx::array& a, const mx::array& b, T* y, Op op) {
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
   const int64_t n = static_cast<int64_t>(a.size());
   const bool ra = a.flags().row_contiguous, rb = b.flags().row_contiguous;
   const bool sa = a.data_size() == 1, sb = b.data_size() == 1;
   if ((ra || sa) && (rb || sb)) {
     cpu_parallel_for(n, parts_for(n), [&](int64_t i0, int64_t i1) {
       if (sa && !sb) {
-        const float x = pa[0];
+        const T x = pa[0];
         for (int64_t i = i0; i < i1; ++i) y[i] = op(x, pb[i]);
       } else if (sb && !sa) {
-        const float x = pb[0];
+        const T x = pb[0];
         for (int64_t i = i0; i < i1; ++i) y[i] = op(pa[i], x);
       } else if (sa && sb) {
-        const float v = op(pa[0], pb[0]);
+        const T v = op(pa[0], pb[0]);
         for (int64_t i = i0; i < i1; ++i) y[i] = v;
       } else {
         for (int64_t i = i0; i < i1; ++i) y[i] = op(pa[i], pb[i]);
@@ -71,8 +77,8 @@ void binary(const mx::array& a, const mx::array& b, float* y, Op op) {
       oa += idx[k] * a.strides()[k];
       ob += idx[k] * b.strides()[k];
     }
-    const float* ra_ = pa + oa;
-    const float* rb_ = pb + ob;
+    const T* ra_ = pa + oa;
+    const T* rb_ = pb + ob;
     if (ia == 1 && ib == 1) {
       for (int64_t j = 0; j < inner; ++j) y[j] = op(ra_[j], rb_[j]);
     } else if (ia == 1 && ib == 0) {
@@ -252,24 +258,35 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
       default: return convert_from<bool>(x, out);
     }
   }
-  if (out.dtype() != mx::float32) return false;
   for (const auto& x : inputs)
-    if (x.dtype() != mx::float32 || x.shape() != out.shape()) return false;
+    if (x.dtype() != out.dtype() || x.shape() != out.shape()) return false;
   if (inputs.size() == 2) {
-    auto run = [&](auto op) {
+    auto run = [&](auto op, auto type) {
+      using T = decltype(type);
       out.set_data(mx::allocator::malloc(out.nbytes()));
-      binary(inputs[0], inputs[1], out.data<float>(), op);
+      binary<T>(inputs[0], inputs[1], out.data<T>(), op);
       return true;
     };
-    if (name == "Add") return run(AddOp{});
-    if (name == "Subtract") return run(SubtractOp{});
-    if (name == "Multiply") return run(MultiplyOp{});
-    if (name == "Divide") return run(DivideOp{});
-    if (name == "Maximum") return run(MaximumOp{});
-    if (name == "Minimum") return run(MinimumOp{});
-    if (name == "Power") return run(PowerOp{});
+    // Integer arithmetic too (shape computations): the operations C++ and MLX define alike.
+    auto any_type = [&](auto op) {
+      switch (out.dtype()) {
+        case mx::float32: return run(op, float{});
+        case mx::int32: return run(op, int32_t{});
+        case mx::int64: return run(op, int64_t{});
+        default: return false;
+      }
+    };
+    if (name == "Add") return any_type(AddOp{});
+    if (name == "Subtract") return any_type(SubtractOp{});
+    if (name == "Multiply") return any_type(MultiplyOp{});
+    if (name == "Maximum") return any_type(MaximumOp{});
+    if (name == "Minimum") return any_type(MinimumOp{});
+    if (out.dtype() != mx::float32) return false;
+    if (name == "Divide") return run(DivideOp{}, float{});
+    if (name == "Power") return run(PowerOp{}, float{});
     return false;
   }
+  if (out.dtype() != mx::float32) return false;
   if (inputs.size() != 1) return false;
   const auto& x = inputs[0];
   auto run = [&](auto f) {

@@ -96,6 +96,10 @@ std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s)
 // int64 and bool. Inputs of any layout; large ones split over the threads. False (nothing done)
 // for any other primitive or dtype.
 bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::array>& inputs, mx::array& out);
+// Those, and MLX's Gather (indices in range) and float32 Matmul (the same cblas_sgemm calls as
+// MLX's), by the primitive (kernels/cpu/mlx_on_caller.cc). False (nothing done) for the rest.
+bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>& inputs,
+                                 std::vector<mx::array>& outputs);
 
 // x @ w for a float32 x [..., K] of two or more rows (taken flat) and a constant 2-D float32 w
 // [K, N] (any strides: Gemm's transposed weight is read as such), as one MLX primitive on the CPU
