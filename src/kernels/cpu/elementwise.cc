@@ -286,9 +286,22 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
     if (name == "Power") return run(PowerOp{}, float{});
     return false;
   }
-  if (out.dtype() != mx::float32) return false;
   if (inputs.size() != 1) return false;
   const auto& x = inputs[0];
+  if (out.dtype() == mx::int32 || out.dtype() == mx::int64) {  // index arithmetic
+    if (name != "Negative" && name != "Abs") return false;
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto ints = [&](auto type) {
+      using T = decltype(type);
+      std::vector<T> scratch;
+      const T* p = row_major(x, scratch);
+      T* y = out.data<T>();
+      for (size_t i = 0; i < x.size(); ++i) y[i] = name == "Negative" ? -p[i] : (p[i] < 0 ? -p[i] : p[i]);
+      return true;
+    };
+    return out.dtype() == mx::int32 ? ints(int32_t{}) : ints(int64_t{});
+  }
+  if (out.dtype() != mx::float32) return false;
   auto run = [&](auto f) {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     unary(x, out.data<float>(), f);

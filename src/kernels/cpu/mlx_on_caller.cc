@@ -6,7 +6,10 @@
 // MLX's CPU kernels compute: a gather copies elements (negative indices counted from the end, as
 // MLX does), and a product makes the very cblas_sgemm calls MLX's Matmul makes (same operands,
 // transposes and leading dimensions), so the results are the same bits.
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
@@ -130,6 +133,145 @@ bool matmul(const std::vector<mx::array>& inputs, mx::array& out) {
   return true;
 }
 
+// The elements of `x` in row-major order (in place when they lie so).
+template <class T>
+const T* rows_of(const mx::array& x, std::vector<T>& scratch) {
+  if (x.flags().row_contiguous) return x.data<T>();
+  scratch.resize(x.size());
+  copy_row_major(x, scratch.data());
+  return scratch.data();
+}
+template <class T>
+using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;  // (no vector<bool>)
+
+// y[i] = f(a[i], b[i]) over same-shape inputs of any layout.
+template <class T, class Out, class F>
+void map2(const mx::array& a, const mx::array& b, Out* y, F f) {
+  std::vector<Stored<T>> sa, sb;
+  const auto* pa = rows_of(a, sa);
+  const auto* pb = rows_of(b, sb);
+  for (size_t i = 0, n = a.size(); i < n; ++i) y[i] = f(static_cast<T>(pa[i]), static_cast<T>(pb[i]));
+}
+
+template <class T>
+bool compare(std::string_view n, const mx::array& a, const mx::array& b, bool* y) {
+  if (n == "Greater") map2<T>(a, b, y, [](T u, T v) { return u > v; });
+  else if (n == "GreaterEqual") map2<T>(a, b, y, [](T u, T v) { return u >= v; });
+  else if (n == "Less") map2<T>(a, b, y, [](T u, T v) { return u < v; });
+  else if (n == "LessEqual") map2<T>(a, b, y, [](T u, T v) { return u <= v; });
+  else if (n == "Equal") map2<T>(a, b, y, [](T u, T v) { return u == v; });
+  else if (n == "NotEqual") map2<T>(a, b, y, [](T u, T v) { return u != v; });
+  else return false;
+  return true;
+}
+
+bool is_comparison(std::string_view n) {
+  return n == "Greater" || n == "GreaterEqual" || n == "Less" || n == "LessEqual" || n == "Equal" || n == "NotEqual";
+}
+
+// Comparisons (to bool), logical and bitwise and/or of bools, Select: exact whatever the order.
+bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& out) {
+  if (is_comparison(n) && in.size() == 2 && out.dtype() == mx::bool_ && in[0].dtype() == in[1].dtype()) {
+    const auto t = in[0].dtype();
+    if (t != mx::float32 && t != mx::int32 && t != mx::int64 && t != mx::bool_) return false;
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    bool* y = out.data<bool>();
+    if (t == mx::float32) return compare<float>(n, in[0], in[1], y);
+    if (t == mx::int32) return compare<int32_t>(n, in[0], in[1], y);
+    if (t == mx::int64) return compare<int64_t>(n, in[0], in[1], y);
+    return compare<bool>(n, in[0], in[1], y);
+  }
+  const bool all_bool = out.dtype() == mx::bool_ && std::all_of(in.begin(), in.end(), [](const mx::array& x) { return x.dtype() == mx::bool_; });
+  if (all_bool && in.size() == 2 && (n == "LogicalAnd" || n == "LogicalOr" || n == "BitwiseAnd" || n == "BitwiseOr")) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const bool conj = n == "LogicalAnd" || n == "BitwiseAnd";
+    map2<bool>(in[0], in[1], out.data<bool>(), [conj](bool u, bool v) { return conj ? (u && v) : (u || v); });
+    return true;
+  }
+  if (all_bool && in.size() == 1 && n == "LogicalNot") {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    std::vector<uint8_t> s;
+    const uint8_t* p = rows_of(in[0], s);
+    bool* y = out.data<bool>();
+    for (size_t i = 0; i < out.size(); ++i) y[i] = !p[i];
+    return true;
+  }
+  if (n == "Select" && in.size() == 3 && in[0].dtype() == mx::bool_ && in[1].dtype() == out.dtype() &&
+      in[2].dtype() == out.dtype() && (out.itemsize() == 4 || out.itemsize() == 8 || out.itemsize() == 1)) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const size_t item = out.itemsize();
+    std::vector<uint8_t> sc;
+    std::vector<char> s1(in[1].flags().row_contiguous ? 0 : in[1].nbytes()), s2(in[2].flags().row_contiguous ? 0 : in[2].nbytes());
+    const uint8_t* c = rows_of(in[0], sc);
+    const char* a = in[1].flags().row_contiguous ? in[1].data<char>() : (copy_row_major(in[1], s1.data()), s1.data());
+    const char* b = in[2].flags().row_contiguous ? in[2].data<char>() : (copy_row_major(in[2], s2.data()), s2.data());
+    char* y = out.data<char>();
+    for (size_t i = 0; i < out.size(); ++i) std::memcpy(y + i * item, (c[i] ? a : b) + i * item, item);
+    return true;
+  }
+  return false;
+}
+
+// Integer and bool reductions (Sum, Prod, Min, Max, And, Or), whose results do not depend on
+// the order of the operations, and float32 sums over one axis, each output's elements added in
+// order from 0 as MLX's CPU reductions add them on x86 (one lane; over several axes MLX's order
+// is its own); other float reductions stay MLX's.
+template <class T>
+void reduce_into(const mx::array& x, const std::vector<int>& axes, mx::Reduce::ReduceType type, T* y, size_t n_out) {
+  T init{};
+  switch (type) {
+    case mx::Reduce::Sum: case mx::Reduce::Or: init = T(0); break;
+    case mx::Reduce::Prod: case mx::Reduce::And: init = T(1); break;
+    case mx::Reduce::Min: init = std::numeric_limits<T>::max(); break;
+    case mx::Reduce::Max: init = std::numeric_limits<T>::lowest(); break;
+  }
+  std::fill(y, y + n_out, init);
+  std::vector<Stored<T>> scratch;
+  const auto* p = rows_of(x, scratch);
+  const int nd = static_cast<int>(x.ndim());
+  std::vector<bool> reduced(nd, false);
+  for (int a : axes) reduced[a < 0 ? a + nd : a] = true;
+  std::vector<int64_t> out_stride(nd, 0);
+  for (int d = nd - 1, st = 1; d >= 0; --d) {
+    out_stride[d] = reduced[d] ? 0 : st;
+    if (!reduced[d]) st *= x.shape(d);
+  }
+  std::vector<int> idx(nd, 0);
+  int64_t o = 0;
+  for (size_t i = 0, n = x.size(); i < n; ++i) {
+    const T v = static_cast<T>(p[i]);
+    T& r = y[o];
+    switch (type) {
+      case mx::Reduce::Sum: r = r + v; break;
+      case mx::Reduce::Prod: r = r * v; break;
+      case mx::Reduce::Min: r = v < r ? v : r; break;
+      case mx::Reduce::Max: r = v > r ? v : r; break;
+      case mx::Reduce::And: r = r && v; break;
+      case mx::Reduce::Or: r = r || v; break;
+    }
+    for (int d = nd - 1; d >= 0; --d) {
+      o += out_stride[d];
+      if (++idx[d] < x.shape(d)) break;
+      o -= out_stride[d] * x.shape(d);
+      idx[d] = 0;
+    }
+  }
+}
+
+bool reduce(const mx::Reduce& r, const std::vector<mx::array>& in, mx::array& out) {
+  const auto [type, axes] = r.state();
+  const auto& x = in[0];
+  if (in.size() != 1 || x.dtype() != out.dtype() || x.size() == 0 || out.ndim() != x.ndim()) return false;
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  switch (x.dtype()) {
+    case mx::int32: reduce_into(x, axes, type, out.data<int32_t>(), out.size()); return true;
+    case mx::int64: reduce_into(x, axes, type, out.data<int64_t>(), out.size()); return true;
+    case mx::bool_: reduce_into(x, axes, type, out.data<bool>(), out.size()); return true;
+    case mx::float32: reduce_into(x, axes, type, out.data<float>(), out.size()); return true;
+    default: return false;  // (out's data is dropped with it: MLX allocates again)
+  }
+}
+
 }  // namespace
 
 bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>& inputs,
@@ -138,6 +280,14 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
   const std::string_view name = p.name();
   if (name == "Gather") return gather(static_cast<const mx::Gather&>(p), inputs, outputs[0]);
   if (name == "Matmul") return matmul(inputs, outputs[0]);
+  if (name == "Sum" || name == "Prod" || name == "Min" || name == "Max" || name == "And" || name == "Or") {
+    const auto t = inputs[0].dtype();
+    // A float32 sum added in MLX's order (on x86 its reductions take one element at a time).
+    const bool float_sum = t == mx::float32 && name == "Sum" && static_cast<const mx::Reduce&>(p).state().second.size() == 1;
+    if (t != mx::int32 && t != mx::int64 && t != mx::bool_ && !float_sum) return false;
+    return reduce(static_cast<const mx::Reduce&>(p), inputs, outputs[0]);
+  }
+  if (boolean(name, inputs, outputs[0])) return true;
   return cpu_elementwise_on_caller(name, inputs, outputs[0]);
 }
 

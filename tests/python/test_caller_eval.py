@@ -1,0 +1,108 @@
+"""The CPU device's evaluation in one piece (engine/caller_eval.h, option cpu_caller_eval): the
+run's graph walked by one thread, views, the EP's kernels and MLX's elementwise, Gather,
+Matmul and reduction primitives computed by it. Each case runs in its own process (the report's
+counts are process-wide), on the EP and ORT's CPU EP, with the walk on and off; outputs must
+equal MLX's own evaluation bit for bit, and ORT's CPU EP within the stated tolerance."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import oracle
+
+pytestmark = pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the walk is the CPU device's")
+
+_CASE = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+case, report, walk = sys.argv[1], sys.argv[2], sys.argv[3]
+rng = np.random.default_rng(5)
+f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+init = lambda n, a: numpy_helper.from_array(np.asarray(a), n)
+N = helper.make_node
+if case == "elementwise":
+    # Every elementwise primitive the walk computes, over values with NaN, infinities, zeros,
+    # large and small magnitudes, broadcast against a row and a scalar.
+    x = f32(4, 32) * 30
+    x[0, :6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.5]
+    x[1, :4] = [-88.5, 1e-30, -1e-30, 87.9]
+    feeds = {"x": x, "i": rng.integers(-50, 50, (4, 32)).astype(np.int64)}
+    inits = [init("r", f32(32)), init("two", np.float32(2.0)), init("ax", np.array([1], np.int64)),
+             init("idx", np.array([3, -1, 0, 2], np.int64)), init("w", f32(32, 16)), init("k", np.int64(3))]
+    nodes = [N("Add", ["x", "r"], ["a"]), N("Sub", ["a", "two"], ["b"]), N("Mul", ["b", "x"], ["c"]),
+             N("Div", ["c", "r"], ["d"]), N("Max", ["d", "x"], ["e"]), N("Min", ["e", "a"], ["f"]),
+             N("Abs", ["f"], ["g"]), N("Sqrt", ["g"], ["h"]), N("Neg", ["h"], ["h2"]), N("Exp", ["x"], ["ex"]),
+             N("Sigmoid", ["x"], ["sg"]), N("Tanh", ["x"], ["th"]), N("Erf", ["x"], ["er"]), N("Log", ["g"], ["lg"]),
+             N("Pow", ["g", "r"], ["pw"]), N("Greater", ["x", "r"], ["gt"]), N("Where", ["gt", "sg", "th"], ["wh"]),
+             N("Equal", ["i", "k"], ["eq"]), N("Not", ["eq"], ["ne"]), N("Cast", ["ne"], ["nef"], to=TP.FLOAT),
+             N("Mul", ["i", "k"], ["ik"]), N("Neg", ["ik"], ["ikn"]), N("ReduceSum", ["ikn", "ax"], ["rs"], keepdims=1),
+             N("Cast", ["rs"], ["rsf"], to=TP.FLOAT), N("Gather", ["x", "idx"], ["ga"], axis=0),
+             N("MatMul", ["wh", "w"], ["mm"]), N("ReduceSum", ["er", "ax"], ["es"], keepdims=1),
+             N("Concat", ["b", "c", "d", "e", "f", "h2", "ex", "sg", "th", "er", "lg", "pw", "wh", "nef", "ga"], ["cat"],
+               axis=1),
+             N("Concat", ["rsf", "es"], ["sums"], axis=1)]
+    outs = ["cat", "mm", "sums"]
+    types = {"x": TP.FLOAT, "i": TP.INT64}
+elif case == "chain":
+    # A wake-word head's size: every array small, so the caller walks it.
+    feeds = {"x": f32(1, 64)}
+    inits = [init("w1", f32(64, 64) * 0.1), init("b1", f32(64)), init("w2", f32(64, 32) * 0.1), init("k", f32(32))]
+    nodes = [N("MatMul", ["x", "w1"], ["a"]), N("Add", ["a", "b1"], ["b"]), N("Relu", ["b"], ["c"]),
+             N("MatMul", ["c", "w2"], ["d"]), N("Tanh", ["d"], ["e"]), N("Mul", ["e", "k"], ["f"]),
+             N("Sigmoid", ["f"], ["g"]), N("Softmax", ["g"], ["y"], axis=-1)]
+    outs, types = ["y"], {"x": TP.FLOAT}
+else:  # "large": a convolution and large activations, so the stream thread walks it
+    feeds = {"x": f32(1, 8, 64, 64)}
+    inits = [init("w", f32(16, 8, 3, 3) * 0.1), init("s", f32(16, 1, 1))]
+    nodes = [N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), N("Mul", ["c", "s"], ["m"]), N("Tanh", ["m"], ["t"]),
+             N("Add", ["t", "c"], ["y"])]
+    outs, types = ["y"], {"x": TP.FLOAT}
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, types[k], list(v.shape)) for k, v in feeds.items()],
+                      [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
+    "cpu", fallback=False, report_path=report, cpu_caller_eval=walk, cpu_fuse="0"))
+for _ in range(3):
+    got = s.run(None, feeds)
+del s
+ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+if case != "elementwise":  # (there NaN and infinities meet ops whose NaN rules ORT and MLX set apart)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+np.savez(report + ".npz", *got)
+print(json.dumps({k: line[k] for k in ("process_caller_arrays", "process_caller_stream_arrays", "process_caller_left")}))
+"""
+
+
+def _run(case, walk, tmp_path):
+    report = str(tmp_path / f"{case}-{walk}.jsonl")
+    env = dict(os.environ)
+    env.pop("ORT_MLX_CPU_CALLER_EVAL", None)
+    out = subprocess.run([sys.executable, "-c", _CASE, case, report, str(walk)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    with np.load(report + ".npz") as z:
+        return counts, [z[k] for k in sorted(z.files, key=lambda n: int(n.split("_")[1]))]
+
+
+@pytest.mark.parametrize("case,where", [("elementwise", "process_caller_arrays"),
+                                        ("chain", "process_caller_arrays"),
+                                        ("large", "process_caller_stream_arrays")])
+def test_walk_equals_mlxs_evaluation(case, where, tmp_path):
+    """With the walk on, the whole graph is computed by it (nothing left to MLX), on the caller
+    for a small graph and on the stream thread for one with a convolution or large arrays; the
+    outputs are the bits of MLX's own evaluation (the walk off), and, for the graphs without
+    NaN and infinities, ORT's CPU EP's within 1e-5. Broken by any of the walk's kernels
+    computing other values than MLX's, or by a primitive the walk skips."""
+    on, got = _run(case, 1, tmp_path)
+    off, want = _run(case, 0, tmp_path)
+    assert off["process_caller_arrays"] == off["process_caller_stream_arrays"] == 0, off
+    assert on[where] > 0 and on["process_caller_left"] == 0, on
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)  # NaN equals NaN here
