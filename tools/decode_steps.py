@@ -108,6 +108,7 @@ def main() -> int:
     if a.prompts:
         return time_prompts(a)
     report = pathlib.Path(tempfile.mkdtemp()) / "report.jsonl"
+    walked = {}
     if a.prefill_logits:
         dec = Decoder(a.model, "mlx", a.device, device_memory="1")
         ids = np.random.default_rng(0).integers(3, 1000, (1, a.context))
@@ -147,6 +148,12 @@ def main() -> int:
                   f" (MLX eval {per_compiled('eval_ns_compiled'):.2f}, outputs {per_compiled('outputs_ns_compiled'):.2f},"
                   f" inputs {per_compiled('inputs_ns_compiled'):.2f}, compiled call {per_compiled('call_ns_compiled'):.2f});"
                   f" max |logit - first setting's| {float(np.abs(last - first).max()):.2e}", flush=True)
+            if "process_caller_arrays" in st:  # process-wide counts: this setting's share since the last
+                keys = ("process_caller_arrays", "process_caller_stream_arrays", "process_caller_left")
+                d = [st[k] - walked.get(k, 0) for k in keys]
+                walked.update({k: st[k] for k in keys})
+                print(f"    walks (cpu_caller_eval) per run: on the caller {d[0] / runs:.0f}, on the stream thread"
+                      f" {d[1] / runs:.0f}, left to MLX {d[2] / runs:.0f}", flush=True)
     return 0
 
 

@@ -72,6 +72,8 @@ bool compute(mx::array& a) {
 
 // Arrays above this many elements may start parallel work in a kernel.
 constexpr size_t kCallerMaxElements = size_t{1} << 14;
+// A walk on the stream thread only for graphs whose arrays average at most this many elements.
+constexpr size_t kWalkMaxMeanElements = size_t{1} << 14;
 
 // Computes what can be computed of `tape`, in order; returns the arrays computed and left.
 std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape) {
@@ -138,6 +140,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
   std::unordered_set<std::uintptr_t> seen;
   std::vector<std::pair<mx::array, bool>> stack;
   bool on_caller = true;
+  size_t total_elements = 0;
   for (const auto& o : outs) stack.emplace_back(o, false);
   while (!stack.empty()) {
     auto [a, expanded] = std::move(stack.back());
@@ -148,6 +151,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
     }
     if (!pending(a) || !seen.insert(a.id()).second) continue;
     for (const auto& sib : a.siblings()) seen.insert(sib.id());
+    total_elements += a.size();
     on_caller = on_caller && a.size() <= kCallerMaxElements &&
                 std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
     stack.emplace_back(a, true);
@@ -155,6 +159,9 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
       if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
   }
   if (tape.empty()) return true;
+  // Kernels over large arrays gain nothing from the walk, and lose MLX's overlap of the caller
+  // queueing the next primitive while the stream thread computes one.
+  if (!on_caller && total_elements > kWalkMaxMeanElements * tape.size()) return false;
   std::pair<uint64_t, uint64_t> counts;
   if (on_caller) {
     StreamHold::note_run_begun();  // a lingering stream thread stops spinning beside this thread

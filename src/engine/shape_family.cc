@@ -246,7 +246,10 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     if (match) {
       try {
         auto outs = [&] {
-          CompiledCallScope call(s.device == mx::Device::cpu && opt_.cpu_fuse == 0);
+          // With cpu_caller_eval, MLX's own ops (which the walk computes) instead of generated kernels
+          // (which it cannot), unless the user chose fusion.
+          CompiledCallScope call(s.device == mx::Device::cpu &&
+                                 (opt_.cpu_fuse == 0 || (opt_.cpu_fuse == 2 && opt_.cpu_caller_eval)));
           return fn->second(in);
         }();
         for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));

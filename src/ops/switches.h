@@ -40,6 +40,9 @@ struct TranslationSwitches {
   // float32 products of several rows by a constant matrix as the EP's packed-panel kernel
   // (kernels/cpu/packed_gemm.cc)
   bool cpu_packed_matmul = true;
+  // runs on MLX's CPU device are walked (engine/caller_eval.h), which computes MLX's own ops but
+  // not its generated kernels: helpers keep the plain ops there
+  bool cpu_caller_eval = true;
 };
 
 // The calling thread's current switches.

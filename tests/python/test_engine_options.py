@@ -83,7 +83,8 @@ def test_cpu_gemv(capfd, switch):
 
 def test_fused_rotary(capfd, switch):
     """RotaryEmbedding's halves rotation: one compiled kernel by default, separate multiply/add
-    kernels with fused_rotary=0. The same roundings: equal results."""
+    kernels with fused_rotary=0; on the CPU device while runs are walked (cpu_caller_eval, on by
+    default) the separate ops too, which the walk computes. The same roundings: equal results."""
     B, S, N, H = 1, 3, 2, 16
     ang = np.outer(np.arange(8), 1.0 / 10000.0 ** (np.arange(0, H, 2) / H))
     inits = [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
@@ -94,12 +95,14 @@ def test_fused_rotary(capfd, switch):
     feeds = {"x": rng.standard_normal((B, S, N * H)).astype(np.float32),
              "pos": np.array([[2, 3, 4]], np.int64)}
     ref = run_cpu(model, feeds)[0]
-    (on,), p_on = _evaluated(capfd, model, feeds)
-    (off,), p_off = _evaluated(capfd, model, feeds, **switch("fused_rotary", 0))
+    (on,), p_on = _evaluated(capfd, model, feeds, cpu_caller_eval="0")
+    (off,), p_off = _evaluated(capfd, model, feeds, cpu_caller_eval="0", **switch("fused_rotary", 0))
+    (walked,), p_walked = _evaluated(capfd, model, feeds)
     compiled = lambda p: sum(n for name, n in p.items() if name.startswith("Compiled"))  # noqa: E731
-    assert compiled(p_on) == 1 and compiled(p_off) == 0, (p_on, p_off)
-    assert p_off["Multiply"] >= p_on["Multiply"] + 2, (p_on, p_off)
+    assert compiled(p_on) == 1 and compiled(p_off) == 0 and compiled(p_walked) == 0, (p_on, p_off, p_walked)
+    assert p_off["Multiply"] >= p_on["Multiply"] + 2 and p_walked["Multiply"] >= p_on["Multiply"] + 2, (p_on, p_off)
     np.testing.assert_array_equal(on, off)
+    np.testing.assert_array_equal(on, walked)
     np.testing.assert_allclose(on, ref, rtol=1e-5, atol=1e-5)
 
 

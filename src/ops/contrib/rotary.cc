@@ -90,7 +90,16 @@ mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const m
   auto c2 = mx::astype(cos2, ct, s), s2 = mx::astype(sin2, ct, s);
   mx::array out = rot;
   // The option fused_rotary=0 keeps the eager four-kernel form (for comparisons).
-  if (translation_switches().fused_rotary) {
+  if (translation_switches().fused_rotary && s.device == mx::Device::cpu && translation_switches().cpu_caller_eval) {
+    // The same ops unfused: a walk (engine/caller_eval.h) computes them, not a generated kernel.
+    auto halves = [&](const mx::array& a) {
+      auto shp = a.shape();
+      shp.back() = 2;
+      shp.push_back(a.shape(-1) / 2);
+      return mx::reshape(a, shp, s);
+    };
+    out = mx::reshape(rotate_halves_body({halves(rot), halves(c2), halves(s2)}, s)[0], rot.shape(), s);
+  } else if (translation_switches().fused_rotary) {
     // Same products and sum as below, so the same roundings (up to the fused kernel's FMA).
     auto halves = [&](const mx::array& a) {
       auto shp = a.shape();
