@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -23,7 +24,9 @@ namespace mx = mlx::core;
 
 namespace {
 
-std::atomic<uint64_t> g_arrays{0}, g_stream_arrays{0}, g_left{0};
+std::atomic<uint64_t> g_arrays{0}, g_stream_arrays{0}, g_left{0}, g_replays{0};
+thread_local bool tl_keep_next = false;
+thread_local std::shared_ptr<KeptWalk> tl_kept;
 
 bool pending(const mx::array& a) { return a.status() == mx::array::Status::unscheduled && a.has_primitive(); }
 bool ready(const mx::array& a) { return a.status() == mx::array::Status::available || a.is_available(); }
@@ -76,7 +79,7 @@ constexpr size_t kCallerMaxElements = size_t{1} << 14;
 constexpr size_t kWalkMaxMeanElements = size_t{1} << 14;
 
 // Computes what can be computed of `tape`, in order; returns the arrays computed and left.
-std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape) {
+std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = true) {
   uint64_t done = 0, left = 0;
   for (auto& a : tape) {
     bool inputs_ready = true;
@@ -86,15 +89,15 @@ std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape) {
       continue;
     }
     for (auto& o : a.outputs()) o.set_status(mx::array::Status::available);
-    a.detach();
+    if (detach) a.detach();
     ++done;
   }
   return {done, left};
 }
 
 // The walk as one task of the stream's thread; the caller waits for it.
-std::pair<uint64_t, uint64_t> walk_on_stream(std::vector<mx::array>& tape, mx::Stream s, bool hold,
-                                             std::chrono::microseconds poll_for) {
+std::pair<uint64_t, uint64_t> on_stream(const std::function<std::pair<uint64_t, uint64_t>()>& body, mx::Stream s,
+                                        bool hold, std::chrono::microseconds poll_for) {
   struct State {
     std::atomic<bool> done{false};
     std::mutex mu;
@@ -106,9 +109,9 @@ std::pair<uint64_t, uint64_t> walk_on_stream(std::vector<mx::array>& tape, mx::S
   {
     std::optional<StreamHold> held;
     if (hold) held.emplace(s, poll_for);
-    mx::scheduler::enqueue(s, [st, &tape] {
+    mx::scheduler::enqueue(s, [st, &body] {
       try {
-        st->counts = walk(tape);
+        st->counts = body();
       } catch (...) {
         st->error = std::current_exception();
       }
@@ -162,21 +165,76 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
   // Kernels over large arrays gain nothing from the walk, and lose MLX's overlap of the caller
   // queueing the next primitive while the stream thread computes one.
   if (!on_caller && total_elements > kWalkMaxMeanElements * tape.size()) return false;
+  const bool keep = std::exchange(tl_keep_next, false);
   std::pair<uint64_t, uint64_t> counts;
   if (on_caller) {
     StreamHold::note_run_begun();  // a lingering stream thread stops spinning beside this thread
-    counts = walk(tape);
+    counts = walk(tape, !keep);
     g_arrays.fetch_add(counts.first, std::memory_order_relaxed);
   } else {
-    counts = walk_on_stream(tape, s, hold, poll_for);
+    counts = on_stream([&] { return walk(tape, !keep); }, s, hold, poll_for);
     g_stream_arrays.fetch_add(counts.first, std::memory_order_relaxed);
   }
   g_left.fetch_add(counts.second, std::memory_order_relaxed);
+  if (keep && !counts.second) tl_kept = std::shared_ptr<KeptWalk>(new KeptWalk(std::move(tape), outs, on_caller, s));
   if (counts.second) return false;
   for (const auto& o : outs)
     if (!ready(o)) return false;
   return true;
 }
+
+void keep_next_walk() { tl_keep_next = true; }
+std::shared_ptr<KeptWalk> take_kept_walk() {
+  tl_keep_next = false;
+  return std::exchange(tl_kept, nullptr);
+}
+
+KeptWalk::KeptWalk(std::vector<mx::array> tape, std::vector<mx::array> outs, bool on_caller, mx::Stream s)
+    : tape_(std::move(tape)), outs_(std::move(outs)), on_caller_(on_caller), stream_(s) {
+  for (const auto& a : tape_) bytes_ += a.nbytes();
+}
+
+std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& kept_args,
+                                                       const std::vector<mx::array>& args, bool hold,
+                                                       std::chrono::microseconds poll_for) {
+  if (kept_args.size() != args.size()) return std::nullopt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (kept_args[i].id() == args[i].id()) continue;  // a constant: the same array every run
+    if (kept_args[i].shape() != args[i].shape() || kept_args[i].dtype() != args[i].dtype()) return std::nullopt;
+    kept_args[i].copy_shared_buffer(args[i]);
+  }
+  auto body = [this] {
+    uint64_t done = 0;
+    for (auto& a : tape_) {
+      if (!compute(a)) return std::pair<uint64_t, uint64_t>{done, 1};
+      ++done;
+    }
+    return std::pair<uint64_t, uint64_t>{done, 0};
+  };
+  std::pair<uint64_t, uint64_t> counts;
+  if (on_caller_) {
+    StreamHold::note_run_begun();
+    counts = body();
+  } else {
+    counts = on_stream(body, stream_, hold, poll_for);
+  }
+  if (counts.second) return std::nullopt;
+  g_replays.fetch_add(1, std::memory_order_relaxed);
+  (on_caller_ ? g_arrays : g_stream_arrays).fetch_add(counts.first, std::memory_order_relaxed);
+  // Arrays of their own over this run's buffers: the next replay points the kept ones at new
+  // buffers, while ORT may still be reading these.
+  std::vector<mx::array> outs;
+  outs.reserve(outs_.size());
+  for (const auto& o : outs_) {
+    mx::array r(o.shape(), o.dtype(), nullptr, {});
+    r.copy_shared_buffer(o);
+    r.set_status(mx::array::Status::available);
+    outs.push_back(std::move(r));
+  }
+  return outs;
+}
+
+uint64_t caller_eval_replays() { return g_replays.load(std::memory_order_relaxed); }
 
 uint64_t caller_eval_arrays() { return g_arrays.load(std::memory_order_relaxed); }
 uint64_t caller_eval_stream_arrays() { return g_stream_arrays.load(std::memory_order_relaxed); }

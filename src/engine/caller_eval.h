@@ -18,6 +18,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -31,8 +33,38 @@ namespace ortmlx::engine {
 bool evaluate_on_caller(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
                         std::chrono::microseconds poll_for);
 
-// Process-wide counts: arrays computed by such walks (on the caller, on the stream thread), and
+// A run's walk kept for its signature's later runs (option cpu_caller_replay): the graph a
+// compiled call built, its primitives and arrays held, computed again over each run's
+// arguments. Then a run needs neither the compiled call (which builds a graph of new arrays),
+// nor the walk's graph search, nor MLX's bookkeeping of each array. Only a walk that computed
+// the whole graph is kept; the intermediate arrays' buffers stay held between runs.
+class KeptWalk {
+ public:
+  KeptWalk(std::vector<mlx::core::array> tape, std::vector<mlx::core::array> outs, bool on_caller,
+           mlx::core::Stream s);
+  // Points `kept_args` (the arguments of the kept run, which its graph reads) at `args` (the
+  // same shapes), computes the graph again and returns arrays of its outputs; nullopt when a
+  // step could not be computed (a gather's index out of range: the caller runs the compiled
+  // call instead and drops this).
+  std::optional<std::vector<mlx::core::array>> replay(std::vector<mlx::core::array>& kept_args,
+                                                      const std::vector<mlx::core::array>& args, bool hold,
+                                                      std::chrono::microseconds poll_for);
+  size_t bytes() const { return bytes_; }  // held between runs
+
+ private:
+  std::vector<mlx::core::array> tape_, outs_;
+  bool on_caller_;
+  mlx::core::Stream stream_;
+  size_t bytes_ = 0;
+};
+// The calling thread's next evaluate_on_caller keeps its walk: take_kept_walk() then returns it
+// (null when the walk left anything to MLX, or none ran).
+void keep_next_walk();
+std::shared_ptr<KeptWalk> take_kept_walk();
+
+// Process-wide counts: runs replayed from a kept walk; arrays computed by such walks (on the caller, on the stream thread), and
 // arrays they left to MLX.
+uint64_t caller_eval_replays();
 uint64_t caller_eval_arrays();
 uint64_t caller_eval_stream_arrays();
 uint64_t caller_eval_left();

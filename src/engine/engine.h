@@ -88,6 +88,9 @@ struct Options {
   // CPU kernels, MLX's float32 elementwise primitives) instead of queueing every primitive on
   // MLX's stream thread (engine/caller_eval.h).
   bool cpu_caller_eval = true;
+  // ... and a compiled signature's walk that computed its whole graph is kept and computed again
+  // over later runs' arguments (engine/caller_eval.h, KeptWalk).
+  bool cpu_caller_replay = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

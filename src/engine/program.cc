@@ -81,6 +81,10 @@ thread_local const char* tl_last_run_path = "";
 // The window (how short an evaluation must be, and how long the next one polls) is the option
 // cpu_poll_us.
 constexpr uint64_t kPollProbeEvery = 16;
+// cpu_caller_replay: a compiled signature's walk is kept from its kWalkAfterCalls-th call, when
+// its arrays hold at most kWalkMaxBytes (held between runs).
+constexpr int kWalkAfterCalls = 3;
+constexpr size_t kWalkMaxBytes = size_t{64} << 20;
 
 void evaluate(std::vector<mx::array>& arrays, bool poll, bool hold, std::chrono::microseconds poll_for,
               mx::Stream s) {
@@ -776,6 +780,29 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     ++stats_.traces;
     tl_last_run_path = "compiled (new trace)";
   }
+  if (e.fn && !compile_broken_ && e.walk) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<std::vector<mx::array>> outs;
+    try {
+      outs = e.walk->replay(e.walk_args, args, opt_.cpu_poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us));
+    } catch (...) {
+      e.walk.reset();  // its arrays' state is unknown
+      e.walk_args.clear();
+      throw;
+    }
+    if (outs) {
+      tl_last_eval_ns = elapsed_ns(t0);
+      stats_.eval_ns += tl_last_eval_ns;
+      stats_.eval_ns_compiled += tl_last_eval_ns;
+      ++stats_.compiled_runs;
+      tl_last_run_compiled = true;
+      tl_last_run_path = "replayed walk";
+      if (index_check::take_flag(*outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
+      return std::move(*outs);
+    }
+    e.walk.reset();
+    e.walk_args.clear();
+  }
   if (e.fn && !compile_broken_) {
     if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
     try {
@@ -803,7 +830,18 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         return (tuning && use_unfused ? e.fn_unfused : e.fn)(kept ? kept_args : args);
       }();
       const auto call_ns = elapsed_ns(t_call);
+      // A warm signature's walk is kept for its later runs (once the fusion choice is made).
+      const bool keep_walk = opt_.cpu_caller_eval && opt_.cpu_caller_replay && s.device == mx::Device::cpu &&
+                             !opt_.gpu && !device_memory() && !tuning && !kept && e.compiled_calls >= kWalkAfterCalls;
+      if (keep_walk) keep_next_walk();
       auto outs = eval_all(std::move(traced), kept.get());
+      if (keep_walk) {
+        auto walk = take_kept_walk();
+        if (walk && walk->bytes() <= kWalkMaxBytes && tl_row_updates.empty()) {
+          e.walk = std::move(walk);
+          e.walk_args = args;
+        }
+      }
       if (kept) {
         ++(kept->graph ? stats_.replay_captures : stats_.replay_failures);
         if (kept->graph)

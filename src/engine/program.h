@@ -19,6 +19,7 @@
 
 #include <mlx/mlx.h>
 
+#include "engine/caller_eval.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
 #include "engine/shape_family.h"
@@ -97,6 +98,9 @@ class Program final : public FusedProgram {
     int compiled_calls = 0;
     std::shared_ptr<KeptGraph> kept;
     int kept_tries = 0;
+    // cpu_caller_replay: the kept walk of a compiled call, and the arguments its graph reads.
+    std::shared_ptr<KeptWalk> walk;
+    std::vector<mx::array> walk_args;
   };
 
   // gpu_graph_replay: whether this run's inputs allow keeping its graph; the arguments of the

@@ -66,25 +66,31 @@ m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 9
 s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
     "cpu", fallback=False, report_path=report, cpu_caller_eval=walk, cpu_fuse="0"))
-for _ in range(3):
-    got = s.run(None, feeds)
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+got = []
+for run in range(int(sys.argv[4])):  # each run its own values (a kept walk must follow them)
+    feeds = {k: (v + np.float32(run) * 0.25 if v.dtype == np.float32 else v) for k, v in feeds.items()}
+    outs = s.run(None, feeds)
+    got += outs
+    if case != "elementwise":  # (there NaN and infinities meet ops whose NaN rules ORT and MLX set apart)
+        for a, b in zip(outs, cpu.run(None, feeds)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 del s
-ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-if case != "elementwise":  # (there NaN and infinities meet ops whose NaN rules ORT and MLX set apart)
-    for a, b in zip(got, ref):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
 np.savez(report + ".npz", *got)
-print(json.dumps({k: line[k] for k in ("process_caller_arrays", "process_caller_stream_arrays", "process_caller_left")}))
+print(json.dumps({k: line[k] for k in ("process_caller_arrays", "process_caller_stream_arrays", "process_caller_left",
+                                       "process_caller_replays")}))
 """
 
 
-def _run(case, walk, tmp_path):
-    report = str(tmp_path / f"{case}-{walk}.jsonl")
+def _run(case, walk, tmp_path, runs=3, **env_vars):
+    report = str(tmp_path / f"{case}-{walk}-{runs}.jsonl")
     env = dict(os.environ)
     env.pop("ORT_MLX_CPU_CALLER_EVAL", None)
-    out = subprocess.run([sys.executable, "-c", _CASE, case, report, str(walk)], capture_output=True, text=True,
-                         env=env, timeout=300)
+    env.pop("ORT_MLX_CPU_CALLER_REPLAY", None)
+    env.update(env_vars)
+    out = subprocess.run([sys.executable, "-c", _CASE, case, report, str(walk), str(runs)], capture_output=True,
+                         text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     counts = json.loads(out.stdout.strip().splitlines()[-1])
     with np.load(report + ".npz") as z:
@@ -102,7 +108,7 @@ def test_walk_equals_mlxs_evaluation(case, where, tmp_path):
     outputs are the bits of MLX's own evaluation (the walk off), and, for the graphs without
     NaN and infinities, ORT's CPU EP's within 1e-5. Broken by any of the walk's kernels
     computing other values than MLX's, or by a primitive the walk skips."""
-    on, got = _run(case, 1, tmp_path)
+    on, got = _run(case, 1, tmp_path, ORT_MLX_CPU_CALLER_REPLAY="0")
     off, want = _run(case, 0, tmp_path)
     assert off["process_caller_arrays"] == off["process_caller_stream_arrays"] == 0, off
     if where is None:
@@ -111,3 +117,54 @@ def test_walk_equals_mlxs_evaluation(case, where, tmp_path):
         assert on[where] > 0 and on["process_caller_left"] == 0, on
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)  # NaN equals NaN here
+
+
+@pytest.mark.parametrize("case", ["elementwise", "chain", "conv"])
+def test_kept_walk_follows_each_runs_inputs(case, tmp_path):
+    """A compiled signature's walk is kept from its third compiled call (cpu_caller_replay) and
+    computed again over each later run's inputs: over 10 runs of different values, every output
+    is the bits of MLX's own evaluation of that run, and ORT's CPU EP's within 1e-5 (the graphs
+    without NaN and infinities). Broken by a replay that reads the kept run's inputs, skips a
+    step, or hands out arrays the next replay overwrites."""
+    on, got = _run(case, 1, tmp_path, runs=10)
+    off, want = _run(case, 0, tmp_path, runs=10)
+    assert on["process_caller_replays"] >= 5 and off["process_caller_replays"] == 0, (on, off)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+_GATHER = r"""
+import sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["g"], axis=0), helper.make_node("Tanh", ["g"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TP.FLOAT, [5, 4]), helper.make_tensor_value_info("i", TP.INT64, [3])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+x = np.arange(20, dtype=np.float32).reshape(5, 4) / 10
+for run in range(12):
+    i = np.array([run % 5, 4 - run % 5, -1], np.int64)
+    if run == 8:
+        i = np.array([0, 7, 1], np.int64)  # out of range: the same error as without a kept walk
+        try:
+            s.run(None, {"x": x, "i": i})
+        except Exception as e:
+            print("error:", "out of data bounds" in str(e))  # the message ORT's CPU EP gives
+            continue
+        raise SystemExit("an out-of-range index gave a result")
+    np.testing.assert_allclose(s.run(None, {"x": x, "i": i})[0], cpu.run(None, {"x": x, "i": i})[0], rtol=1e-6, atol=1e-6)
+print("ok")
+"""
+
+
+def test_kept_walk_index_out_of_range_is_an_error():
+    """A Gather whose indices are a run input: after the walk is kept, an out-of-range index
+    still fails the run with the EP's index error (the kept walk does not compute that step;
+    the compiled call's index check names it), and later runs are right again. Broken by a
+    replay that gathers outside the source."""
+    out = subprocess.run([sys.executable, "-c", _GATHER], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["error:", "True", "ok"], out.stdout
