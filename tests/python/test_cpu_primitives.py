@@ -622,3 +622,30 @@ def test_int4_prompt_products_are_the_packed_kernel(capfd):
                               block_size=block)]
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
     assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
+
+
+@pytest.mark.parametrize("k", [512, 224, 96])
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_int4_decode_rows_with_vnni(k, avx512, capfd):
+    """A decode row's MatMulNBits in ORT's int8 form (accuracy_level 4, blocks of 32): with
+    AVX-512 VNNI (cpu_avx512=1 on a CPU that has it) four blocks a step through vpdpbusd, the
+    blocks after the last whole group of four (K = 224: one group and three, K = 96: none) through
+    the AVX2 kernel; with cpu_avx512=0 the AVX2 kernel alone. Outputs equal ORT's CPU EP within
+    1e-5 relative to the outputs' scale. Broken by a code laid out against the wrong nibble,
+    block or scale (each moved outputs by far more)."""
+    from onnxruntime_mlx.doctor import cpu_flags
+    if avx512 == "1" and not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("no AVX-512 VNNI here")
+    rng = np.random.default_rng(k)
+    n, block = 40, 32
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    b = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * (k // block)) * 0.1).astype(np.float32)
+    zp = rng.integers(0, 256, (n * ((k // block + 1) // 2),), dtype=np.uint8)
+    inits = [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(scales, "s"),
+             onnx.numpy_helper.from_array(zp, "z")]
+    nodes = [helper.make_node("MatMulNBits", ["x", "b", "s", "z"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                              block_size=block, accuracy_level=4)]
+    scale = 30.0  # the outputs' magnitude for these inputs (|y| up to ~27 at K = 512)
+    prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_avx512=avx512)
+    assert prims.get("Int4RowGemv") == 1, prims

@@ -118,6 +118,9 @@ __attribute__((target("avx2,fma"))) float int4_row_avx2(const uint8_t* q, const 
 struct QuantRow {
   std::vector<int8_t> codes;
   std::vector<float> scale, block_sum;
+  // For the AVX-512 VNNI kernel (blocks of 32): per group of 4 blocks, their even codes (64
+  // bytes, as a 64-byte load of the weights' low nibbles lies) then their odd ones.
+  std::vector<int8_t> codes4;
 };
 
 QuantRow quant_row(const float* x, int64_t incx, int K, int block, int nb) {
@@ -137,6 +140,15 @@ QuantRow quant_row(const float* x, int64_t incx, int K, int block, int nb) {
     });
     r.scale[static_cast<size_t>(b)] = scale;
     r.block_sum[static_cast<size_t>(b)] = static_cast<float>(sum) * scale;
+  }
+  if (block == 32) {
+    r.codes4.assign(static_cast<size_t>(nb / 4) * 128, 0);
+    for (int b = 0; b < nb / 4 * 4; ++b)
+      for (int j = 0; j < 16; ++j) {
+        const int g = b / 4, i = b % 4;
+        r.codes4[static_cast<size_t>(g) * 128 + i * 16 + j] = r.codes[static_cast<size_t>(b) * 32 + j];
+        r.codes4[static_cast<size_t>(g) * 128 + 64 + i * 16 + j] = r.codes[static_cast<size_t>(b) * 32 + 16 + j];
+      }
   }
   return r;
 }
@@ -170,6 +182,40 @@ __attribute__((target("avx2,fma"))) float int4_row_i8_avx2(const uint8_t* q, con
 }
 #endif
 
+#ifdef ORTMLX_X86
+// The same for blocks of 32 with AVX-512 VNNI: four blocks (64 bytes of weights) a step, each
+// nibble half against its codes by one vpdpbusd (unsigned weights x signed codes, 4 products a
+// lane, exact); the lanes' integer sums scaled by their block's weight scale x code scale into
+// a float accumulator. The blocks after the last whole group take the AVX2 kernel.
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma"))) float int4_row_i8_vnni(
+    const uint8_t* q, const QuantRow& x, const float* sc, const float* zb, int nb) {
+  const __m512i mask = _mm512_set1_epi8(15);
+  const __m512i expand = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc = _mm512_setzero_ps();
+  __m128 zacc = _mm_setzero_ps();
+  const int groups = nb / 4;
+  const int8_t* c = x.codes4.data();
+  for (int g = 0; g < groups; ++g, q += 64, c += 128) {
+    const __m512i v = _mm512_loadu_si512(q);
+    const __m512i lo = _mm512_and_si512(v, mask);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(c));
+    dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(c + 64));
+    const __m128 s4 = _mm_mul_ps(_mm_loadu_ps(sc + 4 * g), _mm_loadu_ps(x.scale.data() + 4 * g));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(s4)), acc);
+    zacc = _mm_fmadd_ps(_mm_loadu_ps(zb + 4 * g), _mm_loadu_ps(x.block_sum.data() + 4 * g), zacc);
+  }
+  zacc = _mm_add_ps(zacc, _mm_movehl_ps(zacc, zacc));
+  zacc = _mm_add_ss(zacc, _mm_shuffle_ps(zacc, zacc, 1));
+  float total = _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(zacc);
+  const int done = groups * 4;
+  if (done < nb)
+    total += int4_row_i8_avx2(q, x.codes.data() + static_cast<size_t>(done) * 32, x.scale.data() + done, sc + done,
+                              zb + done, x.block_sum.data() + done, nb - done, 16);
+  return total;
+}
+#endif
+
 using Int4Row = float (*)(const uint8_t*, const float*, const float*, const float*, const float*,
                           const float*, int, int);
 
@@ -183,11 +229,17 @@ Int4Row pick_int4_row() {
 // Rows [n0, n1) of y: from the float row split in even/odd elements, or (`qr`, int8 blocks on
 // AVX2) from its integer codes.
 void int4_rows(const SplitRow& r, const QuantRow* qr, const uint8_t* packed, const float* scales,
-               const float* zbias, float* y, int n0, int n1, int nb, int block) {
+               const float* zbias, float* y, int n0, int n1, int nb, int block, bool vnni) {
   static const Int4Row row = pick_int4_row();
   const int blob = block / 2;
   const int64_t row_bytes = static_cast<int64_t>(nb) * blob;
 #ifdef ORTMLX_X86
+  if (qr && vnni && block == 32) {
+    for (int n = n0; n < n1; ++n)
+      y[n] = int4_row_i8_vnni(packed + n * row_bytes, *qr, scales + static_cast<int64_t>(n) * nb,
+                              zbias + static_cast<int64_t>(n) * nb, nb);
+    return;
+  }
   if (qr) {
     for (int n = n0; n < n1; ++n)
       y[n] = int4_row_i8_avx2(packed + n * row_bytes, qr->codes.data(), qr->scale.data(),
@@ -203,8 +255,8 @@ void int4_rows(const SplitRow& r, const QuantRow* qr, const uint8_t* packed, con
 
 class Int4RowGemv : public mx::Primitive {
  public:
-  Int4RowGemv(mx::Stream s, int K, int block, bool int8_blocks)
-      : mx::Primitive(s), K_(K), block_(block), int8_blocks_(int8_blocks) {}
+  Int4RowGemv(mx::Stream s, int K, int block, bool int8_blocks, bool vnni)
+      : mx::Primitive(s), K_(K), block_(block), int8_blocks_(int8_blocks), vnni_(vnni) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -219,7 +271,7 @@ class Int4RowGemv : public mx::Primitive {
     const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
     dispatch_task(stream(), [xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
                   sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,
-                  block, int8 = int8_blocks_] {
+                  block, int8 = int8_blocks_, vnni = vnni_] {
       // int8 blocks: integer codes where the CPU has AVX2 and blocks hold whole 16-byte steps;
       // otherwise the codes dequantized back to floats for the float kernel (same values).
       bool integer = false;
@@ -241,7 +293,7 @@ class Int4RowGemv : public mx::Primitive {
       const int64_t work = static_cast<int64_t>(N) * nb * block;
       const int parts = work >= (int64_t{1} << 18) ? std::max(1, std::min(cpu_threads(), N / 16)) : 1;
       cpu_parallel_for(N, parts, [&](int64_t n0, int64_t n1) {
-        int4_rows(r, qp8, qp, sp, zp, yp, static_cast<int>(n0), static_cast<int>(n1), nb, block);
+        int4_rows(r, qp8, qp, sp, zp, yp, static_cast<int>(n0), static_cast<int>(n1), nb, block, vnni);
       });
     });
   }
@@ -252,7 +304,7 @@ class Int4RowGemv : public mx::Primitive {
   const char* name() const override { return "Int4RowGemv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const Int4RowGemv*>(&other);
-    return o && o->K_ == K_ && o->block_ == block_ && o->int8_blocks_ == int8_blocks_;
+    return o && o->K_ == K_ && o->block_ == block_ && o->int8_blocks_ == int8_blocks_ && o->vnni_ == vnni_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -263,7 +315,18 @@ class Int4RowGemv : public mx::Primitive {
  private:
   int K_, block_;
   bool int8_blocks_;
+  bool vnni_;  // the AVX-512 VNNI kernel (cpu_has_avx512_vnni() and cpu_avx512_kernels() at translation)
 };
+
+bool cpu_has_avx512_vnni() {
+#ifdef ORTMLX_X86
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
 
 }  // namespace
 
@@ -283,7 +346,8 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
     return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = N;
-  return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block, int8_blocks),
+  return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block, int8_blocks,
+                                                                           cpu_avx512_kernels() && cpu_has_avx512_vnni()),
                    {x, packed, scales, zbias});
 }
 
