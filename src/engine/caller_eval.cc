@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -31,41 +32,50 @@ thread_local std::shared_ptr<KeptWalk> tl_kept;
 bool pending(const mx::array& a) { return a.status() == mx::array::Status::unscheduled && a.has_primitive(); }
 bool ready(const mx::array& a) { return a.status() == mx::array::Status::available || a.is_available(); }
 
-// MLX's view primitives whose eval_cpu only points the output at the input's buffer, on the
-// calling thread (no task): what MLX's Reshape and Contiguous do depends on the input's layout.
-bool shares_buffer(std::string_view n, const std::vector<mx::array>& in, const std::vector<mx::array>& out) {
-  if (n == "Broadcast" || n == "BroadcastAxes" || n == "ExpandDims" || n == "Squeeze" || n == "Transpose" ||
-      n == "Slice" || n == "AsStrided" || n == "StopGradient" || n == "Split" || n == "Copy")
-    return true;
-  if (n == "Reshape" || n == "Flatten" || n == "Unflatten")
-    return in[0].size() == 0 || in[0].flags().row_contiguous;
-  if (n == "Contiguous")  // MLX's own test: a row-contiguous input not much larger than the output
-    return in[0].flags().row_contiguous && in[0].buffer_size() <= out[0].nbytes() + 16384;
-  return false;
-}
+// What the walk does with a primitive, by its name (one lookup).
+enum class Kind {
+  View,        // MLX's eval_cpu only points the output at the input's buffer (no task)
+  Reshape,     // ... when the input is row-contiguous; else a row-major copy, as MLX's copy leaves it
+  Contiguous,  // ... likewise, under MLX's own size test
+  Kernel,      // one of the EP's CPU kernels: its eval_cpu runs the task at once
+  Mlx,         // one of MLX's computing primitives: kernels/cpu (cpu_mlx_primitive_on_caller)
+};
 
-// The copying forms of those (an input of another layout): the elements in row-major order, as
-// MLX's copy would leave them.
-bool copies(std::string_view n) {
-  return n == "Reshape" || n == "Flatten" || n == "Unflatten" || n == "Contiguous";
+Kind kind_of(std::string_view n) {
+  static const std::unordered_map<std::string_view, Kind> kinds = [] {
+    std::unordered_map<std::string_view, Kind> m;
+    for (auto v : {"Broadcast", "BroadcastAxes", "ExpandDims", "Squeeze", "Transpose", "Slice", "AsStrided",
+                   "StopGradient", "Split", "Copy"})
+      m.emplace(v, Kind::View);
+    for (auto v : {"Reshape", "Flatten", "Unflatten"}) m.emplace(v, Kind::Reshape);
+    m.emplace("Contiguous", Kind::Contiguous);
+    return m;
+  }();
+  if (auto it = kinds.find(n); it != kinds.end()) return it->second;
+  return ops::is_cpu_kernel(n) ? Kind::Kernel : Kind::Mlx;
 }
 
 bool compute(mx::array& a) {
   auto& prim = a.primitive();
-  const std::string_view n = prim.name();
   auto& inputs = a.inputs();
   std::vector<mx::array> outputs = a.outputs();
-  if (shares_buffer(n, inputs, outputs)) {
+  const Kind kind = kind_of(prim.name());
+  bool view = kind == Kind::View;
+  if (kind == Kind::Reshape) view = inputs[0].size() == 0 || inputs[0].flags().row_contiguous;
+  if (kind == Kind::Contiguous)  // MLX's own test: a row-contiguous input not much larger than the output
+    view = inputs[0].flags().row_contiguous && inputs[0].buffer_size() <= outputs[0].nbytes() + 16384;
+  if (view) {
     prim.eval_cpu(inputs, outputs);
     return true;
   }
-  if (copies(n) && outputs.size() == 1 && inputs.size() == 1 && inputs[0].dtype() == outputs[0].dtype()) {
+  if (kind == Kind::Reshape || kind == Kind::Contiguous) {
+    if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].dtype() != outputs[0].dtype()) return false;
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     ops::copy_row_major(inputs[0], out.data<void>());
     return true;
   }
-  if (ops::is_cpu_kernel(n)) {
+  if (kind == Kind::Kernel) {
     ops::CallerTasksScope on_caller;
     prim.eval_cpu(inputs, outputs);
     return true;

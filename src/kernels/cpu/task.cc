@@ -1,6 +1,6 @@
 #include "kernels/cpu/task.h"
 
-#include <array>
+#include <unordered_set>
 
 namespace ortmlx::ops {
 namespace {
@@ -13,14 +13,12 @@ CallerTasksScope::~CallerTasksScope() { tl_on_caller = prev_; }
 
 bool is_cpu_kernel(std::string_view name) {
   // The name() of every primitive class under kernels/cpu.
-  static constexpr std::array<std::string_view, 24> kNames = {
+  static const std::unordered_set<std::string_view> kNames = {
       "RowGemv", "Int4RowGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
       "DnnlConv", "DnnlConvBlocked", "DnnlUnblock", "DnnlBlockedConcat", "DnnlBlock",
       "DnnlBlockedMaxPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
       "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap"};
-  for (auto n : kNames)
-    if (n == name) return true;
-  return false;
+  return kNames.count(name) != 0;
 }
 
 }  // namespace ortmlx::ops
