@@ -95,15 +95,6 @@ void binary(const mx::array& a, const mx::array& b, T* y, Op op) {
   }
 }
 
-// The input's elements in row-major order: in place, or gathered into `scratch`.
-template <class T>
-const T* row_major(const mx::array& x, std::vector<T>& scratch) {
-  if (x.flags().row_contiguous) return x.data<T>();
-  scratch.resize(x.size());
-  copy_row_major(x, scratch.data());
-  return scratch.data();
-}
-
 template <class F>
 void unary(const mx::array& x, float* y, F f) {
   std::vector<float> scratch;
@@ -223,9 +214,8 @@ void transcendental(const mx::array& x, float* y) {
 
 template <class From, class To>
 void convert(const mx::array& x, To* y) {
-  using Stored = std::conditional_t<std::is_same_v<From, bool>, uint8_t, From>;  // (no vector<bool>)
-  std::vector<Stored> scratch;
-  const Stored* p = row_major(x, scratch);
+  std::vector<Stored<From>> scratch;
+  const Stored<From>* p = row_major(x, scratch);
   for (size_t i = 0, n = x.size(); i < n; ++i) y[i] = static_cast<To>(static_cast<From>(p[i]));
 }
 

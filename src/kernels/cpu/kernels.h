@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -318,5 +319,16 @@ class RowMajorInput {
 };
 // The elements of an available array `x` (any view) into `dst` in row-major order.
 void copy_row_major(const mx::array& x, void* dst);
+// The same, in place when `x` is row-contiguous, else gathered into `scratch`.
+template <class T>
+const T* row_major(const mx::array& x, std::vector<T>& scratch) {
+  if (x.flags().row_contiguous) return x.data<T>();
+  scratch.resize(x.size());
+  copy_row_major(x, scratch.data());
+  return scratch.data();
+}
+// The element type a std::vector holds for T (no std::vector<bool>).
+template <class T>
+using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
 
 }  // namespace ortmlx::ops

@@ -133,23 +133,13 @@ bool matmul(const std::vector<mx::array>& inputs, mx::array& out) {
   return true;
 }
 
-// The elements of `x` in row-major order (in place when they lie so).
-template <class T>
-const T* rows_of(const mx::array& x, std::vector<T>& scratch) {
-  if (x.flags().row_contiguous) return x.data<T>();
-  scratch.resize(x.size());
-  copy_row_major(x, scratch.data());
-  return scratch.data();
-}
-template <class T>
-using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;  // (no vector<bool>)
 
 // y[i] = f(a[i], b[i]) over same-shape inputs of any layout.
 template <class T, class Out, class F>
 void map2(const mx::array& a, const mx::array& b, Out* y, F f) {
   std::vector<Stored<T>> sa, sb;
-  const auto* pa = rows_of(a, sa);
-  const auto* pb = rows_of(b, sb);
+  const auto* pa = row_major(a, sa);
+  const auto* pb = row_major(b, sb);
   for (size_t i = 0, n = a.size(); i < n; ++i) y[i] = f(static_cast<T>(pa[i]), static_cast<T>(pb[i]));
 }
 
@@ -191,7 +181,7 @@ bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& ou
   if (all_bool && in.size() == 1 && n == "LogicalNot") {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     std::vector<uint8_t> s;
-    const uint8_t* p = rows_of(in[0], s);
+    const uint8_t* p = row_major(in[0], s);
     bool* y = out.data<bool>();
     for (size_t i = 0; i < out.size(); ++i) y[i] = !p[i];
     return true;
@@ -202,7 +192,7 @@ bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& ou
     const size_t item = out.itemsize();
     std::vector<uint8_t> sc;
     std::vector<char> s1(in[1].flags().row_contiguous ? 0 : in[1].nbytes()), s2(in[2].flags().row_contiguous ? 0 : in[2].nbytes());
-    const uint8_t* c = rows_of(in[0], sc);
+    const uint8_t* c = row_major(in[0], sc);
     const char* a = in[1].flags().row_contiguous ? in[1].data<char>() : (copy_row_major(in[1], s1.data()), s1.data());
     const char* b = in[2].flags().row_contiguous ? in[2].data<char>() : (copy_row_major(in[2], s2.data()), s2.data());
     char* y = out.data<char>();
@@ -227,7 +217,7 @@ void reduce_into(const mx::array& x, const std::vector<int>& axes, mx::Reduce::R
   }
   std::fill(y, y + n_out, init);
   std::vector<Stored<T>> scratch;
-  const auto* p = rows_of(x, scratch);
+  const auto* p = row_major(x, scratch);
   const int nd = static_cast<int>(x.ndim());
   std::vector<bool> reduced(nd, false);
   for (int a : axes) reduced[a < 0 ? a + nd : a] = true;
