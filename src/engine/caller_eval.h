@@ -50,6 +50,7 @@ class KeptWalk {
                                                       const std::vector<mlx::core::array>& args, bool hold,
                                                       std::chrono::microseconds poll_for);
   size_t bytes() const { return bytes_; }  // held between runs
+  const std::vector<mlx::core::array>& tape() const { return tape_; }  // the steps, in order
 
  private:
   std::vector<mlx::core::array> tape_, outs_;

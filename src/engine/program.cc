@@ -201,16 +201,20 @@ bool touches_empty(const std::vector<mx::array>& outs) {
 
 // log_level 3: which MLX primitives an evaluation runs, by name (each is a kernel, or a view):
 // the per-op cost of eager runs on the GPU is what this counts.
+void print_primitives(const std::map<std::string, int>& count, const std::string& where) {
+  std::ostringstream os;
+  os << "[MLX EP] " << where << " evaluates:";
+  for (const auto& [name, n] : count) os << " " << name << "=" << n;
+  std::cerr << os.str() << "\n";
+}
+
 void log_primitives(const std::vector<mx::array>& outs, const std::string& where) {
   std::map<std::string, int> count;
   walk_graph(outs, [&](const mx::array& a) {
     if (!a.is_available() && a.has_primitive()) count[a.primitive().name()]++;
     return false;
   });
-  std::ostringstream os;
-  os << "[MLX EP] " << where << " evaluates:";
-  for (const auto& [name, n] : count) os << " " << name << "=" << n;
-  std::cerr << os.str() << "\n";
+  print_primitives(count, where);
 }
 
 constexpr int64_t kMaxKeyedElements = 4096;  // larger host-read inputs force eager instead
@@ -792,6 +796,11 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     }
     if (outs) {
       tl_last_eval_ns = elapsed_ns(t0);
+      if (opt_.log_level >= 3) {  // the same primitives a walk computes
+        std::map<std::string, int> count;
+        for (const auto& a : e.walk->tape()) count[a.primitive().name()]++;
+        print_primitives(count, where_);
+      }
       stats_.eval_ns += tl_last_eval_ns;
       stats_.eval_ns_compiled += tl_last_eval_ns;
       ++stats_.compiled_runs;
