@@ -98,7 +98,8 @@ std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = t
       ++left;
       continue;
     }
-    for (auto& o : a.outputs()) o.set_status(mx::array::Status::available);
+    if (a.status() != mx::array::Status::available)  // (a kept walk's arrays already are)
+      for (auto& o : a.outputs()) o.set_status(mx::array::Status::available);
     if (detach) a.detach();
     ++done;
   }
@@ -143,6 +144,20 @@ std::pair<uint64_t, uint64_t> on_stream(const std::function<std::pair<uint64_t, 
   return st->counts;
 }
 
+// `body` (a walk) on the caller or as a task of stream `s`, counted as such.
+std::pair<uint64_t, uint64_t> run_walk(const std::function<std::pair<uint64_t, uint64_t>()>& body, bool on_caller,
+                                       mx::Stream s, bool hold, std::chrono::microseconds poll_for) {
+  std::pair<uint64_t, uint64_t> counts;
+  if (on_caller) {
+    StreamHold::note_run_begun();  // a lingering stream thread stops spinning beside this thread
+    counts = body();
+  } else {
+    counts = on_stream(body, s, hold, poll_for);
+  }
+  (on_caller ? g_arrays : g_stream_arrays).fetch_add(counts.first, std::memory_order_relaxed);
+  return counts;
+}
+
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
@@ -176,15 +191,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
   // queueing the next primitive while the stream thread computes one.
   if (!on_caller && total_elements > kWalkMaxMeanElements * tape.size()) return false;
   const bool keep = std::exchange(tl_keep_next, false);
-  std::pair<uint64_t, uint64_t> counts;
-  if (on_caller) {
-    StreamHold::note_run_begun();  // a lingering stream thread stops spinning beside this thread
-    counts = walk(tape, !keep);
-    g_arrays.fetch_add(counts.first, std::memory_order_relaxed);
-  } else {
-    counts = on_stream([&] { return walk(tape, !keep); }, s, hold, poll_for);
-    g_stream_arrays.fetch_add(counts.first, std::memory_order_relaxed);
-  }
+  const auto counts = run_walk([&] { return walk(tape, !keep); }, on_caller, s, hold, poll_for);
   g_left.fetch_add(counts.second, std::memory_order_relaxed);
   if (keep && !counts.second) tl_kept = std::shared_ptr<KeptWalk>(new KeptWalk(std::move(tape), outs, on_caller, s));
   if (counts.second) return false;
@@ -213,24 +220,10 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
     if (kept_args[i].shape() != args[i].shape() || kept_args[i].dtype() != args[i].dtype()) return std::nullopt;
     kept_args[i].copy_shared_buffer(args[i]);
   }
-  auto body = [this] {
-    uint64_t done = 0;
-    for (auto& a : tape_) {
-      if (!compute(a)) return std::pair<uint64_t, uint64_t>{done, 1};
-      ++done;
-    }
-    return std::pair<uint64_t, uint64_t>{done, 0};
-  };
-  std::pair<uint64_t, uint64_t> counts;
-  if (on_caller_) {
-    StreamHold::note_run_begun();
-    counts = body();
-  } else {
-    counts = on_stream(body, stream_, hold, poll_for);
-  }
+  // The kept arrays stay available and attached: the same walk, over the new data.
+  const auto counts = run_walk([this] { return walk(tape_, /*detach=*/false); }, on_caller_, stream_, hold, poll_for);
   if (counts.second) return std::nullopt;
   g_replays.fetch_add(1, std::memory_order_relaxed);
-  (on_caller_ ? g_arrays : g_stream_arrays).fetch_add(counts.first, std::memory_order_relaxed);
   // Arrays of their own over this run's buffers: the next replay points the kept ones at new
   // buffers, while ORT may still be reading these.
   std::vector<mx::array> outs;

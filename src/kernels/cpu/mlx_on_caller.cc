@@ -93,7 +93,6 @@ struct Operand {
 void prepare(const mx::array& x, Operand& o) {
   const int nd = static_cast<int>(x.ndim());
   const int64_t sx = x.strides()[nd - 2], sy = x.strides()[nd - 1];
-  o.shape = x.shape();
   if (sx == x.shape(-1) && sy == 1) {
     o = {x.data<float>(), false, static_cast<int>(sx), x.shape(), x.strides(), {}};
   } else if (sx == 1 && sy == x.shape(-2)) {
@@ -106,6 +105,7 @@ void prepare(const mx::array& x, Operand& o) {
     o.data = o.copy.data();
     o.transposed = false;
     o.ld = x.shape(-1);
+    o.shape = x.shape();
     o.strides = rows;
   }
 }

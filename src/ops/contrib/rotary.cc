@@ -90,16 +90,7 @@ mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const m
   auto c2 = mx::astype(cos2, ct, s), s2 = mx::astype(sin2, ct, s);
   mx::array out = rot;
   // The option fused_rotary=0 keeps the eager four-kernel form (for comparisons).
-  if (translation_switches().fused_rotary && s.device == mx::Device::cpu && translation_switches().cpu_caller_eval) {
-    // The same ops unfused: a walk (engine/caller_eval.h) computes them, not a generated kernel.
-    auto halves = [&](const mx::array& a) {
-      auto shp = a.shape();
-      shp.back() = 2;
-      shp.push_back(a.shape(-1) / 2);
-      return mx::reshape(a, shp, s);
-    };
-    out = mx::reshape(rotate_halves_body({halves(rot), halves(c2), halves(s2)}, s)[0], rot.shape(), s);
-  } else if (translation_switches().fused_rotary) {
+  if (translation_switches().fused_rotary) {
     // Same products and sum as below, so the same roundings (up to the fused kernel's FMA).
     auto halves = [&](const mx::array& a) {
       auto shp = a.shape();
@@ -107,7 +98,10 @@ mx::array apply_rotary_halves(const mx::array& x, const mx::array& cos2, const m
       shp.push_back(a.shape(-1) / 2);
       return mx::reshape(a, shp, s);
     };
-    out = mx::reshape(fused_rotate_halves(s)({halves(rot), halves(c2), halves(s2)})[0], rot.shape(), s);
+    const std::vector<mx::array> in = {halves(rot), halves(c2), halves(s2)};
+    // Walked CPU runs (engine/caller_eval.h) compute the plain ops, not a generated kernel.
+    const bool walked = s.device == mx::Device::cpu && translation_switches().cpu_caller_eval;
+    out = mx::reshape((walked ? rotate_halves_body(in, s) : fused_rotate_halves(s)(in))[0], rot.shape(), s);
   } else {
     // [x1, x2] * [cos, cos] + [x2, x1] * [-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]: the
     // same roundings as the two halves computed apart (a - b == a + (-b) exactly).
