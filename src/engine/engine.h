@@ -91,6 +91,9 @@ struct Options {
   // ... and a compiled signature's walk that computed its whole graph is kept and computed again
   // over later runs' arguments (engine/caller_eval.h, KeptWalk).
   bool cpu_caller_replay = true;
+  // MLX's CPU device: the stream thread's OpenMP workers each pinned to a CPU (kernels.h:
+  // cpu_pin_openmp_workers); once a process, by the first session that evaluates on the CPU.
+  bool cpu_pin_workers = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

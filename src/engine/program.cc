@@ -1,5 +1,7 @@
 #include "engine/program.h"
 
+#include "kernels/cpu/kernels.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -571,6 +573,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   tl_last_run_path = "eager";
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
+  if (!opt_.gpu && opt_.cpu_pin_workers) ops::cpu_pin_openmp_workers(s);
   tl_row_updates.clear();
   std::string shapes;  // the run's signature without input data (signature_of)
   std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);

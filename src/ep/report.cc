@@ -76,6 +76,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_caller_stream_arrays\":" << engine::caller_eval_stream_arrays()
     << ",\"process_caller_left\":" << engine::caller_eval_left()
     << ",\"process_caller_replays\":" << engine::caller_eval_replays()
+    << ",\"process_pinned_workers\":" << ops::cpu_pinned_openmp_workers()
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

@@ -11,8 +11,14 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <mlx/scheduler.h>
 
 namespace ortmlx::ops {
 
@@ -139,6 +145,55 @@ bool openmp_parallel_for(int64_t n, int parts, const std::function<void(int64_t,
 
 uint64_t cpu_openmp_regions() { return g_regions.load(std::memory_order_relaxed); }
 
+namespace {
+
+std::atomic<int> g_pinned_workers{0};
+
+void pin_worker(void* data) {
+  const auto& cpus = *static_cast<const std::vector<int>*>(data);
+  const int t = dnnl_lib().omp_get_thread_num();
+  if (t < 1 || t >= static_cast<int>(cpus.size())) return;  // the region's master stays free
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[t], &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0) g_pinned_workers.fetch_add(1);
+}
+
+// A user who places OpenMP's threads has said where they go.
+bool user_places_openmp_threads() {
+  for (const char* v : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"})
+    if (const char* s = std::getenv(v); s && *s) return true;
+  return false;
+}
+
+}  // namespace
+
+void cpu_pin_openmp_workers(mx::Stream s) {
+  static std::once_flag once;
+  std::call_once(once, [s] {
+    if (!openmp_pool_enabled() || !dnnl_lib().gomp_parallel || user_places_openmp_threads()) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(::getpid(), sizeof set, &set) != 0) return;  // the process's CPUs
+    auto cpus = std::make_shared<std::vector<int>>();
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus->push_back(c);
+    if (cpus->size() < 2) return;
+    // libgomp's team belongs to the thread that opens the region: the stream thread's workers
+    // are the ones its kernels and oneDNN run on.
+    try {
+      mx::scheduler::enqueue(s, [cpus] {
+        const int threads = std::min<int>(cpu_threads(), static_cast<int>(cpus->size()));
+        dnnl_lib().gomp_parallel(&pin_worker, cpus.get(), static_cast<unsigned>(threads), 0);
+      });
+    } catch (...) {
+      // A stopped stream: its workers stay where the scheduler puts them.
+    }
+  });
+}
+
+int cpu_pinned_openmp_workers() { return g_pinned_workers.load(); }
+
 ThreadLimit::ThreadLimit(int threads) {
   const auto& l = dnnl_lib();
   if (threads <= 0 || !l.omp_set_num_threads) return;
@@ -160,6 +215,8 @@ namespace ortmlx::ops {
 bool cpu_dnnl_available() { return false; }
 bool openmp_parallel_for(int64_t, int, const std::function<void(int64_t, int64_t)>&) { return false; }
 uint64_t cpu_openmp_regions() { return 0; }
+void cpu_pin_openmp_workers(mx::Stream) {}
+int cpu_pinned_openmp_workers() { return 0; }
 
 }  // namespace ortmlx::ops
 
