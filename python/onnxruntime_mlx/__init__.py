@@ -89,6 +89,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_poll_us": (1, 100000),
     "cpu_hold": (0, 1),
     "cpu_pin_workers": (0, 1),
+    "cpu_attention": (0, 1),
     "cpu_caller_eval": (0, 1),
     "cpu_caller_replay": (0, 1),
     "cpu_packed_matmul": (0, 1),

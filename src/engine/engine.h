@@ -94,6 +94,9 @@ struct Options {
   // MLX's CPU device: the stream thread's OpenMP workers each pinned to a CPU (kernels.h:
   // cpu_pin_openmp_workers); once a process, by the first session that evaluates on the CPU.
   bool cpu_pin_workers = true;
+  // MLX's CPU device with AVX-512: an encoder's attention nodes as one node and one kernel
+  // (graph/fuse_attention.h, kernels/cpu/attention.cc).
+  bool cpu_attention = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

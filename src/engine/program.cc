@@ -21,6 +21,7 @@
 #include "engine/device_buffers.h"
 #include "engine/stream_hold.h"
 #include "graph/fuse_matmuls.h"
+#include "graph/fuse_attention.h"
 #include "graph/fuse_conv_activation.h"
 #include "graph/fuse_matmul_bias.h"
 #include "graph/transpose_weights.h"
@@ -246,6 +247,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
   if (opt_.fuse_matmuls) graph::fuse_sibling_matmuls(graph_);
   if (opt_.gpu && opt_.transposed_weights) graph::transpose_matmul_weights(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_activation) graph::fuse_conv_activation(graph_, output_names_);
+  if (!opt_.gpu && opt_.cpu_attention && opt_.cpu_avx512 && ops::cpu_has_avx512f()) graph::fuse_attention(graph_, output_names_);
   std::vector<graph::Graph*> bodies;
   own_subgraphs(graph_, bodies);
   top_ = make_plan(graph_, input_names_, output_names_, /*top=*/true);

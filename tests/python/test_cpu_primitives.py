@@ -649,3 +649,63 @@ def test_int4_decode_rows_with_vnni(k, avx512, capfd):
     scale = 30.0  # the outputs' magnitude for these inputs (|y| up to ~27 at K = 512)
     prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_avx512=avx512)
     assert prims.get("Int4RowGemv") == 1, prims
+
+
+def _attention_graph(case, rng):
+    """An encoder's attention as exporters write it: Q [B, N, S, H], K^T through a Transpose of
+    [B, N, T, H], scores scaled (Div or Mul by a constant), an additive mask [B, 1, 1, T],
+    Softmax over the last axis, times V."""
+    B, N, S, T, H, Hv = {"bert": (2, 3, 17, 17, 32, 32), "cross": (1, 2, 5, 37, 20, 72),
+                         "rank3": (6, 1, 9, 9, 16, 16), "nan": (1, 2, 6, 6, 16, 16)}[case]
+    rank3 = case == "rank3"
+    lead = (B * N,) if rank3 else (B, N)
+    q = rng.standard_normal(lead + (S, H)).astype(np.float32)
+    k = rng.standard_normal(lead + (T, H)).astype(np.float32)
+    v = rng.standard_normal(lead + (T, Hv)).astype(np.float32)
+    mask = np.where(rng.random((B, 1, 1, T)) < 0.3, -10000.0, 0.0).astype(np.float32)
+    if case == "nan":
+        q[0, 1, 2, 3] = np.nan  # one query row's scores all NaN
+        mask[0, 0, 0, :] = -np.inf  # and every key masked: NaN rows, as a softmax gives
+    feeds = {"q": q, "k": k, "v": v}
+    perm = [0, 2, 1] if rank3 else [0, 1, 3, 2]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=perm), helper.make_node("MatMul", ["q", "kt"], ["s"])]
+    if case == "cross":
+        nodes.append(helper.make_node("Mul", ["c", "s"], ["sc"]))
+        inits = [_init("c", 1 / np.sqrt(H))]
+    else:
+        nodes.append(helper.make_node("Div", ["s", "c"], ["sc"]))
+        inits = [_init("c", np.sqrt(H))]
+    if rank3:
+        nodes.append(helper.make_node("Softmax", ["sc"], ["p"], axis=-1))
+    else:
+        feeds["mask"] = mask
+        nodes += [helper.make_node("Add", ["sc", "mask"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p"], axis=3)]
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    return nodes, feeds, inits
+
+
+@pytest.mark.skipif(not _avx512_core(), reason="the attention kernel is AVX-512's")
+@pytest.mark.parametrize("case", ["bert", "cross", "rank3", "nan"])
+def test_attention_is_one_kernel(case, capfd):
+    """MatMul(Q, K^T) -> Div or Mul by a constant -> Add of a mask -> Softmax -> MatMul(., V) runs
+    as one primitive (graph/fuse_attention, kernels/cpu/attention.cc): no Matmul, Softmax or
+    elementwise primitive around it. Query rows not a multiple of the kernel's four, keys and
+    value widths not multiples of 16 (masked tails), K^T read through its strides, cross
+    attention (S != T), rank 3, a NaN query row and a fully masked batch (NaN rows, as ORT's CPU
+    EP gives). With cpu_attention=0 the nodes run as before. Outputs equal ORT's CPU EP."""
+    nodes, feeds, inits = _attention_graph(case, np.random.default_rng(41))
+    prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5)
+    assert prims.get("FusedAttention") == 1 and "Matmul" not in prims and "RowSoftmax" not in prims, prims
+    prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5, cpu_attention=0)
+    assert "FusedAttention" not in prims and prims.get("Matmul") == 2, prims
+
+
+def test_attention_read_elsewhere_is_not_fused(capfd):
+    """Probabilities another node also reads (a ReduceMax added to the output) keep the nodes
+    apart: the fused node would drop a value someone reads."""
+    nodes, feeds, inits = _attention_graph("bert", np.random.default_rng(43))
+    nodes[-1].output[0] = "o"
+    nodes += [helper.make_node("ReduceMax", ["p"], ["pm"], axes=[-1], keepdims=1),
+              helper.make_node("Add", ["o", "pm"], ["y"])]
+    prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5)
+    assert "FusedAttention" not in prims and prims.get("Matmul") == 2, prims

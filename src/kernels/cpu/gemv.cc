@@ -198,6 +198,8 @@ namespace {
 thread_local bool row_kernels_on = true;
 thread_local bool avx512_on = true;
 
+}  // namespace
+
 bool cpu_has_avx512f() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool yes = __builtin_cpu_supports("avx512f");
@@ -206,7 +208,6 @@ bool cpu_has_avx512f() {
   return false;
 #endif
 }
-}  // namespace
 
 bool cpu_row_kernels_enabled() { return row_kernels_on; }
 bool cpu_avx512_kernels() { return avx512_on && cpu_has_avx512f(); }

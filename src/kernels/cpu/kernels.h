@@ -43,6 +43,7 @@ bool cpu_row_kernels_enabled();
 // Whether the kernels that have an AVX-512 form take it: the CPU has AVX-512F and the engine
 // option cpu_avx512 is on (set with the kernels' scope below).
 bool cpu_avx512_kernels();
+bool cpu_has_avx512f();  // the CPU has AVX-512F (detected once)
 class RowKernelsScope {
  public:
   explicit RowKernelsScope(bool on, bool avx512 = true);
@@ -74,6 +75,19 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
 // std::exp (so -inf rows give NaN as usual); exp underflow below -87.3 gives 0 (true value <
 // 1.2e-38). std::nullopt off the CPU or for other dtypes.
 std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s);
+
+// softmax(scores) @ v, scores = (q @ kt) / scale (divide) or * scale, plus an additive bias, for
+// float32 q [.., S, H], kt [.., H, T] (K transposed), v [.., T, Hv] of rank 3 or 4 whose
+// leading dims kt, v and the bias ([.., S, T] at most) broadcast to q's: one primitive on MLX's
+// CPU stream (kernels/cpu/attention.cc), (batch, head) pairs split over the threads; per pair
+// K^T and V are gathered once from any strides, each four query rows' scores stay in the
+// thread's scratch through the softmax (RowSoftmax's arithmetic, AVX-512 exp) and the weighted
+// sum of V. Why: composed, an encoder's attention is five primitives a layer, two of them
+// OpenBLAS's batched products of 32-deep rows and three passes over the [.., S, T] scores
+// (MiniLM at 8 x 128: ~a fifth of its time). std::nullopt off the CPU, without AVX-512 (or with
+// cpu_avx512 off) or for shapes that do not fit.
+std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
+                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s);
 
 // A transcendental function of a float32 array on MLX's CPU stream, 8 lanes at a time where the
 // CPU has AVX2, split over threads (kernels/cpu/unary.cc). Why: MLX's CPU backend runs these one

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph/fuse_attention.h"
 #include "graph/fuse_matmul_bias.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/common.h"
@@ -193,7 +194,32 @@ static std::optional<mx::array> f32_constant(OpContext& c, size_t i) {
   return c.prepared("f32", {i}, [&] { return mx::astype(c.in(i), mx::float32, c.s); });
 }
 
+// An attention fused into the node (graph/fuse_attention.h): inputs Q, K^T, V and the bias.
+// The EP's CPU kernel where it fits, else the same ops the nodes were.
+static Outputs translate_fused_attention(OpContext& c) {
+  const auto* a = c.node.attr(graph::kMatMulAttention);
+  if (!a || a->floats.size() != 2 || !c.has(2)) c.fail("fused attention's attribute or V missing");
+  const bool divide = a->floats[0] != 0.f;
+  const float scale = a->floats[1];
+  std::optional<mx::array> bias;
+  if (c.has(3)) bias = c.in(3);
+  const mx::array &q = c.in(0), &kt = c.in(1), &v = c.in(2);
+  if (auto y = cpu_attention(q, kt, v, scale, divide, bias, c.s)) return {*y};
+  auto scores = mx::matmul(q, kt, c.s);
+  if (divide || scale != 1.f) {
+    const mx::array k(scale, scores.dtype());
+    scores = divide ? mx::divide(scores, k, c.s) : mx::multiply(scores, k, c.s);
+  }
+  if (bias) scores = mx::add(scores, *bias, c.s);
+  const bool up = compute_half_in_f32(scores, c.s);
+  mx::array x = up ? mx::astype(scores, mx::float32, c.s) : scores;
+  mx::array p = softmax_precise(x, static_cast<int>(x.ndim()) - 1, c.s);
+  if (up) p = mx::astype(p, scores.dtype(), c.s);
+  return {mx::matmul(p, v, c.s)};
+}
+
 Outputs translate_matmul(OpContext& c) {
+  if (c.node.has_attr(graph::kMatMulAttention)) return translate_fused_attention(c);
   mx::array a = c.in(0), b = c.in(1);
   // A bias Add fused into the node (graph/fuse_matmul_bias.h): the kernel starts from it, any
   // other product adds it after, as the Add did.

@@ -1,0 +1,93 @@
+#include "graph/fuse_attention.h"
+
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ortmlx::graph {
+
+namespace {
+
+bool is(const Node& n, const char* op, size_t inputs) {
+  return n.domain.empty() && n.op_type == op && n.inputs.size() == inputs && n.outputs.size() == 1 &&
+         n.has_output(0) && n.has_input(0) && (inputs < 2 || n.has_input(1)) && !n.attrs.count(kMatMulAttention);
+}
+
+}  // namespace
+
+int fuse_attention(Graph& g, const std::vector<std::string>& graph_outputs) {
+  std::unordered_set<std::string> kept(graph_outputs.begin(), graph_outputs.end());
+  std::unordered_map<std::string, std::vector<size_t>> readers;
+  for (const auto& n : g.nodes) {
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.has_input(i)) readers[n.inputs[i]].push_back(n.index);
+    for (const auto& [attr, body] : n.subgraphs())
+      for (const auto& name : outer_names(*body)) kept.insert(name);
+  }
+  // The one node reading `v` (once), when `v` stays inside the pattern.
+  auto next = [&](const std::string& v) -> Node* {
+    auto r = readers.find(v);
+    if (kept.count(v) || r == readers.end() || r->second.size() != 1) return nullptr;
+    return &g.nodes[r->second[0]];
+  };
+  auto scalar = [&](const std::string& name) -> std::optional<float> {
+    const ConstTensor* t = g.constant(name);
+    if (!t || !is_float(t->dtype) || t->numel() != 1) return std::nullopt;
+    return static_cast<float>(t->float_at(0));
+  };
+  std::vector<bool> gone(g.nodes.size(), false);
+  int done = 0;
+  for (auto& first : g.nodes) {
+    if (!is(first, "MatMul", 2) || gone[first.index]) continue;
+    std::vector<size_t> taken{first.index};
+    std::string v = first.outputs[0];
+    Node* n = next(v);
+    bool divide = false;
+    float scale = 1.f;
+    if (n && (is(*n, "Div", 2) || is(*n, "Mul", 2))) {
+      const bool div = n->op_type == "Div";
+      std::optional<float> c;
+      if (n->inputs[0] == v && n->inputs[1] != v) c = scalar(n->inputs[1]);
+      else if (!div && n->inputs[1] == v && n->inputs[0] != v) c = scalar(n->inputs[0]);
+      if (!c) continue;
+      divide = div, scale = *c;
+      taken.push_back(n->index);
+      v = n->outputs[0];
+      n = next(v);
+    }
+    std::string bias;
+    if (n && is(*n, "Add", 2) && n->inputs[0] != n->inputs[1]) {
+      bias = n->inputs[0] == v ? n->inputs[1] : n->inputs[0];
+      taken.push_back(n->index);
+      v = n->outputs[0];
+      n = next(v);
+    }
+    if (!n || !is(*n, "Softmax", 1)) continue;
+    const int64_t axis = n->attr_int("axis", n->since_version < 13 ? 1 : -1);
+    const ValueInfo* si = g.info(v);
+    const int64_t rank = si && si->rank() >= 0 ? si->rank() : -1;
+    if (axis != -1 && !(rank >= 1 && axis == rank - 1)) continue;  // (before opset 13 too: the last axis alone)
+    taken.push_back(n->index);
+    v = n->outputs[0];
+    Node* last = next(v);
+    if (!last || !is(*last, "MatMul", 2) || last->inputs[0] != v || last->inputs[1] == v) continue;
+    // Each value the fused node reads must exist before it: Q, K^T and the bias come before the
+    // first MatMul's readers, V before the last MatMul.
+    last->inputs = {first.inputs[0], first.inputs[1], last->inputs[1], bias};
+    Attribute a;
+    a.type = AttrType::Floats;
+    a.floats = {divide ? 1.f : 0.f, scale};
+    last->attrs[kMatMulAttention] = std::move(a);
+    for (size_t i : taken) gone[i] = true;
+    ++done;
+  }
+  if (!done) return 0;
+  std::vector<Node> nodes;
+  for (auto& n : g.nodes)
+    if (!gone[n.index]) nodes.push_back(std::move(n));
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
+  g.nodes = std::move(nodes);
+  return done;
+}
+
+}  // namespace ortmlx::graph

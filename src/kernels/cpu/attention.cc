@@ -1,0 +1,349 @@
+// Scaled-dot-product attention of an encoder's heads in one primitive: cpu_attention of
+// kernels/cpu/kernels.h.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/task.h"
+
+namespace ortmlx::ops {
+
+namespace {
+
+// One input's reads: its data, the strides of the two leading (batch, head) dims (0 where
+// broadcast) and of its last two.
+struct View {
+  const float* p;
+  int64_t lead0, lead1, row, col;
+};
+
+View view_of(const mx::array& a) {
+  const int nd = static_cast<int>(a.ndim());
+  const auto& st = a.strides();
+  return {a.data<float>(), nd == 4 ? st[0] : 0, st[nd - 3], st[nd - 2], st[nd - 1]};
+}
+
+struct AttentionShape {
+  int64_t lead0, lead1, S, H, T, Hv;  // q [lead0, lead1, S, H], kt [.., H, T], v [.., T, Hv]
+  bool divide;                        // scores / scale (ONNX's Div), else scores * scale
+  float scale;
+  bool has_bias;
+  bool operator==(const AttentionShape&) const = default;
+};
+
+// The reference row: max-shifted exp, sum, times the sum's inverse (RowSoftmax's arithmetic),
+// for rows holding a NaN or whose maximum is not finite (then NaN, as a softmax gives).
+void softmax_row_scalar(float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  for (int64_t j = 0; j < n; ++j) nan = nan || std::isnan(x[j]), m = std::max(m, x[j]);
+  if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - m));
+  for (int64_t j = 0; j < n; ++j) x[j] *= 1.f / sum;
+}
+
+#ifdef ORTMLX_X86
+// Cephes' expf on 16 lanes for d <= 0 (as exp_avx2): 0 below -87.3.
+__attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 d) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
+  __m512 x = _mm512_max_ps(d, lo);
+  const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(n));
+}
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// Scores of R query rows against keys [j0, j0 + 16 NB): s[r][j] = sum_h q[r][h] kt[h][j], kt
+// packed [H][Tp] (Tp: T rounded up to 16, zero-padded). R x NB accumulators, fixed at compile
+// time so that they stay in registers.
+template <int R, int NB>
+__attribute__((target("avx512f"))) void scores_block(const float* const* q, const float* kt, int64_t H, int64_t Tp,
+                                                     int64_t j0, float* s, int64_t s_stride) {
+  __m512 acc[R][NB];
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+  const float* kr = kt + j0;
+  for (int64_t h = 0; h < H; ++h, kr += Tp) {
+    __m512 k[NB];
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) k[b] = _mm512_loadu_ps(kr + 16 * b);
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 qv = _mm512_set1_ps(q[r][h]);
+      #pragma GCC unroll 8
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(qv, k[b], acc[r][b]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(s + r * s_stride + j0 + 16 * b, acc[r][b]);
+}
+
+template <int R>
+void scores_rows(const float* const* q, const float* kt, int64_t H, int64_t Tp, float* s, int64_t s_stride) {
+  int64_t j0 = 0;
+  for (; j0 + 64 <= Tp; j0 += 64) scores_block<R, 4>(q, kt, H, Tp, j0, s, s_stride);
+  switch ((Tp - j0) / 16) {
+    case 3: scores_block<R, 3>(q, kt, H, Tp, j0, s, s_stride); break;
+    case 2: scores_block<R, 2>(q, kt, H, Tp, j0, s, s_stride); break;
+    case 1: scores_block<R, 1>(q, kt, H, Tp, j0, s, s_stride); break;
+    default: break;
+  }
+}
+
+// One row of scores in place: scaled, plus the bias row (column stride bstep; none when null),
+// then softmax over its T entries.
+__attribute__((target("avx512f"))) void finish_row(float* s, int64_t T, bool divide, float scale, const float* bias,
+                                                   int64_t bstep) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  bool nan = false;
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = tail_mask(T - j);
+    __m512 x = _mm512_maskz_loadu_ps(k, s + j);
+    x = divide ? _mm512_div_ps(x, sc) : _mm512_mul_ps(x, sc);
+    if (bias) {
+      __m512 b;
+      if (bstep == 1) {
+        b = _mm512_maskz_loadu_ps(k, bias + j);
+      } else if (bstep == 0) {
+        b = _mm512_set1_ps(bias[0]);
+      } else {
+        alignas(64) float tmp[16] = {};
+        for (int64_t t = 0; t < std::min<int64_t>(16, T - j); ++t) tmp[t] = bias[(j + t) * bstep];
+        b = _mm512_load_ps(tmp);
+      }
+      x = _mm512_add_ps(x, b);
+    }
+    _mm512_mask_storeu_ps(s + j, k, x);
+    nan = nan || _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
+    vmax = _mm512_mask_max_ps(vmax, k, vmax, x);
+  }
+  const float m = _mm512_reduce_max_ps(vmax);
+  if (nan || !std::isfinite(m)) return softmax_row_scalar(s, T);
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 vs = _mm512_setzero_ps();
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = tail_mask(T - j);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    vs = _mm512_mask_add_ps(vs, k, vs, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vs));
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = tail_mask(T - j);
+    _mm512_mask_storeu_ps(s + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), inv));
+  }
+}
+
+// out[r][c0 .. c0 + 16 NB) = sum_j p[r][j] v[j][..], v packed [T][Hv] (row stride Hv); the
+// last block masked to Hv.
+template <int R, int NB>
+__attribute__((target("avx512f"))) void weighted_block(const float* p, int64_t p_stride, const float* v, int64_t T,
+                                                       int64_t Hv, int64_t c0, float* const* out) {
+  __mmask16 km[NB];
+  #pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) km[b] = tail_mask(Hv - c0 - 16 * b);
+  __m512 acc[R][NB];
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+  const float* vr = v + c0;
+  for (int64_t j = 0; j < T; ++j, vr += Hv) {
+    __m512 vv[NB];
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) vv[b] = _mm512_maskz_loadu_ps(km[b], vr + 16 * b);
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 pv = _mm512_set1_ps(p[r * p_stride + j]);
+      #pragma GCC unroll 8
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_fmadd_ps(pv, vv[b], acc[r][b]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) _mm512_mask_storeu_ps(out[r] + c0 + 16 * b, km[b], acc[r][b]);
+}
+
+template <int R>
+void weighted_rows(const float* p, int64_t p_stride, const float* v, int64_t T, int64_t Hv, float* const* out) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= Hv; c0 += 64) weighted_block<R, 4>(p, p_stride, v, T, Hv, c0, out);
+  switch ((Hv - c0 + 15) / 16) {
+    case 3: weighted_block<R, 3>(p, p_stride, v, T, Hv, c0, out); break;
+    case 2: weighted_block<R, 2>(p, p_stride, v, T, Hv, c0, out); break;
+    case 1: weighted_block<R, 1>(p, p_stride, v, T, Hv, c0, out); break;
+    default: break;
+  }
+}
+
+// One (batch, head) pair: K^T and V gathered into packed scratch, then the query rows four at a
+// time (scores, softmax, weighted values), every intermediate in the thread's scratch.
+__attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, const View& q, const View& kt, const View& v,
+                                                    const View* bias, float* out, int64_t b0, int64_t b1,
+                                                    std::vector<float>& scratch) {
+  const int64_t Tp = (g.T + 15) / 16 * 16;
+  constexpr int kRows = 4;
+  scratch.resize(static_cast<size_t>(g.H * Tp + g.T * g.Hv + kRows * Tp + kRows * g.H));
+  float* kp = scratch.data();
+  float* vp = kp + g.H * Tp;
+  float* sp = vp + g.T * g.Hv;
+  float* qp = sp + kRows * Tp;
+  const float* kb = kt.p + b0 * kt.lead0 + b1 * kt.lead1;
+  for (int64_t h = 0; h < g.H; ++h) {
+    float* dst = kp + h * Tp;
+    const float* src = kb + h * kt.row;
+    if (kt.col == 1) std::copy(src, src + g.T, dst);
+    else
+      for (int64_t j = 0; j < g.T; ++j) dst[j] = src[j * kt.col];
+    std::fill(dst + g.T, dst + Tp, 0.f);
+  }
+  const float* vb = v.p + b0 * v.lead0 + b1 * v.lead1;
+  for (int64_t j = 0; j < g.T; ++j) {
+    const float* src = vb + j * v.row;
+    float* dst = vp + j * g.Hv;
+    if (v.col == 1) std::copy(src, src + g.Hv, dst);
+    else
+      for (int64_t c = 0; c < g.Hv; ++c) dst[c] = src[c * v.col];
+  }
+  const float* qb = q.p + b0 * q.lead0 + b1 * q.lead1;
+  const float* bb = bias ? bias->p + b0 * bias->lead0 + b1 * bias->lead1 : nullptr;
+  for (int64_t i0 = 0; i0 < g.S; i0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, g.S - i0));
+    const float* qr[kRows];
+    float* orow[kRows];
+    for (int r = 0; r < rows; ++r) {
+      const float* src = qb + (i0 + r) * q.row;
+      if (q.col == 1) {
+        qr[r] = src;
+      } else {
+        float* dst = qp + r * g.H;
+        for (int64_t h = 0; h < g.H; ++h) dst[h] = src[h * q.col];
+        qr[r] = dst;
+      }
+      orow[r] = out + (i0 + r) * g.Hv;
+    }
+    if (rows == kRows) scores_rows<kRows>(qr, kp, g.H, Tp, sp, Tp);
+    else
+      for (int r = 0; r < rows; ++r) scores_rows<1>(qr + r, kp, g.H, Tp, sp + r * Tp, Tp);
+    for (int r = 0; r < rows; ++r)
+      finish_row(sp + r * Tp, g.T, g.divide, g.scale, bb ? bb + (i0 + r) * bias->row : nullptr, bias ? bias->col : 0);
+    if (rows == kRows) weighted_rows<kRows>(sp, Tp, vp, g.T, g.Hv, orow);
+    else
+      for (int r = 0; r < rows; ++r) weighted_rows<1>(sp + r * Tp, Tp, vp, g.T, g.Hv, orow + r);
+  }
+}
+#endif
+
+class Attention : public mx::UnaryPrimitive {
+ public:
+  Attention(mx::Stream st, const AttentionShape& g) : mx::UnaryPrimitive(st), g_(g) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    begin_output(inputs, out, stream());
+    std::optional<View> bias;
+    if (g_.has_bias) bias = view_of(inputs[3]);
+    dispatch_task(stream(), [g = g_, q = view_of(inputs[0]), kt = view_of(inputs[1]), v = view_of(inputs[2]), bias,
+                             yp = out.data<float>()] {
+#ifdef ORTMLX_X86
+      const int64_t pairs = g.lead0 * g.lead1;
+      const double flops = 4.0 * static_cast<double>(pairs) * g.S * g.T * std::max(g.H, g.Hv);
+      auto run = [&](int64_t p0, int64_t p1) {
+        std::vector<float> scratch;
+        for (int64_t p = p0; p < p1; ++p)
+          attend_pair(g, q, kt, v, bias ? &*bias : nullptr, yp + p * g.S * g.Hv, p / g.lead1, p % g.lead1, scratch);
+      };
+      cpu_parallel_for(pairs, flops >= 2e5 ? std::min<int64_t>(cpu_threads(), pairs) : 1, run);
+#else
+      throw std::logic_error("[FusedAttention] needs an x86-64 CPU with AVX-512");
+#endif
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[FusedAttention] runs on the CPU stream only");
+  }
+  const char* name() const override { return "FusedAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const Attention*>(&other);
+    return o && o->g_ == g_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape out = inputs[0].shape();
+    out.back() = static_cast<int>(g_.Hv);
+    return {out};
+  }
+
+ private:
+  AttentionShape g_;
+};
+
+}  // namespace
+
+std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
+                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_avx512_kernels()) return std::nullopt;
+  const int nd = static_cast<int>(q.ndim());
+  if ((nd != 3 && nd != 4) || kt.ndim() != q.ndim() || v.ndim() != q.ndim() || q.dtype() != mx::float32 ||
+      kt.dtype() != mx::float32 || v.dtype() != mx::float32 || q.size() == 0 || kt.size() == 0 || v.size() == 0)
+    return std::nullopt;
+  const int S = q.shape(-2), H = q.shape(-1), T = kt.shape(-1), Hv = v.shape(-1);
+  if (kt.shape(-2) != H || v.shape(-2) != T) return std::nullopt;
+  // The leading dims: q's, which kt, v and the bias broadcast to (zero strides).
+  mx::Shape lead(q.shape().begin(), q.shape().end() - 2);
+  for (const auto* a : {&kt, &v})
+    for (int d = 0; d < nd - 2; ++d)
+      if (a->shape(d) != lead[d] && a->shape(d) != 1) return std::nullopt;
+  auto widen = [&](const mx::array& a, int rows, int cols) {
+    mx::Shape sh = lead;
+    sh.push_back(rows);
+    sh.push_back(cols);
+    return mx::broadcast_to(a, sh, s);
+  };
+  std::vector<mx::array> in{q, widen(kt, H, T), widen(v, T, Hv)};
+  if (bias) {
+    if (bias->dtype() != mx::float32 || bias->ndim() > q.ndim()) return std::nullopt;
+    mx::Shape full = lead;
+    full.push_back(S);
+    full.push_back(T);
+    try {
+      if (mx::broadcast_shapes(bias->shape(), full) != full) return std::nullopt;  // it would widen the scores
+    } catch (const std::exception&) {
+      return std::nullopt;  // not broadcastable: the composed ops say so
+    }
+    in.push_back(mx::broadcast_to(*bias, full, s));
+  }
+  const AttentionShape g{nd == 4 ? lead[0] : 1, lead[nd - 3], S, H, T, Hv, divide, scale, bias.has_value()};
+  mx::Shape out = q.shape();
+  out.back() = Hv;
+  return mx::array(std::move(out), mx::float32, std::make_shared<Attention>(s, g), std::move(in));
+}
+
+}  // namespace ortmlx::ops
