@@ -97,6 +97,8 @@ struct Options {
   // MLX's CPU device with AVX-512: an encoder's attention nodes as one node and one kernel
   // (graph/fuse_attention.h, kernels/cpu/attention.cc).
   bool cpu_attention = true;
+  // MLX's CPU device: GELU written out as nodes as one Gelu node (graph/fuse_gelu.h).
+  bool cpu_gelu = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

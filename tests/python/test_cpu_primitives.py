@@ -709,3 +709,26 @@ def test_attention_read_elsewhere_is_not_fused(capfd):
               helper.make_node("Add", ["o", "pm"], ["y"])]
     prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5)
     assert "FusedAttention" not in prims and prims.get("Matmul") == 2, prims
+
+
+@pytest.mark.parametrize("form", ["div_then_half", "half_first", "mul_inverse"])
+def test_gelu_written_out_is_one_kernel(form, capfd):
+    """0.5 x (1 + erf(x / sqrt 2)) as exporters write it (Div by sqrt 2 or Mul by its inverse;
+    the 0.5 applied last or to x first) becomes one com.microsoft Gelu node (graph/fuse_gelu):
+    one ErfGelu primitive, no Erf or elementwise primitive. With cpu_gelu=0 the nodes run as
+    before. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(47)
+    x = (rng.standard_normal((4, 160)) * 3).astype(np.float32)
+    nodes = [helper.make_node("Mul" if form == "mul_inverse" else "Div", ["x", "c"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["one", "e"], ["a"])]
+    if form == "half_first":
+        nodes += [helper.make_node("Mul", ["half", "x"], ["h"]), helper.make_node("Mul", ["h", "a"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["a", "x"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = [_init("c", 1 / np.sqrt(2) if form == "mul_inverse" else np.sqrt(2)), _init("one", 1.0),
+             _init("half", 0.5)]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-6)
+    assert prims.get("ErfGelu") == 1 and not [k for k in prims if k.startswith(("Erf", "Comp", "Mul", "Div", "Add"))
+                                              and k != "ErfGelu"], prims
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-6, cpu_gelu=0)
+    assert "ErfGelu" not in prims, prims
