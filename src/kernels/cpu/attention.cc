@@ -217,13 +217,24 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
   float* sp = vp + g.T * g.Hv;
   float* qp = sp + kRows * Tp;
   const float* kb = kt.p + b0 * kt.lead0 + b1 * kt.lead1;
-  for (int64_t h = 0; h < g.H; ++h) {
-    float* dst = kp + h * Tp;
-    const float* src = kb + h * kt.row;
-    if (kt.col == 1) std::copy(src, src + g.T, dst);
-    else
-      for (int64_t j = 0; j < g.T; ++j) dst[j] = src[j * kt.col];
-    std::fill(dst + g.T, dst + Tp, 0.f);
+  if (kt.row == 1 && kt.col != 1) {
+    // K as it lies ([T, H] rows, as K^T's transpose view of it reads): each key's row read
+    // once, scattered down a column of the packed buffer (which stays in cache); reading K^T's
+    // rows instead would stride across T lines per row.
+    for (int64_t h = 0; h < g.H; ++h) std::fill(kp + h * Tp + g.T, kp + (h + 1) * Tp, 0.f);
+    for (int64_t j = 0; j < g.T; ++j) {
+      const float* src = kb + j * kt.col;
+      for (int64_t h = 0; h < g.H; ++h) kp[h * Tp + j] = src[h];
+    }
+  } else {
+    for (int64_t h = 0; h < g.H; ++h) {
+      float* dst = kp + h * Tp;
+      const float* src = kb + h * kt.row;
+      if (kt.col == 1) std::copy(src, src + g.T, dst);
+      else
+        for (int64_t j = 0; j < g.T; ++j) dst[j] = src[j * kt.col];
+      std::fill(dst + g.T, dst + Tp, 0.f);
+    }
   }
   const float* vb = v.p + b0 * v.lead0 + b1 * v.lead1;
   for (int64_t j = 0; j < g.T; ++j) {
