@@ -99,6 +99,9 @@ struct Options {
   bool cpu_attention = true;
   // MLX's CPU device: GELU written out as nodes as one Gelu node (graph/fuse_gelu.h).
   bool cpu_gelu = true;
+  // MLX's CPU device with AVX-512 VNNI: MatMulNBits prompt rows with int8 blocks as integer
+  // products (kernels/cpu/int4_gemv.cc, cpu_int4_gemm).
+  bool cpu_int4_gemm = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).

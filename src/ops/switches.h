@@ -43,6 +43,8 @@ struct TranslationSwitches {
   // runs on MLX's CPU device are walked (engine/caller_eval.h), which computes MLX's own ops but
   // not its generated kernels: helpers keep the plain ops there
   bool cpu_caller_eval = true;
+  // MatMulNBits prompt rows with int8 blocks as integer products (kernels/cpu/int4_gemv.cc)
+  bool cpu_int4_gemm = true;
 };
 
 // The calling thread's current switches.

@@ -732,3 +732,34 @@ def test_gelu_written_out_is_one_kernel(form, capfd):
                                               and k != "ErfGelu"], prims
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-6, cpu_gelu=0)
     assert "ErfGelu" not in prims, prims
+
+
+@pytest.mark.parametrize("rows,k,block,zp", [(8, 512, 32, True), (37, 224, 32, False), (13, 320, 64, True),
+                                             (16, 256, 128, True), (21, 200, 32, True)])
+def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):
+    """Prompt rows of a MatMulNBits in ORT's int8 form (accuracy_level 4) on a CPU with AVX-512
+    VNNI: one Int4GemmVnni primitive (the rows quantized per block as MLAS does, integer sums per
+    block by vpdpbusd, scaled per block), no dequantized weight or float product. Rows not a
+    multiple of the tile's four, N = 40 (a masked panel), blocks of 32 to 128, K not a multiple
+    of the block (200: the last block padded), zero points packed or absent. Outputs equal ORT's
+    CPU EP within 1e-5 relative to their scale. With cpu_int4_gemm=0 the float form runs."""
+    from onnxruntime_mlx.doctor import cpu_flags
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("no AVX-512 VNNI here")
+    rng = np.random.default_rng(rows * k + block)
+    n, nb = 40, (k + block - 1) // block
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.integers(0, 256, (n, nb, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * nb) * 0.1).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(scales, "s")]
+    inputs = ["x", "b", "s"]
+    if zp:
+        inits.append(onnx.numpy_helper.from_array(rng.integers(0, 256, (n * ((nb + 1) // 2),), dtype=np.uint8), "z"))
+        inputs.append("z")
+    nodes = [helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                              block_size=block, accuracy_level=4)]
+    scale = 30.0
+    prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale)
+    assert prims.get("Int4GemmVnni") == 1 and "PackedMatmul" not in prims, prims
+    prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_int4_gemm=0)
+    assert "Int4GemmVnni" not in prims, prims

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -328,6 +330,225 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+
+// ---- Prompt rows: many rows by the 4-bit weight, int8 activations, AVX-512 VNNI ----------------
+
+// The weight laid out for the tiles: per panel of 16 outputs, per 4 values of K, the 16 outputs'
+// 4 codes side by side (64 bytes: one vpdpbusd operand, lane n holding output n's 4 codes); the
+// scales and zero biases per panel and block as 16 lanes. Outputs past N are zero (codes,
+// scales and biases), so the last panel computes zeros there.
+struct GemmWeight {
+  std::vector<uint8_t> codes;   // [panels][Kp / 4][16][4]
+  std::vector<float> sc, zb;    // [panels][nb][16]
+};
+
+GemmWeight pack_gemm_weight(const uint8_t* q, const float* sc, const float* zb, int N, int nb, int block) {
+  const int64_t Kp = static_cast<int64_t>(nb) * block, panels = (N + 15) / 16, row_bytes = Kp / 2;
+  GemmWeight w;
+  w.codes.assign(static_cast<size_t>(panels * Kp * 16), 0);
+  w.sc.assign(static_cast<size_t>(panels * nb * 16), 0.f);
+  w.zb.assign(static_cast<size_t>(panels * nb * 16), 0.f);
+  for (int n = 0; n < N; ++n) {
+    const int64_t p = n / 16, lane = n % 16;
+    for (int64_t k = 0; k < Kp; ++k) {
+      const uint8_t byte = q[n * row_bytes + k / 2];
+      w.codes[static_cast<size_t>(((p * (Kp / 4) + k / 4) * 16 + lane) * 4 + k % 4)] = k % 2 ? byte >> 4 : byte & 15;
+    }
+    for (int b = 0; b < nb; ++b) {
+      w.sc[static_cast<size_t>((p * nb + b) * 16 + lane)] = sc[static_cast<int64_t>(n) * nb + b];
+      w.zb[static_cast<size_t>((p * nb + b) * 16 + lane)] = zb[static_cast<int64_t>(n) * nb + b];
+    }
+  }
+  return w;
+}
+
+// The rows quantized as MLAS does (quantize_block): codes [M][Kp] (zero past K), and per row and
+// block the scale and the sum of the dequantized values.
+struct QuantRows {
+  std::vector<int8_t> codes;
+  std::vector<float> scale, sum;
+};
+
+#ifdef ORTMLX_X86
+// quantize_block's arithmetic on a whole block (a multiple of 16 values), 16 lanes a step: the
+// same scale and codes (x * (127 / max) rounded half to even by the conversion, as nearbyint
+// in the default rounding mode), their sum in `sum`.
+__attribute__((target("avx512f,avx512bw"))) float quantize_block_avx512(const float* x, int n, int8_t* codes,
+                                                                       int32_t& sum) {
+  __m512 vmax = _mm512_setzero_ps();
+  for (int k = 0; k < n; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  const float amax = _mm512_reduce_max_ps(vmax);
+  const float scale = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+  __m512i vsum = _mm512_setzero_si512();
+  for (int k = 0; k < n; k += 16) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), inv));
+    q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128));
+    vsum = _mm512_add_epi32(vsum, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_cvtepi32_epi8(q));
+  }
+  sum = _mm512_reduce_add_epi32(vsum);
+  return scale;
+}
+
+// R rows x NP panels of 16 outputs: per block, int32 sums by vpdpbusd (the weights' unsigned
+// codes against the rows' signed ones), then scaled into float accumulators with the zero
+// biases times the rows' block sums. Fixed R and NP keep the accumulators in registers.
+template <int R, int NP>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void int4_gemm_tile(
+    const QuantRows& x, const GemmWeight& w, int64_t r0, int64_t p0, int64_t Kp, int nb, int block, int N,
+    float* y) {
+  __m512 acc[R][NP];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int64_t kq_per_block = block / 4, panel_bytes = Kp * 16;
+  for (int b = 0; b < nb; ++b) {
+    __m512i dot[R][NP];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p) dot[r][p] = _mm512_setzero_si512();
+    const int64_t kq0 = b * kq_per_block;
+    for (int64_t kq = kq0; kq < kq0 + kq_per_block; ++kq) {
+      __m512i wv[NP];
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_si512(w.codes.data() + (p0 + p) * panel_bytes + kq * 64);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x.codes.data() + (r0 + r) * Kp + kq * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(four);
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xv);
+      }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) {
+      const __m512 ws = _mm512_loadu_ps(w.sc.data() + ((p0 + p) * nb + b) * 16);
+      const __m512 zb = _mm512_loadu_ps(w.zb.data() + ((p0 + p) * nb + b) * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float xs = x.scale[static_cast<size_t>((r0 + r) * nb + b)];
+        const float xsum = x.sum[static_cast<size_t>((r0 + r) * nb + b)];
+        acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][p]), _mm512_mul_ps(ws, _mm512_set1_ps(xs)), acc[r][p]);
+        acc[r][p] = _mm512_fmadd_ps(zb, _mm512_set1_ps(xsum), acc[r][p]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int p = 0; p < NP; ++p) {
+    const int64_t n0 = (p0 + p) * 16;
+    const __mmask16 m = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, m, acc[r][p]);
+  }
+}
+
+template <int R>
+void int4_gemm_rows(const QuantRows& x, const GemmWeight& w, int64_t r0, int64_t p0, int64_t np, int64_t Kp, int nb,
+                    int block, int N, float* y) {
+  if (np == 2) int4_gemm_tile<R, 2>(x, w, r0, p0, Kp, nb, block, N, y);
+  else int4_gemm_tile<R, 1>(x, w, r0, p0, Kp, nb, block, N, y);
+}
+#endif
+
+class Int4GemmVnni : public mx::UnaryPrimitive {
+ public:
+  Int4GemmVnni(mx::Stream s, int K, int block) : mx::UnaryPrimitive(s), K_(K), block_(block),
+                                                  cache_(std::make_shared<Cache>()) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& packed = inputs[1];
+    for (size_t i = 1; i < 4; ++i)
+      if (!inputs[i].flags().row_contiguous)
+        throw std::runtime_error("[Int4GemmVnni] weights, scales and zero biases must be row-contiguous");
+    begin_output(inputs, out, stream());
+    const int N = packed.shape(0), nb = inputs[2].shape(1);
+    dispatch_task(stream(), [x = RowMajorInput(inputs[0]), qp = packed.data<uint8_t>(), sp = inputs[2].data<float>(),
+                             zp = inputs[3].data<float>(), yp = out.data<float>(), N, nb, K = K_, block = block_,
+                             M = static_cast<int64_t>(inputs[0].size() / K_), cache = cache_] {
+#ifdef ORTMLX_X86
+      const auto w = cache->weight_for(qp, sp, zp, N, nb, block);
+      const int64_t Kp = static_cast<int64_t>(nb) * block;
+      const float* xp = x.rows();
+      QuantRows q;
+      q.codes.assign(static_cast<size_t>(M * Kp), 0);
+      q.scale.assign(static_cast<size_t>(M * nb), 0.f);
+      q.sum.assign(static_cast<size_t>(M * nb), 0.f);
+      cpu_parallel_for(M, M * K >= (int64_t{1} << 16) ? cpu_threads() : 1, [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m)
+          for (int b = 0; b < nb; ++b) {
+            const int k0 = b * block, k1 = std::min(K, k0 + block);
+            if (k0 >= k1) continue;
+            int32_t codes = 0;
+            int8_t* c = q.codes.data() + m * Kp;
+            const float scale = k1 - k0 == block ? quantize_block_avx512(xp + m * K + k0, block, c + k0, codes)
+                                                 : quantize_block(xp + m * K, 1, k0, k1, [&](int k, float v) {
+                                                     c[k] = static_cast<int8_t>(v);
+                                                     codes += static_cast<int32_t>(v);
+                                                   });
+            q.scale[static_cast<size_t>(m * nb + b)] = scale;
+            q.sum[static_cast<size_t>(m * nb + b)] = static_cast<float>(codes) * scale;
+          }
+      });
+      // Tiles of 4 rows x 2 panels (32 outputs), split over the threads.
+      const int64_t panels = (N + 15) / 16, row_tiles = (M + 3) / 4, panel_pairs = (panels + 1) / 2;
+      cpu_parallel_for(row_tiles * panel_pairs, cpu_threads(), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t r0 = (i / panel_pairs) * 4, p0 = (i % panel_pairs) * 2;
+          const int64_t rows = std::min<int64_t>(4, M - r0), np = std::min<int64_t>(2, panels - p0);
+          switch (rows) {
+            case 4: int4_gemm_rows<4>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
+            case 3: int4_gemm_rows<3>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
+            case 2: int4_gemm_rows<2>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
+            default: int4_gemm_rows<1>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
+          }
+        }
+      });
+#else
+      throw std::logic_error("[Int4GemmVnni] needs an x86-64 CPU with AVX-512 VNNI");
+#endif
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::logic_error("[Int4GemmVnni] runs on the CPU stream only");
+  }
+  const char* name() const override { return "Int4GemmVnni"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const Int4GemmVnni*>(&other);
+    return o && o->K_ == K_ && o->block_ == block_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape out = inputs[0].shape();
+    out.back() = inputs[1].shape(0);
+    return {out};
+  }
+
+ private:
+  // The tiles' layout of a constant weight, made on the first run for its buffers (a compiled
+  // function's runs share this primitive). Held by the tasks too.
+  struct Cache {
+    std::shared_ptr<const GemmWeight> weight_for(const uint8_t* q, const float* sc, const float* zb, int N, int nb,
+                                                 int block) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (q != src || sc != src_sc || zb != src_zb || !weight) {
+        weight = std::make_shared<const GemmWeight>(pack_gemm_weight(q, sc, zb, N, nb, block));
+        src = q, src_sc = sc, src_zb = zb;
+      }
+      return weight;
+    }
+    std::mutex mu;
+    const uint8_t* src = nullptr;
+    const float *src_sc = nullptr, *src_zb = nullptr;
+    std::shared_ptr<const GemmWeight> weight;
+  };
+
+  int K_, block_;
+  std::shared_ptr<Cache> cache_;
+};
 }  // namespace
 
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
@@ -349,6 +570,22 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
   return mx::array(std::move(out), mx::float32, std::make_shared<Int4RowGemv>(s, K, block, int8_blocks,
                                                                            cpu_avx512_kernels() && cpu_has_avx512_vnni()),
                    {x, packed, scales, zbias});
+}
+
+std::optional<mx::array> cpu_int4_gemm(const mx::array& x, const mx::array& packed, const mx::array& scales,
+                                       const mx::array& zbias, int K, int block, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_avx512_kernels() || !cpu_has_avx512_vnni() ||
+      x.dtype() != mx::float32 || x.ndim() < 1 || x.shape(-1) != K || K == 0 || x.size() < 2 * static_cast<size_t>(K))
+    return std::nullopt;
+  if (block < 32 || block % 32 != 0 || block > 256 || packed.dtype() != mx::uint8 || packed.ndim() != 2 ||
+      scales.dtype() != mx::float32 || zbias.dtype() != mx::float32 || scales.ndim() != 2 || zbias.shape() != scales.shape())
+    return std::nullopt;
+  const int N = packed.shape(0), nb = scales.shape(1);
+  if (scales.shape(0) != N || static_cast<int64_t>(nb) * block < K || packed.shape(1) != nb * block / 2 || N == 0)
+    return std::nullopt;
+  mx::Shape out = x.shape();
+  out.back() = N;
+  return mx::array(std::move(out), mx::float32, std::make_shared<Int4GemmVnni>(s, K, block), {x, packed, scales, zbias});
 }
 
 }  // namespace ortmlx::ops

@@ -67,6 +67,16 @@ class RowKernelsScope {
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
                                        const mx::array& scales, const mx::array& zbias, int K,
                                        int block, mx::Stream s, bool int8_blocks = false);
+// The same product for two or more rows (a prompt) with int8 blocks (accuracy_level 4) on a CPU
+// with AVX-512 VNNI, in blocks of 32 to 256: the rows quantized per block as MLAS does, integer
+// sums per block by vpdpbusd (the weight's codes, laid out once for the tiles, against the rows'),
+// scaled per block as ORT's CPU EP scales them; tiles of 4 rows x 32 outputs split over the
+// threads. Why: the float form (the weight dequantized once, the rows fake-quantized, a float
+// product) does 4x the multiply-adds an instruction that the integer form does, and ORT's CPU EP
+// takes the integer one. The weight, scales and zero biases must be constants (laid out on the
+// first run for their buffers). std::nullopt where it does not apply.
+std::optional<mx::array> cpu_int4_gemm(const mx::array& x, const mx::array& packed, const mx::array& scales,
+                                       const mx::array& zbias, int K, int block, mx::Stream s);
 
 // Softmax over the last axis of a float32 array on MLX's CPU stream, rows split over threads,
 // with an AVX2 exp where the CPU has it. Why: MLX's CPU softmax evaluates exp one lane at a time

@@ -204,6 +204,21 @@ Outputs translate_matmul_nbits(OpContext& c) {
     });
     row_kernel = cpu_int4_gemv(x, packed, sc, zb, K, static_cast<int>(p.block), c.s, int8_activations);
   }
+  bool constant_weights = true;
+  for (size_t i : weight_inputs) constant_weights = constant_weights && c.is_constant(i);
+  if (!row_kernel && cpu_many_rows && int8_activations && p.bits == 4 && !g_idx && ct == mx::float32 &&
+      constant_weights && translation_switches().cpu_int4_gemm) {
+    // Prompt rows with int8 blocks on the CPU: integer products per block (AVX-512 VNNI), as
+    // ORT's CPU EP computes them, from ORT's bytes laid out once by the kernel.
+    auto sc = c.prepared("row_scales", weight_inputs, [&] {
+      return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
+    });
+    auto zb = c.prepared("row_zbias", weight_inputs, [&] {
+      return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
+                            false, c.s);
+    });
+    row_kernel = cpu_int4_gemm(x, packed, sc, zb, K, static_cast<int>(p.block), c.s);
+  }
   if (!row_kernel && int8_activations) x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
   if (row_kernel) {
     y = *row_kernel;
