@@ -45,6 +45,8 @@ struct TranslationSwitches {
   bool cpu_caller_eval = true;
   // MatMulNBits prompt rows with int8 blocks as integer products (kernels/cpu/int4_gemv.cc)
   bool cpu_int4_gemm = true;
+  // attention over several query rows through the EP's kernel (kernels/cpu/attention.cc)
+  bool cpu_attention = true;
 };
 
 // The calling thread's current switches.

@@ -1067,3 +1067,21 @@ def test_sibling_products_fused(op, capfd):
         assert a.shape == r.shape
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(a, r, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's attention kernel")
+@pytest.mark.parametrize("past", [None, 6])
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_gqa_prompt_through_the_cpu_attention_kernel(past, avx512, capfd):
+    """A GroupQueryAttention prompt on the CPU with AVX-512: one FusedAttention primitive
+    (grouped heads read in place, K/V head = head / 4; the causal rule bottom-right aligned
+    over a past of 6 rows; 19 query rows, not a multiple of the kernel's four); with
+    cpu_avx512=0 the explicit math. Outputs and presents equal ORT's CPU EP."""
+    from onnxruntime_mlx.doctor import cpu_flags
+    if avx512 == "1" and not {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= cpu_flags():
+        pytest.skip("no AVX-512 here")
+    capfd.readouterr()
+    gqa_check(B=1 if past else 2, S=19, N=8, Nkv=2, H=32, past=past, rotary=True, cpu_avx512=avx512, log_level=3)
+    err = capfd.readouterr().err
+    fused = [ln for ln in err.splitlines() if "evaluates:" in ln and "FusedAttention" in ln]
+    assert bool(fused) == (avx512 == "1"), err[-2000:]

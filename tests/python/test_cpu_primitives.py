@@ -597,15 +597,22 @@ def test_reshape_reads_through_views(perm, collapses, capfd):
 
 
 @pytest.mark.parametrize("rows", [2, 33])
-def test_prompt_attention_uses_the_softmax_kernel(rows, capfd):
-    """Attention over several query rows (a prompt) on the CPU takes the explicit math with the
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_prompt_attention_uses_the_cpu_kernels(rows, avx512, capfd):
+    """Attention over several query rows (a prompt) on the CPU: with AVX-512 the EP's attention
+    kernel (FusedAttention, one primitive); without (cpu_avx512=0) the explicit math with the
     EP's vectorized softmax (RowSoftmax) instead of MLX's fused attention, whose composed CPU
     form runs exp one lane at a time. Outputs equal ORT's CPU EP."""
+    if avx512 == "1" and not _avx512_core():
+        pytest.skip("no AVX-512 here")
     rng = np.random.default_rng(37)
     q, k, v = (rng.standard_normal((1, rows, 32)).astype(np.float32) for _ in range(3))
     nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=4)]
-    prims = _run(nodes, {"q": q, "k": k, "v": v}, [], capfd, 1e-5, 1e-5)
-    assert prims.get("RowSoftmax") == 1 and "Softmax" not in prims, prims
+    prims = _run(nodes, {"q": q, "k": k, "v": v}, [], capfd, 1e-5, 1e-5, cpu_avx512=avx512)
+    if avx512 == "1":
+        assert prims.get("FusedAttention") == 1 and "Matmul" not in prims, prims
+    else:
+        assert prims.get("RowSoftmax") == 1 and "Softmax" not in prims, prims
 
 
 def test_int4_prompt_products_are_the_packed_kernel(capfd):

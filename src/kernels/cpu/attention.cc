@@ -37,6 +37,8 @@ struct AttentionShape {
   bool divide;                        // scores / scale (ONNX's Div), else scores * scale
   float scale;
   bool has_bias;
+  int64_t kv_rep;  // query heads per K/V head (grouped heads): K/V head = head / kv_rep
+  bool causal;     // query row i sees keys [0, T - S + i] (bottom-right aligned)
   bool operator==(const AttentionShape&) const = default;
 };
 
@@ -104,11 +106,13 @@ __attribute__((target("avx512f"))) void scores_block(const float* const* q, cons
     for (int b = 0; b < NB; ++b) _mm512_storeu_ps(s + r * s_stride + j0 + 16 * b, acc[r][b]);
 }
 
+// Columns [0, cols) (a multiple of 16) of the scores; kt's rows are Tp apart.
 template <int R>
-void scores_rows(const float* const* q, const float* kt, int64_t H, int64_t Tp, float* s, int64_t s_stride) {
+void scores_rows(const float* const* q, const float* kt, int64_t H, int64_t cols, int64_t Tp, float* s,
+                 int64_t s_stride) {
   int64_t j0 = 0;
-  for (; j0 + 64 <= Tp; j0 += 64) scores_block<R, 4>(q, kt, H, Tp, j0, s, s_stride);
-  switch ((Tp - j0) / 16) {
+  for (; j0 + 64 <= cols; j0 += 64) scores_block<R, 4>(q, kt, H, Tp, j0, s, s_stride);
+  switch ((cols - j0) / 16) {
     case 3: scores_block<R, 3>(q, kt, H, Tp, j0, s, s_stride); break;
     case 2: scores_block<R, 2>(q, kt, H, Tp, j0, s, s_stride); break;
     case 1: scores_block<R, 1>(q, kt, H, Tp, j0, s, s_stride); break;
@@ -216,7 +220,8 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
   float* vp = kp + g.H * Tp;
   float* sp = vp + g.T * g.Hv;
   float* qp = sp + kRows * Tp;
-  const float* kb = kt.p + b0 * kt.lead0 + b1 * kt.lead1;
+  const int64_t kvh = b1 / g.kv_rep;
+  const float* kb = kt.p + b0 * kt.lead0 + kvh * kt.lead1;
   if (kt.row == 1 && kt.col != 1) {
     // K as it lies ([T, H] rows, as K^T's transpose view of it reads): each key's row read
     // once, scattered down a column of the packed buffer (which stays in cache); reading K^T's
@@ -236,7 +241,7 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
       std::fill(dst + g.T, dst + Tp, 0.f);
     }
   }
-  const float* vb = v.p + b0 * v.lead0 + b1 * v.lead1;
+  const float* vb = v.p + b0 * v.lead0 + kvh * v.lead1;
   for (int64_t j = 0; j < g.T; ++j) {
     const float* src = vb + j * v.row;
     float* dst = vp + j * g.Hv;
@@ -261,14 +266,26 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
       }
       orow[r] = out + (i0 + r) * g.Hv;
     }
-    if (rows == kRows) scores_rows<kRows>(qr, kp, g.H, Tp, sp, Tp);
+    // Causal: the block's last row sees keys [0, T - S + i0 + rows); the keys past a row's own
+    // last one take no part in its softmax (probability 0 in the weighted sum).
+    const int64_t seen = g.causal ? std::clamp<int64_t>(g.T - g.S + i0 + rows, 0, g.T) : g.T;
+    const int64_t seen_p = (seen + 15) / 16 * 16;
+    if (rows == kRows) scores_rows<kRows>(qr, kp, g.H, seen_p, Tp, sp, Tp);
     else
-      for (int r = 0; r < rows; ++r) scores_rows<1>(qr + r, kp, g.H, Tp, sp + r * Tp, Tp);
-    for (int r = 0; r < rows; ++r)
-      finish_row(sp + r * Tp, g.T, g.divide, g.scale, bb ? bb + (i0 + r) * bias->row : nullptr, bias ? bias->col : 0);
-    if (rows == kRows) weighted_rows<kRows>(sp, Tp, vp, g.T, g.Hv, orow);
+      for (int r = 0; r < rows; ++r) scores_rows<1>(qr + r, kp, g.H, seen_p, Tp, sp + r * Tp, Tp);
+    for (int r = 0; r < rows; ++r) {
+      float* row = sp + r * Tp;
+      const int64_t n = g.causal ? std::clamp<int64_t>(g.T - g.S + i0 + r + 1, 0, g.T) : g.T;
+      if (n == 0) {  // no key to attend to: a softmax of nothing but -inf
+        std::fill(row, row + seen, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
+      finish_row(row, n, g.divide, g.scale, bb ? bb + (i0 + r) * bias->row : nullptr, bias ? bias->col : 0);
+      std::fill(row + n, row + seen, 0.f);
+    }
+    if (rows == kRows) weighted_rows<kRows>(sp, Tp, vp, seen, g.Hv, orow);
     else
-      for (int r = 0; r < rows; ++r) weighted_rows<1>(sp + r * Tp, Tp, vp, g.T, g.Hv, orow + r);
+      for (int r = 0; r < rows; ++r) weighted_rows<1>(sp + r * Tp, Tp, vp, seen, g.Hv, orow + r);
   }
 }
 #endif
@@ -319,7 +336,7 @@ class Attention : public mx::UnaryPrimitive {
 }  // namespace
 
 std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
-                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s) {
+                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s, bool causal) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_avx512_kernels()) return std::nullopt;
   const int nd = static_cast<int>(q.ndim());
   if ((nd != 3 && nd != 4) || kt.ndim() != q.ndim() || v.ndim() != q.ndim() || q.dtype() != mx::float32 ||
@@ -327,13 +344,18 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, 
     return std::nullopt;
   const int S = q.shape(-2), H = q.shape(-1), T = kt.shape(-1), Hv = v.shape(-1);
   if (kt.shape(-2) != H || v.shape(-2) != T) return std::nullopt;
-  // The leading dims: q's, which kt, v and the bias broadcast to (zero strides).
+  // The leading dims: q's, which kt, v and the bias broadcast to (zero strides); or, grouped
+  // heads, K/V with fewer heads that each serve kv_rep query heads.
   mx::Shape lead(q.shape().begin(), q.shape().end() - 2);
+  const int heads = lead.back(), kv_heads = nd == 4 ? kt.shape(1) : heads;
+  const bool grouped = nd == 4 && kv_heads != heads && kv_heads != 1;
+  if (grouped && (heads % kv_heads != 0 || v.shape(1) != kv_heads)) return std::nullopt;
   for (const auto* a : {&kt, &v})
     for (int d = 0; d < nd - 2; ++d)
-      if (a->shape(d) != lead[d] && a->shape(d) != 1) return std::nullopt;
+      if (a->shape(d) != lead[d] && a->shape(d) != 1 && !(grouped && d == 1)) return std::nullopt;
   auto widen = [&](const mx::array& a, int rows, int cols) {
     mx::Shape sh = lead;
+    if (grouped) sh[1] = kv_heads;
     sh.push_back(rows);
     sh.push_back(cols);
     return mx::broadcast_to(a, sh, s);
@@ -351,7 +373,8 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, 
     }
     in.push_back(mx::broadcast_to(*bias, full, s));
   }
-  const AttentionShape g{nd == 4 ? lead[0] : 1, lead[nd - 3], S, H, T, Hv, divide, scale, bias.has_value()};
+  const AttentionShape g{nd == 4 ? lead[0] : 1, lead[nd - 3], S, H, T, Hv, divide, scale, bias.has_value(),
+                         grouped ? heads / kv_heads : 1, causal};
   mx::Shape out = q.shape();
   out.back() = Hv;
   return mx::array(std::move(out), mx::float32, std::make_shared<Attention>(s, g), std::move(in));

@@ -96,8 +96,11 @@ std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s)
 // OpenBLAS's batched products of 32-deep rows and three passes over the [.., S, T] scores
 // (MiniLM at 8 x 128: ~a fifth of its time). std::nullopt off the CPU, without AVX-512 (or with
 // cpu_avx512 off) or for shapes that do not fit.
+// Grouped heads: K/V of rank 4 with fewer heads than q, each serving heads / kv_heads query heads.
+// causal: query row i sees keys [0, T - S + i] (bottom-right aligned; a row that sees none is NaN).
 std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
-                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s);
+                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s,
+                                       bool causal = false);
 
 // A transcendental function of a float32 array on MLX's CPU stream, 8 lanes at a time where the
 // CPU has AVX2, split over threads (kernels/cpu/unary.cc). Why: MLX's CPU backend runs these one

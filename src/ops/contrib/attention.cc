@@ -50,6 +50,14 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
     return {mx::fast::scaled_dot_product_attention(q, k, v, scale, causal && !m ? "causal" : "", m,
                                                    sk, false, s), {}};
   }
+  // Several query rows on the CPU with AVX-512: the EP's attention kernel (kernels/cpu/
+  // attention.cc), the mask folded into the bias as -inf, grouped heads read in place.
+  if (cpu_rows && !row_gemv && softcap <= 0.f && qk_mode < 0 && !sinks && translation_switches().cpu_attention) {
+    std::optional<mx::array> add;
+    if (bias) add = mx::astype(*bias, t, s);
+    if (mask) add = mx::where(*mask, add ? *add : mx::array(0.f, t), mx::array(kNegInf, t), s);
+    if (auto y = cpu_attention(q, mx::swapaxes(k, -1, -2, s), v, scale, false, add, s, causal && !mask)) return {*y, {}};
+  }
   // Explicit math: heads grouped as [B, Nkv, rep, S, *] so K/V are never repeated.
   const int B = q.shape(0), N = q.shape(1), S = q.shape(2), H = q.shape(3);
   const int Nkv = k.shape(1), T = k.shape(2), Hv = v.shape(3), rep = N / Nkv;
