@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include <mlx/backend/cpu/encoder.h>
@@ -142,9 +143,30 @@ class DepthwiseConv : public mx::UnaryPrimitive {
     begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(stream(), [x = RowMajorInput(inputs[0]), w = RowMajorInput(inputs[1]), bias = std::move(bias),
-                  yp = out.data<float>(), s = s_, c = channels_, parallel = parallel_] {
-      const float* xp = x.rows();
+    // Planes read where they lie when each is contiguous (a channel shuffle's transposed view):
+    // plane p at offsets[p]; otherwise the input gathered in row-major order.
+    const auto& xin = inputs[0];
+    std::vector<int64_t> offsets;
+    const int nd = static_cast<int>(xin.ndim());
+    if (!xin.flags().row_contiguous && xin.strides()[nd - 1] == 1 && xin.strides()[nd - 2] == s_.w) {
+      offsets.resize(static_cast<size_t>(s_.planes));
+      std::vector<int64_t> idx(static_cast<size_t>(nd - 2), 0);
+      for (int64_t p = 0; p < s_.planes; ++p) {
+        int64_t off = 0;
+        for (int d = 0; d < nd - 2; ++d) off += idx[d] * xin.strides()[d];
+        offsets[static_cast<size_t>(p)] = off;
+        for (int d = nd - 3; d >= 0; --d) {
+          if (++idx[d] < xin.shape(d)) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    std::optional<RowMajorInput> gathered;
+    if (offsets.empty()) gathered.emplace(xin);
+    dispatch_task(stream(), [x = std::move(gathered), raw = xin.data<float>(), offsets = std::move(offsets),
+                  w = RowMajorInput(inputs[1]), bias = std::move(bias), yp = out.data<float>(), s = s_, c = channels_,
+                  parallel = parallel_] {
+      const float* xp = x ? x->rows() : raw;
       const float* wp = w.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       bool avx2 = false;
@@ -155,7 +177,8 @@ class DepthwiseConv : public mx::UnaryPrimitive {
       auto run = [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t ch = p % c;
-          plane(xp + p * s.h * s.w, wp + ch * taps, bp ? bp[ch] : 0.f, yp + p * s.oh * s.ow, s, avx2);
+          plane(xp + (offsets.empty() ? p * s.h * s.w : offsets[static_cast<size_t>(p)]), wp + ch * taps,
+                bp ? bp[ch] : 0.f, yp + p * s.oh * s.ow, s, avx2);
         }
       };
       cpu_parallel_for(s.planes, parallel ? std::min<int64_t>(cpu_threads(), s.planes) : 1, run);
@@ -170,8 +193,9 @@ class DepthwiseConv : public mx::UnaryPrimitive {
     const auto* o = dynamic_cast<const DepthwiseConv*>(&other);
     return o && o->s_ == s_ && o->channels_ == channels_ && o->parallel_ == parallel_;
   }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {{inputs[0].shape(0), inputs[0].shape(1), static_cast<int>(s_.oh), static_cast<int>(s_.ow)}};
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+    return {{static_cast<int>(s_.planes / channels_), static_cast<int>(channels_), static_cast<int>(s_.oh),
+             static_cast<int>(s_.ow)}};
   }
 
  private:
@@ -213,7 +237,16 @@ std::optional<mx::array> cpu_depthwise_conv(const mx::array& x, const mx::array&
   if (ph < ekh || pw < ekw) return std::nullopt;
   sh.oh = (ph - ekh) / sh.sh + 1;
   sh.ow = (pw - ekw) / sh.sw + 1;
-  std::vector<mx::array> in{x, w};
+  // A reshape of a view whose planes lie whole (a channel shuffle: [N, C/g, g, H, W] transposed
+  // from [N, g, C/g, H, W]) is read through: the kernel takes the view, not the reshape's copy.
+  mx::array src = x;
+  if (x.has_primitive() && std::string_view(x.primitive().name()) == "Reshape" && x.inputs().size() == 1) {
+    const auto& t = x.inputs()[0];
+    if (t.ndim() >= 3 && t.size() == x.size() && t.dtype() == mx::float32 && t.shape(-1) == x.shape(3) &&
+        t.shape(-2) == x.shape(2))
+      src = t;
+  }
+  std::vector<mx::array> in{src, w};
   if (bias) in.push_back(*bias);
   return mx::array({x.shape(0), static_cast<int>(C), static_cast<int>(sh.oh), static_cast<int>(sh.ow)}, mx::float32,
                    std::make_shared<DepthwiseConv>(s, sh, C, parallel), std::move(in));
