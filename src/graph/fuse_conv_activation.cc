@@ -18,7 +18,7 @@ constexpr std::pair<Kind, const char*> kNames[] = {
     {Kind::Relu, "Relu"},         {Kind::LeakyRelu, "LeakyRelu"}, {Kind::Clip, "Clip"},
     {Kind::Mul, "Mul"},           {Kind::Add, "Add"},             {Kind::HardSigmoid, "HardSigmoid"},
     {Kind::HardSwish, "HardSwish"}, {Kind::Sigmoid, "Sigmoid"},   {Kind::Tanh, "Tanh"},
-    {Kind::Swish, "Swish"},
+    {Kind::Swish, "Swish"},       {Kind::AddInput, "AddInput"},
 };
 
 // The rewrite of one graph: who reads what, and which nodes are gone.
@@ -27,6 +27,7 @@ class Fuser {
   Fuser(Graph& g, const std::vector<std::string>& graph_outputs)
       : g_(g), kept_(graph_outputs.begin(), graph_outputs.end()), gone_(g.nodes.size(), false) {
     for (const auto& n : g.nodes) {
+      for (const auto& o : n.outputs) producer_[o] = n.index;
       for (size_t i = 0; i < n.inputs.size(); ++i)
         if (n.has_input(i)) readers_[n.inputs[i]].push_back(n.index);
       for (const auto& [attr, body] : n.subgraphs())
@@ -40,11 +41,13 @@ class Fuser {
     std::string v = conv.outputs[0];
     std::vector<ConvActivation> steps;
     std::vector<size_t> taken;
+    std::string residual;
     for (;;) {
       if (kept_.count(v)) break;
       const auto& r = readers(v);
       std::optional<std::string> next;
-      if (r.size() == 1) next = single(g_.nodes[r[0]], v, max_rank, steps, taken);
+      if (r.size() == 1 && steps.empty() && residual.empty()) next = residual_add(conv, g_.nodes[r[0]], v, steps, taken, residual);
+      if (!next && r.size() == 1) next = single(g_.nodes[r[0]], v, max_rank, steps, taken);
       if (r.size() == 2 && r[0] != r[1]) next = pair(g_.nodes[r[0]], g_.nodes[r[1]], v, max_rank, steps, taken);
       if (!next) break;
       v = *next;
@@ -52,6 +55,10 @@ class Fuser {
     if (steps.empty()) return 0;
     for (size_t i : taken) gone_[i] = true;
     conv.outputs[0] = v;
+    if (!residual.empty()) {
+      conv.inputs.resize(3);  // (an absent bias stays "")
+      conv.inputs.push_back(residual);
+    }
     Attribute kinds, params;
     kinds.type = AttrType::Strings;
     params.type = AttrType::Floats;
@@ -125,6 +132,30 @@ class Fuser {
       (i == 1 ? b.first : b.second) = *c;
     }
     return b;
+  }
+
+  // The residual Add after a grouped 1x1 Conv (stride 1, no padding: the pointwise kernel's
+  // convolutions) whose other operand exists before the Conv; its output is the next value.
+  std::optional<std::string> residual_add(const Node& conv, const Node& n, const std::string& v,
+                                          std::vector<ConvActivation>& steps, std::vector<size_t>& taken,
+                                          std::string& residual) const {
+    if (!(is(n, "Add", 2) || is(n, "Sum", 2)) || n.inputs[0] == n.inputs[1] || conv.inputs.size() > 3) return std::nullopt;
+    const std::string& r = n.inputs[0] == v ? n.inputs[1] : n.inputs[0];
+    if (g_.constant(r)) return std::nullopt;  // (a constant's Add is a scalar step or nothing)
+    if (auto p = producer_.find(r); p != producer_.end() && p->second >= conv.index) return std::nullopt;
+    const ConstTensor* w = g_.constant(conv.inputs[1]);
+    if (conv.attr_int("group", 1) < 2 || !w || w->shape.size() != 4 || w->shape[2] != 1 || w->shape[3] != 1)
+      return std::nullopt;
+    for (auto st : conv.attr_ints("strides"))
+      if (st != 1) return std::nullopt;
+    for (auto pd : conv.attr_ints("pads"))
+      if (pd != 0) return std::nullopt;
+    if (conv.attr_string("auto_pad", "NOTSET") != "NOTSET" && conv.attr_string("auto_pad", "NOTSET") != "VALID")
+      return std::nullopt;
+    steps.push_back({Kind::AddInput});
+    taken.push_back(n.index);
+    residual = r;
+    return n.outputs[0];
   }
 
   // A step whose one node reads `v` alone; its output is the next value.
@@ -208,6 +239,7 @@ class Fuser {
 
   Graph& g_;
   std::unordered_map<std::string, std::vector<size_t>> readers_;
+  std::unordered_map<std::string, size_t> producer_;
   std::unordered_set<std::string> kept_;
   std::vector<bool> gone_;
 };

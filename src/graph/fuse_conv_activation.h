@@ -32,6 +32,7 @@ struct ConvActivation {
     Sigmoid,      // 1 / (1 + exp(-y))
     Tanh,
     Swish,        // y * sigmoid(y) (a Mul of y by a Sigmoid of y)
+    AddInput,     // y + r, r the Conv's input 3 (a residual), only as the first step
   };
   Kind kind = Kind::Relu;
   float a = 0.f, b = 0.f;
@@ -42,6 +43,11 @@ const char* activation_name(ConvActivation::Kind k);
 // The steps a (possibly) fused Conv node carries; empty when it carries none.
 std::vector<ConvActivation> conv_activations(const Node& conv);
 
+// A residual Add (or two-input Sum) after a grouped 1x1 Conv of stride 1 without padding (the
+// EP's pointwise kernel adds it in its tiles) is the first step, AddInput, its other operand
+// the Conv's input 3 (input 2 empty without a bias); that operand must be produced before the
+// Conv (or be a graph input or constant).
+//
 // Rewrites `g` in place (nodes stay in topological order and are renumbered). A value between
 // two fused steps (or between the Conv and its first step) must be read by the pattern's nodes
 // alone and be neither one of `graph_outputs` nor read inside a control-flow body; constants

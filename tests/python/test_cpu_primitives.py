@@ -773,3 +773,27 @@ def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):
     assert prims.get("Int4GemmVnni") == 1 and "PackedMatmul" not in prims, prims
     prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_int4_gemm=0)
     assert "Int4GemmVnni" not in prims, prims
+
+
+@pytest.mark.parametrize("case", ["add_relu", "sum", "add_only", "broadcast"])
+def test_residual_add_in_the_pointwise_tiles(case, capfd):
+    """A grouped 1x1 convolution's residual Add (or two-input Sum), and the Relu after it, run in
+    the pointwise kernel's tiles (graph/fuse_conv_activation's AddInput step): one PointwiseConv
+    primitive, no Add or Maximum. A residual that broadcasts (a per-image channel mean) is added
+    after the kernel. Outputs equal ORT's CPU EP."""
+    rng = np.random.default_rng(53)
+    C, G, HW = 64, 4, 12
+    x = rng.standard_normal((2, C, HW, HW)).astype(np.float32)
+    inits = [_init("w", rng.standard_normal((C, C // G, 1, 1)) * 0.2), _init("b", rng.standard_normal(C))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=G)]
+    r = "x"
+    if case == "broadcast":
+        nodes.insert(0, helper.make_node("ReduceMean", ["x"], ["r"], axes=[2, 3], keepdims=1))
+        r = "r"
+    nodes.append(helper.make_node("Sum" if case == "sum" else "Add", ["c", r], ["a" if case != "add_only" else "y"]))
+    if case != "add_only":
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5)
+    assert prims.get("PointwiseConv") == 1, prims
+    fused = not [k for k in prims if k.startswith(("Add", "Maximum", "Compiled"))]
+    assert fused == (case != "broadcast"), prims

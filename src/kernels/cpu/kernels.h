@@ -153,10 +153,12 @@ uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 // shufflenet's 6-channel groups ran 1.7x OpenBLAS's time).
 inline constexpr int64_t kPointwiseMinDepth = 16;
 // `constant_weight`: `w` is a constant of the graph, whose buffer keeps its contents, so the
-// kernel's layout of it is made once (else on every run).
+// kernel's layout of it is made once (else on every run). `residual` (the output's shape): added
+// to each output in the tiles before the Relu (a residual block's Add after its last
+// convolution).
 std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                                             int groups, bool relu, bool parallel, bool constant_weight,
-                                            mx::Stream s);
+                                            mx::Stream s, const std::optional<mx::array>& residual = std::nullopt);
 
 // A 2-D depthwise convolution (groups = channels, one output channel each) of float32 NCHW `x`
 // as it lies, `w` [C, 1, kh, kw]: per channel plane, each output row accumulated tap by tap

@@ -23,13 +23,14 @@ namespace {
 struct PointwiseShape {
   int64_t n, groups, cg, mg, positions;  // batch, groups, input / output channels per group, H*W...
   bool relu;
+  bool residual;  // y += r (an input laid out as y) before the Relu
   bool operator==(const PointwiseShape&) const = default;
 };
 
 // One group of one image, output columns [p0, p1): y[m, p] = b[m] + sum_k w[m, k] x[k, p], then
 // max(y, 0) with relu. x rows (channels) are `positions` apart, as are y's.
-void panel_scalar(const float* x, const float* w, const float* b, float* y, const PointwiseShape& s, int64_t p0,
-                  int64_t p1) {
+void panel_scalar(const float* x, const float* w, const float* b, const float* res, float* y, const PointwiseShape& s,
+                  int64_t p0, int64_t p1) {
   for (int64_t m = 0; m < s.mg; ++m) {
     float* yr = y + m * s.positions;
     for (int64_t p = p0; p < p1; ++p) yr[p] = b ? b[m] : 0.f;
@@ -38,6 +39,8 @@ void panel_scalar(const float* x, const float* w, const float* b, float* y, cons
       const float* xr = x + k * s.positions;
       for (int64_t p = p0; p < p1; ++p) yr[p] += wk * xr[p];
     }
+    if (res)
+      for (int64_t p = p0; p < p1; ++p) yr[p] += res[m * s.positions + p];
     if (s.relu)
       for (int64_t p = p0; p < p1; ++p) yr[p] = std::max(yr[p], 0.f);
   }
@@ -58,8 +61,12 @@ std::vector<float> packed_weight(const float* w, const PointwiseShape& s) {
 }
 
 #ifdef ORTMLX_X86
-__attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, __m256 a1, bool relu, bool full,
-                                                           __m256i mask0, __m256i mask1) {
+__attribute__((target("avx2,fma"))) inline void store_row(float* yp, const float* rp, __m256 a0, __m256 a1, bool relu,
+                                                           bool full, __m256i mask0, __m256i mask1) {
+  if (rp) {
+    a0 = _mm256_add_ps(a0, full ? _mm256_loadu_ps(rp) : _mm256_maskload_ps(rp, mask0));
+    a1 = _mm256_add_ps(a1, full ? _mm256_loadu_ps(rp + 8) : _mm256_maskload_ps(rp + 8, mask1));
+  }
   if (relu) {
     a0 = _mm256_max_ps(a0, _mm256_setzero_ps());
     a1 = _mm256_max_ps(a1, _mm256_setzero_ps());
@@ -78,8 +85,8 @@ __attribute__((target("avx2,fma"))) inline void store_row(float* yp, __m256 a0, 
 // channel blocks. Past the last channel the rows repeat the last one (computed, not stored);
 // fewer than 16 positions at the end go through masked loads and stores.
 template <bool Full>  // all 16 positions, or `cols` of them (masked)
-__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w6, const float* b, float* y,
-                                                    const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* w6, const float* b, const float* res,
+                                                    float* y, const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
   const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
   const int rows = static_cast<int>(std::min<int64_t>(6, s.mg - m0));
   alignas(32) static const int lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -116,15 +123,17 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, const float* 
     c50 = _mm256_fmadd_ps(v, x0, c50), c51 = _mm256_fmadd_ps(v, x1, c51);
   }
   const __m256 a[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  for (int r = 0; r < rows; ++r) store_row(y + (m0 + r) * P + p0, a[r][0], a[r][1], s.relu, Full, mask0, mask1);
+  for (int r = 0; r < rows; ++r)
+    store_row(y + (m0 + r) * P + p0, res ? res + (m0 + r) * P + p0 : nullptr, a[r][0], a[r][1], s.relu, Full, mask0,
+              mask1);
 }
 
 
 // The same tile with AVX-512: 6 output channels x 32 positions in 12 zmm accumulators (one
 // weight broadcast feeds two 16-lane FMAs), the tail of fewer than 32 positions by lane masks.
 template <bool Full>
-__attribute__((target("avx512f"))) void tile_avx512(const float* x, const float* w6, const float* b, float* y,
-                                                    const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
+__attribute__((target("avx512f"))) void tile_avx512(const float* x, const float* w6, const float* b, const float* res,
+                                                    float* y, const PointwiseShape& s, int64_t m0, int64_t p0, int cols) {
   const int64_t P = s.positions, K = s.cg, last = s.mg - 1;
   const int rows = static_cast<int>(std::min<int64_t>(6, s.mg - m0));
   const __mmask16 k0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
@@ -160,8 +169,13 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, const float*
   const __m512 zero = _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
     float* yp = y + (m0 + r) * P + p0;
-    const __m512 a0 = s.relu ? _mm512_maskz_max_ps(0xFFFF, a[r][0], zero) : a[r][0];
-    const __m512 a1 = s.relu ? _mm512_maskz_max_ps(0xFFFF, a[r][1], zero) : a[r][1];
+    __m512 a0 = a[r][0], a1 = a[r][1];
+    if (res) {
+      const float* rp = res + (m0 + r) * P + p0;
+      a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(k0, rp));
+      a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps(k1, rp + 16));
+    }
+    if (s.relu) a0 = _mm512_max_ps(a0, zero), a1 = _mm512_max_ps(a1, zero);
     if constexpr (Full) {
       _mm512_storeu_ps(yp, a0);
       _mm512_storeu_ps(yp + 16, a1);
@@ -174,13 +188,14 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, const float*
 
 // Output columns [p0, p1) of one group in tiles of Cols positions (the full tile, or the edge
 // tile for the last few); `w6`: the group's weight as packed_weight lays it out.
-using TileFn = void (*)(const float*, const float*, const float*, float*, const PointwiseShape&, int64_t, int64_t, int);
+using TileFn = void (*)(const float*, const float*, const float*, const float*, float*, const PointwiseShape&, int64_t,
+                        int64_t, int);
 template <int Cols, TileFn Full, TileFn Edge>
-void panel(const float* x, const float* w6, const float* b, float* y, const PointwiseShape& s, int64_t p0,
-           int64_t p1) {
+void panel(const float* x, const float* w6, const float* b, const float* res, float* y, const PointwiseShape& s,
+           int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; p += Cols) {
     const int cols = static_cast<int>(std::min<int64_t>(Cols, p1 - p));
-    for (int64_t m = 0; m < s.mg; m += 6) (cols == Cols ? Full : Edge)(x, w6 + m * s.cg, b, y, s, m, p, cols);
+    for (int64_t m = 0; m < s.mg; m += 6) (cols == Cols ? Full : Edge)(x, w6 + m * s.cg, b, res, y, s, m, p, cols);
   }
 }
 constexpr auto panel_avx2 = panel<16, tile_avx2<true>, tile_avx2<false>>;
@@ -200,11 +215,14 @@ class PointwiseConv : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[PointwiseConv] the weight must be row-contiguous");
     begin_output(inputs, out, stream());
-    std::optional<RowMajorInput> bias;
-    if (inputs.size() > 2) bias.emplace(inputs[2]);
+    std::optional<RowMajorInput> bias, residual;
+    if (inputs.size() > (s_.residual ? 3u : 2u)) bias.emplace(inputs[2]);
+    if (s_.residual) residual.emplace(inputs.back());
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = inputs[1].data<float>(), bias = std::move(bias),
-                  yp = out.data<float>(), s = s_, parallel = parallel_, avx512 = avx512_] {
+                  residual = std::move(residual), yp = out.data<float>(), s = s_, parallel = parallel_,
+                  avx512 = avx512_] {
       const float* xp = x.rows();
+      const float* rp = residual ? residual->rows() : nullptr;
 #ifdef ORTMLX_X86
       const bool avx2 = cpu_has_avx2_fma();
       // A constant weight is packed once (a compiled function's runs share this primitive);
@@ -225,17 +243,18 @@ class PointwiseConv : public mx::UnaryPrimitive {
           float* yg = yp + (img * s.groups + g) * s.mg * s.positions;
           const float* wg = wp + g * s.mg * s.cg;
           const float* bg = bp ? bp + g * s.mg : nullptr;
+          const float* rg = rp ? rp + (img * s.groups + g) * s.mg * s.positions : nullptr;
 #ifdef ORTMLX_X86
           if (avx512) {
-            panel_avx512(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, yg, s, p0, p1);
+            panel_avx512(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, rg, yg, s, p0, p1);
             continue;
           }
           if (avx2) {
-            panel_avx2(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, yg, s, p0, p1);
+            panel_avx2(xg, packed->data() + g * ((s.mg + 5) / 6) * 6 * s.cg, bg, rg, yg, s, p0, p1);
             continue;
           }
 #endif
-          panel_scalar(xg, wg, bg, yg, s, p0, p1);
+          panel_scalar(xg, wg, bg, rg, yg, s, p0, p1);
         }
       };
       cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, run);
@@ -285,7 +304,7 @@ class PointwiseConv : public mx::UnaryPrimitive {
 
 std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                                             int groups, bool relu, bool parallel, bool constant_weight,
-                                            mx::Stream s) {
+                                            mx::Stream s, const std::optional<mx::array>& residual) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 3 || w.ndim() != 2 || groups < 1 || x.size() == 0 || w.size() == 0 ||
       (bias && (bias->dtype() != mx::float32 || bias->size() != static_cast<size_t>(w.shape(0)))))
@@ -295,11 +314,14 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
   if (C / groups < kPointwiseMinDepth) return std::nullopt;
   int64_t positions = 1;
   for (int d = 2; d < static_cast<int>(x.ndim()); ++d) positions *= x.shape(d);
-  const PointwiseShape shape{x.shape(0), groups, C / groups, M / groups, positions, relu};
   mx::Shape out = x.shape();
   out[1] = static_cast<int>(M);
+  // The residual is added in the tiles only when it is the output's shape (no broadcast).
+  if (residual && (residual->dtype() != mx::float32 || residual->shape() != out)) return std::nullopt;
+  const PointwiseShape shape{x.shape(0), groups, C / groups, M / groups, positions, relu, residual.has_value()};
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
+  if (residual) in.push_back(*residual);
   return mx::array(std::move(out), mx::float32, std::make_shared<PointwiseConv>(s, shape, parallel, constant_weight,
                                                                                  cpu_avx512_kernels()),
                    std::move(in));

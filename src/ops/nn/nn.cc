@@ -221,10 +221,21 @@ using graph::ConvActivation;
 
 // The activation steps a fused Conv carries (graph/fuse_conv_activation.h) as MLX ops on its
 // output y, in y's dtype.
-mx::array apply_activations(const std::vector<ConvActivation>& steps, mx::array y, mx::Stream s) {
+// A fused residual Add's operand: a Conv's input 3 (ONNX's Conv has three; graph/fuse_conv_activation).
+std::optional<mx::array> conv_residual(OpContext& c) {
+  if (!c.has(3)) return std::nullopt;
+  return c.in(3);
+}
+
+mx::array apply_activations(const std::vector<ConvActivation>& steps, mx::array y, mx::Stream s,
+                            const std::optional<mx::array>& residual = std::nullopt) {
   auto k = [&y](double v) { return mx::array(v, y.dtype()); };
   for (const auto& st : steps) {
     switch (st.kind) {
+      case ConvActivation::Kind::AddInput:
+        if (!residual) throw std::invalid_argument("a fused residual Add without its operand");
+        y = mx::add(y, mx::astype(*residual, y.dtype(), s), s);
+        break;
       case ConvActivation::Kind::Relu: y = mx::maximum(y, k(0), s); break;
       case ConvActivation::Kind::LeakyRelu:
         y = mx::where(mx::less(y, k(0), s), mx::multiply(k(st.a), y, s), y, s);
@@ -269,6 +280,7 @@ std::vector<ConvPostOp> post_ops_of(const std::vector<ConvActivation>& steps, si
       case ConvActivation::Kind::Sigmoid: more = {{ConvPostOp::Logistic}}; break;
       case ConvActivation::Kind::Tanh: more = {{ConvPostOp::Tanh}}; break;
       case ConvActivation::Kind::Swish: more = {{ConvPostOp::Swish, 1.f}}; break;
+      case ConvActivation::Kind::AddInput: return ops;  // not a post-op: it and the rest after
     }
     auto merged = ops;
     for (const auto& op : more) {
@@ -330,9 +342,11 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   // scalar constants: run on the blocked buffer they leave the output blocked, so the next
   // convolution reads it without an unblocking and a reorder back (PP-LCNet's affine after
   // HardSwish after an affine).
+  const bool residual_add = !rest.empty() && rest[0].kind == graph::ConvActivation::Kind::AddInput;
   auto on_buffer = [&](const std::vector<mx::array>& a) { return apply_activations(rest, a[0], c.s); };
-  if (auto z = cpu_dnnl_blocked_channel_map(y, {}, on_buffer, c.s)) return z;
-  return apply_activations(rest, y, c.s);
+  if (!residual_add)  // (a residual is in ONNX's layout, not the blocked buffer's)
+    if (auto z = cpu_dnnl_blocked_channel_map(y, {}, on_buffer, c.s)) return z;
+  return apply_activations(rest, y, c.s, conv_residual(c));
 }
 
 // 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
@@ -424,11 +438,21 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     auto w = c.prepared("pointwise_conv_w", {1}, [&] { return mx::contiguous(mx::reshape(w0, {M, cg}, c.s), false, c.s); });
     std::optional<mx::array> bias;
     if (c.has(2)) bias = mx::astype(c.in(2), mx::float32, c.s);
-    const bool relu = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::Relu;
+    // A fused residual Add (and the Relu after it) in the tiles too.
+    const bool add = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::AddInput;
+    const size_t first = add ? 1 : 0;
+    const bool relu = steps.size() > first && steps[first].kind == graph::ConvActivation::Kind::Relu;
     const double flops = 2.0 * N * M * cg * P;
     const bool parallel = flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops);
-    if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.is_constant(1), c.s))
-      return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s);
+    const auto residual = conv_residual(c);
+    if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.is_constant(1), c.s,
+                                    add ? residual : std::nullopt))
+      return apply_activations({steps.begin() + static_cast<std::ptrdiff_t>(first + (relu ? 1 : 0)), steps.end()}, *y,
+                               c.s, residual);
+    if (add) {  // a residual of another shape (broadcast): the kernel without it, the Add after
+      if (auto y = cpu_pointwise_conv(x0, w, bias, groups, false, parallel, c.is_constant(1), c.s))
+        return apply_activations(steps, *y, c.s, residual);
+    }
   }
   // Weight and bias in their product shapes once per program, and a single image without its
   // batch axis (no broadcast of w over it): each reshape or broadcast is a primitive every run.
@@ -442,7 +466,7 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     bshape[0] = M;
     y = mx::add(y, c.prepared("pointwise_b/" + dt, {2}, [&] { return mx::reshape(mx::astype(c.in(2), cd, c.s), bshape, c.s); }), c.s);
   }
-  return mx::astype(apply_activations(steps, y, c.s), x0.dtype(), c.s);
+  return mx::astype(apply_activations(steps, y, c.s, conv_residual(c)), x0.dtype(), c.s);
 }
 
 }  // namespace
@@ -476,7 +500,7 @@ std::optional<mx::array> depthwise_conv_kernel(OpContext& c, const mx::array& x0
   const bool parallel = flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops);
   auto y = cpu_depthwise_conv(x0, w0, bias, to_int(strides), lo, hi, to_int(dil), relu, parallel, c.s);
   if (!y) return std::nullopt;
-  return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s);
+  return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s, conv_residual(c));
 }
 
 Outputs translate_conv(OpContext& c) {
@@ -539,7 +563,8 @@ Outputs translate_conv(OpContext& c) {
     out_shape.push_back(static_cast<int>((padded - dk) / strides[d] + 1));
   }
   const auto steps = graph::conv_activations(n);
-  if (x0.size() == 0 || w0.size() == 0) return {apply_activations(steps, mx::zeros(out_shape, x0.dtype(), c.s), c.s)};
+  if (x0.size() == 0 || w0.size() == 0)
+    return {apply_activations(steps, mx::zeros(out_shape, x0.dtype(), c.s), c.s, conv_residual(c))};
   if (!crop) {
     const DnnlConvShape g{x0.shape(), w0.shape(), out_shape, to_int(strides), lo, hi, to_int(dil), groups, c.has(2), {}};
     if (auto y = depthwise_conv_kernel(c, x0, w0, strides, lo, hi, dil, groups, out_shape, steps)) return {*y};
@@ -553,7 +578,7 @@ Outputs translate_conv(OpContext& c) {
   mx::array y = grouped_conv(x, w, to_int(strides), lo, hi, to_int(dil), {}, groups, false, c.s);
   if (c.has(2)) y = mx::add(y, mx::astype(c.in(2), cd, c.s), c.s);  // (M,) on the channel axis
   y = mx::transpose(y, channels_first_perm(rank), c.s);
-  return {mx::astype(apply_activations(steps, y, c.s), x0.dtype(), c.s)};
+  return {mx::astype(apply_activations(steps, y, c.s, conv_residual(c)), x0.dtype(), c.s)};
 }
 
 Support check_conv_transpose(const NodeQuery& q) { return check_conv_common(q); }
