@@ -1,8 +1,6 @@
 #include "graph/fuse_attention.h"
 
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace ortmlx::graph {
 
@@ -16,20 +14,9 @@ bool is(const Node& n, const char* op, size_t inputs) {
 }  // namespace
 
 int fuse_attention(Graph& g, const std::vector<std::string>& graph_outputs) {
-  std::unordered_set<std::string> kept(graph_outputs.begin(), graph_outputs.end());
-  std::unordered_map<std::string, std::vector<size_t>> readers;
-  for (const auto& n : g.nodes) {
-    for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (n.has_input(i)) readers[n.inputs[i]].push_back(n.index);
-    for (const auto& [attr, body] : n.subgraphs())
-      for (const auto& name : outer_names(*body)) kept.insert(name);
-  }
+  const ValueUses uses(g, graph_outputs);
   // The one node reading `v` (once), when `v` stays inside the pattern.
-  auto next = [&](const std::string& v) -> Node* {
-    auto r = readers.find(v);
-    if (kept.count(v) || r == readers.end() || r->second.size() != 1) return nullptr;
-    return &g.nodes[r->second[0]];
-  };
+  auto next = [&](const std::string& v) { return uses.only_reader(g, v); };
   auto scalar = [&](const std::string& name) -> std::optional<float> {
     const ConstTensor* t = g.constant(name);
     if (!t || !is_float(t->dtype) || t->numel() != 1) return std::nullopt;
@@ -81,12 +68,7 @@ int fuse_attention(Graph& g, const std::vector<std::string>& graph_outputs) {
     for (size_t i : taken) gone[i] = true;
     ++done;
   }
-  if (!done) return 0;
-  std::vector<Node> nodes;
-  for (auto& n : g.nodes)
-    if (!gone[n.index]) nodes.push_back(std::move(n));
-  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
-  g.nodes = std::move(nodes);
+  if (done) erase_nodes(g, gone);
   return done;
 }
 

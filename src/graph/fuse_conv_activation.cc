@@ -25,15 +25,8 @@ constexpr std::pair<Kind, const char*> kNames[] = {
 class Fuser {
  public:
   Fuser(Graph& g, const std::vector<std::string>& graph_outputs)
-      : g_(g), kept_(graph_outputs.begin(), graph_outputs.end()), gone_(g.nodes.size(), false) {
-    for (const auto& n : g.nodes) {
-      for (const auto& o : n.outputs) producer_[o] = n.index;
-      for (size_t i = 0; i < n.inputs.size(); ++i)
-        if (n.has_input(i)) readers_[n.inputs[i]].push_back(n.index);
-      for (const auto& [attr, body] : n.subgraphs())
-        for (const auto& name : outer_names(*body)) kept_.insert(name);
-    }
-  }
+      : g_(g), uses_(g, graph_outputs), readers_(uses_.readers), producer_(uses_.producer), kept_(uses_.kept),
+        gone_(g.nodes.size(), false) {}
 
   // Fuses the steps after `conv`; returns how many nodes went.
   int fuse(Node& conv) {
@@ -238,9 +231,10 @@ class Fuser {
   }
 
   Graph& g_;
-  std::unordered_map<std::string, std::vector<size_t>> readers_;
-  std::unordered_map<std::string, size_t> producer_;
-  std::unordered_set<std::string> kept_;
+  const ValueUses uses_;
+  const std::unordered_map<std::string, std::vector<size_t>>& readers_;
+  const std::unordered_map<std::string, size_t>& producer_;
+  const std::unordered_set<std::string>& kept_;
   std::vector<bool> gone_;
 };
 
@@ -277,13 +271,7 @@ int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs
     if (n.domain.empty() && n.op_type == "Conv" && n.inputs.size() >= 2 && n.outputs.size() == 1 && n.has_output(0) &&
         !n.has_attr(kConvActivation) && !f.gone()[n.index])
       done += f.fuse(n);
-  if (!done) return 0;
-  std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size() - done);
-  for (auto& n : g.nodes)
-    if (!f.gone()[n.index]) nodes.push_back(std::move(n));
-  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
-  g.nodes = std::move(nodes);
+  if (done) erase_nodes(g, f.gone());
   return done;
 }
 

@@ -2,32 +2,18 @@
 
 #include <cmath>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace ortmlx::graph {
 
 int fuse_gelu(Graph& g, const std::vector<std::string>& graph_outputs) {
-  std::unordered_set<std::string> kept(graph_outputs.begin(), graph_outputs.end());
-  std::unordered_map<std::string, std::vector<size_t>> readers;
-  std::unordered_map<std::string, size_t> producer;
-  for (const auto& n : g.nodes) {
-    for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (n.has_input(i)) readers[n.inputs[i]].push_back(n.index);
-    for (const auto& o : n.outputs) producer[o] = n.index;
-    for (const auto& [attr, body] : n.subgraphs())
-      for (const auto& name : outer_names(*body)) kept.insert(name);
-  }
+  const ValueUses uses(g, graph_outputs);
+  const auto& producer = uses.producer;
   auto plain = [](const Node& n, const char* op, size_t inputs) {
     return n.domain.empty() && n.op_type == op && n.inputs.size() == inputs && n.outputs.size() == 1 &&
            n.has_output(0) && n.has_input(0) && (inputs < 2 || n.has_input(1));
   };
   // The one node reading `v` (once), when `v` stays inside the chain.
-  auto only_reader = [&](const std::string& v) -> Node* {
-    auto r = readers.find(v);
-    if (kept.count(v) || r == readers.end() || r->second.size() != 1) return nullptr;
-    return &g.nodes[r->second[0]];
-  };
+  auto only_reader = [&](const std::string& v) { return uses.only_reader(g, v); };
   auto scalar = [&](const std::string& name) -> std::optional<float> {
     const ConstTensor* t = g.constant(name);
     if (!t || !is_float(t->dtype) || t->numel() != 1) return std::nullopt;
@@ -89,12 +75,7 @@ int fuse_gelu(Graph& g, const std::vector<std::string>& graph_outputs) {
       if (i != gelu.index) gone[i] = true;
     ++done;
   }
-  if (!done) return 0;
-  std::vector<Node> nodes;
-  for (auto& n : g.nodes)
-    if (!gone[n.index]) nodes.push_back(std::move(n));
-  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
-  g.nodes = std::move(nodes);
+  if (done) erase_nodes(g, gone);
   return done;
 }
 

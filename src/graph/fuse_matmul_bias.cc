@@ -6,14 +6,9 @@
 namespace ortmlx::graph {
 
 int fuse_matmul_bias(Graph& g, const std::vector<std::string>& graph_outputs) {
-  std::unordered_set<std::string> kept(graph_outputs.begin(), graph_outputs.end());
-  std::unordered_map<std::string, std::vector<size_t>> readers;
-  for (const auto& n : g.nodes) {
-    for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (n.has_input(i)) readers[n.inputs[i]].push_back(n.index);
-    for (const auto& [attr, body] : n.subgraphs())
-      for (const auto& name : outer_names(*body)) kept.insert(name);
-  }
+  const ValueUses uses(g, graph_outputs);
+  const auto& kept = uses.kept;
+  const auto& readers = uses.readers;
   auto plain = [](const Node& n, const char* op) {
     return n.domain.empty() && n.op_type == op && n.inputs.size() == 2 && n.outputs.size() == 1 && n.has_output(0) &&
            n.has_input(0) && n.has_input(1);
@@ -39,13 +34,7 @@ int fuse_matmul_bias(Graph& g, const std::vector<std::string>& graph_outputs) {
     gone[add.index] = true;
     ++done;
   }
-  if (!done) return 0;
-  std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size() - done);
-  for (auto& n : g.nodes)
-    if (!gone[n.index]) nodes.push_back(std::move(n));
-  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
-  g.nodes = std::move(nodes);
+  if (done) erase_nodes(g, gone);
   return done;
 }
 

@@ -228,4 +228,30 @@ const ConstTensor* Graph::constant(std::string_view name) const {
   return it == constants.end() ? nullptr : &it->second;
 }
 
+ValueUses::ValueUses(const Graph& g, const std::vector<std::string>& graph_outputs)
+    : kept(graph_outputs.begin(), graph_outputs.end()) {
+  for (const auto& n : g.nodes) {
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.has_input(i)) readers[n.inputs[i]].push_back(n.index);
+    for (const auto& o : n.outputs) producer[o] = n.index;
+    for (const auto& [attr, body] : n.subgraphs())
+      for (const auto& name : outer_names(*body)) kept.insert(name);
+  }
+}
+
+Node* ValueUses::only_reader(Graph& g, const std::string& v) const {
+  auto r = readers.find(v);
+  if (kept.count(v) || r == readers.end() || r->second.size() != 1) return nullptr;
+  return &g.nodes[r->second[0]];
+}
+
+void erase_nodes(Graph& g, const std::vector<bool>& gone) {
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size());
+  for (auto& n : g.nodes)
+    if (!gone[n.index]) nodes.push_back(std::move(n));
+  for (size_t i = 0; i < nodes.size(); ++i) nodes[i].index = i;
+  g.nodes = std::move(nodes);
+}
+
 }  // namespace ortmlx::graph

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ortmlx::graph {
@@ -132,5 +133,20 @@ struct Graph {
 // nor produces. Sorted, unique. An outer-scope *constant* initializer is read into the body's
 // `constants` by the ABI layer, so it is not listed here.
 std::vector<std::string> outer_names(const Graph& body);
+
+// What a rewrite of a graph's nodes (the fusion passes) needs to know of its values: who reads
+// each (node indices, one a read), who produces each, and which must stay as they are (the graph's
+// outputs and the values its control-flow bodies read).
+struct ValueUses {
+  ValueUses(const Graph& g, const std::vector<std::string>& graph_outputs);
+  std::unordered_map<std::string, std::vector<size_t>> readers;
+  std::unordered_map<std::string, size_t> producer;
+  std::unordered_set<std::string> kept;
+  // The one node reading `v` (once), when `v` is not kept; else nullptr.
+  Node* only_reader(Graph& g, const std::string& v) const;
+};
+
+// Drops the nodes marked in `gone` (by index) and renumbers the rest, in order.
+void erase_nodes(Graph& g, const std::vector<bool>& gone);
 
 }  // namespace ortmlx::graph
