@@ -745,10 +745,10 @@ def test_gelu_written_out_is_one_kernel(form, capfd):
 
 
 @pytest.mark.parametrize("rows,k,block,zp", [(8, 512, 32, True), (37, 224, 32, False), (13, 320, 64, True),
-                                             (16, 256, 128, True), (21, 200, 32, True)])
+                                             (16, 256, 128, True), (21, 200, 32, True), (3, 256, 32, True)])
 def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):
-    """Prompt rows of a MatMulNBits in ORT's int8 form (accuracy_level 4) on a CPU with AVX-512
-    VNNI: one Int4GemmVnni primitive (the rows quantized per block as MLAS does, integer sums per
+    """Two or more rows (a prompt; 3: a batch of decode rows) of a MatMulNBits in ORT's int8 form
+    (accuracy_level 4) on a CPU with AVX-512 VNNI: one Int4GemmVnni primitive (the rows quantized per block as MLAS does, integer sums per
     block by vpdpbusd, scaled per block), no dequantized weight or float product. Rows not a
     multiple of the tile's four, N = 40 (a masked panel), blocks of 32 to 128, K not a multiple
     of the block (200: the last block padded), zero points packed or absent. Outputs equal ORT's

@@ -67,7 +67,7 @@ class RowKernelsScope {
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
                                        const mx::array& scales, const mx::array& zbias, int K,
                                        int block, mx::Stream s, bool int8_blocks = false);
-// The same product for two or more rows (a prompt) with int8 blocks (accuracy_level 4) on a CPU
+// The same product for two or more rows (a prompt, a batch of decode rows) with int8 blocks (accuracy_level 4) on a CPU
 // with AVX-512 VNNI, in blocks of 32 to 256: the rows quantized per block as MLAS does, integer
 // sums per block by vpdpbusd (the weight's codes, laid out once for the tiles, against the rows'),
 // scaled per block as ORT's CPU EP scales them; tiles of 4 rows x 32 outputs split over the

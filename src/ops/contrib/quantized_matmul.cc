@@ -206,10 +206,11 @@ Outputs translate_matmul_nbits(OpContext& c) {
   }
   bool constant_weights = true;
   for (size_t i : weight_inputs) constant_weights = constant_weights && c.is_constant(i);
-  if (!row_kernel && cpu_many_rows && int8_activations && p.bits == 4 && !g_idx && ct == mx::float32 &&
-      constant_weights && translation_switches().cpu_int4_gemm) {
-    // Prompt rows with int8 blocks on the CPU: integer products per block (AVX-512 VNNI), as
-    // ORT's CPU EP computes them, from ORT's bytes laid out once by the kernel.
+  if (!row_kernel && c.s.device == mx::Device::cpu && rows >= 2 && int8_activations && p.bits == 4 && !g_idx &&
+      ct == mx::float32 && constant_weights && translation_switches().cpu_int4_gemm) {
+    // Two or more rows with int8 blocks on the CPU (a prompt, a batch of decode rows): integer
+    // products per block (AVX-512 VNNI), as ORT's CPU EP computes them, from ORT's bytes laid out
+    // once by the kernel.
     auto sc = c.prepared("row_scales", weight_inputs, [&] {
       return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
     });
