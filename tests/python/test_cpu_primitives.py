@@ -797,3 +797,26 @@ def test_residual_add_in_the_pointwise_tiles(case, capfd):
     assert prims.get("PointwiseConv") == 1, prims
     fused = not [k for k in prims if k.startswith(("Add", "Maximum", "Compiled"))]
     assert fused == (case != "broadcast"), prims
+
+
+@pytest.mark.parametrize("rows,acc4", [(3, False), (7, False), (3, True)])
+def test_int4_few_rows_take_the_cpu_kernels(rows, acc4, capfd):
+    """A few rows of a 4-bit MatMulNBits on the CPU (a batch of decode rows) never take MLX's
+    quantized matmul (a scalar loop on the CPU): with int8 blocks on a VNNI CPU the integer
+    kernel, otherwise the row kernel once a row. Outputs equal ORT's CPU EP."""
+    from onnxruntime_mlx.doctor import cpu_flags
+    vnni = {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()
+    rng = np.random.default_rng(rows)
+    k, n, block = 256, 40, 32
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * (k // block)) * 0.1).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(scales, "s")]
+    nodes = [helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                              block_size=block, accuracy_level=4 if acc4 else 0)]
+    prims = _run(nodes, {"x": x}, inits, capfd, 0, 30 * 1e-5)
+    assert "QuantizedMatmul" not in prims, prims
+    if acc4 and vnni:
+        assert prims.get("Int4GemmVnni") == 1, prims
+    else:
+        assert prims.get("Int4RowGemv") == rows, prims

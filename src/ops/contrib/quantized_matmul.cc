@@ -191,34 +191,51 @@ Outputs translate_matmul_nbits(OpContext& c) {
   const bool cpu_many_rows = c.s.device == mx::Device::cpu && rows >= 8;
   mx::array y = x;
   std::optional<mx::array> row_kernel;
-  if (c.s.device == mx::Device::cpu && rows == 1 && p.bits == 4 && !g_idx && ct == mx::float32) {
-    // One row on the CPU (a decode step): the 4-bit row kernel on ORT's bytes, with float32
-    // scales and -scale * zero_point per block, prepared once.
-    // (contiguous: the kernel reads them flat, also when they are not initializers)
-    auto sc = c.prepared("row_scales", weight_inputs, [&] {
+  // The CPU kernels' weight inputs besides ORT's bytes: float32 scales and -scale * zero_point
+  // per block, prepared once (contiguous: the kernels read them flat, also when they are not
+  // initializers).
+  auto kernel_scales = [&] {
+    return c.prepared("row_scales", weight_inputs, [&] {
       return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
     });
-    auto zb = c.prepared("row_zbias", weight_inputs, [&] {
+  };
+  auto kernel_zbias = [&] {
+    return c.prepared("row_zbias", weight_inputs, [&] {
       return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
                             false, c.s);
     });
-    row_kernel = cpu_int4_gemv(x, packed, sc, zb, K, static_cast<int>(p.block), c.s, int8_activations);
-  }
+  };
+  const bool cpu_int4 = c.s.device == mx::Device::cpu && p.bits == 4 && !g_idx && ct == mx::float32;
+  if (cpu_int4 && rows == 1)  // a decode step: the 4-bit row kernel on ORT's bytes
+    row_kernel = cpu_int4_gemv(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s,
+                               int8_activations);
   bool constant_weights = true;
   for (size_t i : weight_inputs) constant_weights = constant_weights && c.is_constant(i);
-  if (!row_kernel && c.s.device == mx::Device::cpu && rows >= 2 && int8_activations && p.bits == 4 && !g_idx &&
-      ct == mx::float32 && constant_weights && translation_switches().cpu_int4_gemm) {
-    // Two or more rows with int8 blocks on the CPU (a prompt, a batch of decode rows): integer
-    // products per block (AVX-512 VNNI), as ORT's CPU EP computes them, from ORT's bytes laid out
-    // once by the kernel.
-    auto sc = c.prepared("row_scales", weight_inputs, [&] {
-      return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
-    });
-    auto zb = c.prepared("row_zbias", weight_inputs, [&] {
-      return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
-                            false, c.s);
-    });
-    row_kernel = cpu_int4_gemm(x, packed, sc, zb, K, static_cast<int>(p.block), c.s);
+  if (!row_kernel && cpu_int4 && rows >= 2 && int8_activations && constant_weights &&
+      translation_switches().cpu_int4_gemm) {
+    // Two or more rows with int8 blocks (a prompt, a batch of decode rows): integer products per
+    // block (AVX-512 VNNI), as ORT's CPU EP computes them, from ORT's bytes laid out once.
+    row_kernel = cpu_int4_gemm(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s);
+  }
+  if (!row_kernel && cpu_int4 && rows >= 2 && !cpu_many_rows) {
+    // A few rows otherwise (a batch of decode rows): the row kernel a row at a time. MLX's
+    // quantized matmul on the CPU is a scalar loop (~100x the time at 4 x 2048 x 2048).
+    const auto flat = mx::reshape(x, {static_cast<int>(rows), K}, c.s);
+    std::vector<mx::array> parts;
+    for (int r = 0; r < static_cast<int>(rows); ++r) {
+      auto yr = cpu_int4_gemv(mx::slice(flat, {r, 0}, {r + 1, K}, c.s), packed, kernel_scales(), kernel_zbias(), K,
+                              static_cast<int>(p.block), c.s, int8_activations);
+      if (!yr) {
+        parts.clear();
+        break;
+      }
+      parts.push_back(*yr);
+    }
+    if (!parts.empty()) {
+      mx::Shape out = x.shape();
+      out.back() = N;
+      row_kernel = mx::reshape(mx::concatenate(parts, 0, c.s), out, c.s);
+    }
   }
   if (!row_kernel && int8_activations) x = fake_quant_int8_blocks(x, K, Kp, static_cast<int>(p.block), c.s);
   if (row_kernel) {
