@@ -1,7 +1,5 @@
 #include "engine/program.h"
 
-#include "kernels/cpu/kernels.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -26,6 +24,7 @@
 #include "graph/fuse_gelu.h"
 #include "graph/fuse_matmul_bias.h"
 #include "graph/transpose_weights.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/write_rows.h"

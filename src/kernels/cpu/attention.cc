@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <mlx/backend/cpu/encoder.h>
@@ -106,18 +107,26 @@ __attribute__((target("avx512f"))) void scores_block(const float* const* q, cons
     for (int b = 0; b < NB; ++b) _mm512_storeu_ps(s + r * s_stride + j0 + 16 * b, acc[r][b]);
 }
 
+// f(std::integral_constant<int, NB>, c0) over columns [0, cols) in blocks of up to 4 x 16 (the
+// last block's NB covers the rest, rounded up to 16): the tiles' block count fixed at compile
+// time, so that their accumulators stay in registers.
+template <class F>
+void column_blocks(int64_t cols, F&& f) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= cols; c0 += 64) f(std::integral_constant<int, 4>{}, c0);
+  switch ((cols - c0 + 15) / 16) {
+    case 3: f(std::integral_constant<int, 3>{}, c0); break;
+    case 2: f(std::integral_constant<int, 2>{}, c0); break;
+    case 1: f(std::integral_constant<int, 1>{}, c0); break;
+    default: break;
+  }
+}
+
 // Columns [0, cols) (a multiple of 16) of the scores; kt's rows are Tp apart.
 template <int R>
 void scores_rows(const float* const* q, const float* kt, int64_t H, int64_t cols, int64_t Tp, float* s,
                  int64_t s_stride) {
-  int64_t j0 = 0;
-  for (; j0 + 64 <= cols; j0 += 64) scores_block<R, 4>(q, kt, H, Tp, j0, s, s_stride);
-  switch ((cols - j0) / 16) {
-    case 3: scores_block<R, 3>(q, kt, H, Tp, j0, s, s_stride); break;
-    case 2: scores_block<R, 2>(q, kt, H, Tp, j0, s, s_stride); break;
-    case 1: scores_block<R, 1>(q, kt, H, Tp, j0, s, s_stride); break;
-    default: break;
-  }
+  column_blocks(cols, [&](auto nb, int64_t j0) { scores_block<R, decltype(nb)::value>(q, kt, H, Tp, j0, s, s_stride); });
 }
 
 // One row of scores in place: scaled, plus the bias row (column stride bstep; none when null),
@@ -198,14 +207,7 @@ __attribute__((target("avx512f"))) void weighted_block(const float* p, int64_t p
 
 template <int R>
 void weighted_rows(const float* p, int64_t p_stride, const float* v, int64_t T, int64_t Hv, float* const* out) {
-  int64_t c0 = 0;
-  for (; c0 + 64 <= Hv; c0 += 64) weighted_block<R, 4>(p, p_stride, v, T, Hv, c0, out);
-  switch ((Hv - c0 + 15) / 16) {
-    case 3: weighted_block<R, 3>(p, p_stride, v, T, Hv, c0, out); break;
-    case 2: weighted_block<R, 2>(p, p_stride, v, T, Hv, c0, out); break;
-    case 1: weighted_block<R, 1>(p, p_stride, v, T, Hv, c0, out); break;
-    default: break;
-  }
+  column_blocks(Hv, [&](auto nb, int64_t c0) { weighted_block<R, decltype(nb)::value>(p, p_stride, v, T, Hv, c0, out); });
 }
 
 // One (batch, head) pair: K^T and V gathered into packed scratch, then the query rows four at a

@@ -184,7 +184,8 @@ Outputs translate_matmul_nbits(OpContext& c) {
 
   // MLX's CPU quantized matmul is a scalar loop whose cost grows with the rows of A (measured at
   // K = N = 4096: ~60 ms per row, vs. a fixed ~0.5 s to dequantize and one sgemm), so on the CPU
-  // backend prompts (many rows) take the dequantize path; decode steps (few rows) stay quantized.
+  // backend prompts (many rows) take the dequantize path (or, int8 blocks, the integer kernel);
+  // decode steps (few rows) stay quantized, in the EP's row kernels.
   // (Tried: decode through the prepared fp32 copy as well: 13.6 -> 14.9 tok/s on a 60M-parameter
   // Llama, within noise, for 8x the weight memory; not worth it.)
   const int64_t rows = K ? static_cast<int64_t>(x.size()) / K : 0;

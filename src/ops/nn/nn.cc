@@ -219,14 +219,14 @@ namespace {
 
 using graph::ConvActivation;
 
-// The activation steps a fused Conv carries (graph/fuse_conv_activation.h) as MLX ops on its
-// output y, in y's dtype.
 // A fused residual Add's operand: a Conv's input 3 (ONNX's Conv has three; graph/fuse_conv_activation).
 std::optional<mx::array> conv_residual(OpContext& c) {
   if (!c.has(3)) return std::nullopt;
   return c.in(3);
 }
 
+// The activation steps a fused Conv carries (graph/fuse_conv_activation.h) as MLX ops on its
+// output y, in y's dtype (`residual`: AddInput's operand).
 mx::array apply_activations(const std::vector<ConvActivation>& steps, mx::array y, mx::Stream s,
                             const std::optional<mx::array>& residual = std::nullopt) {
   auto k = [&y](double v) { return mx::array(v, y.dtype()); };
