@@ -92,6 +92,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_attention": (0, 1),
     "cpu_gelu": (0, 1),
     "cpu_int4_gemm": (0, 1),
+    "cpu_in_place_io": (0, 1),
     "cpu_caller_eval": (0, 1),
     "cpu_caller_replay": (0, 1),
     "cpu_packed_matmul": (0, 1),

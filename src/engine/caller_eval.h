@@ -51,6 +51,7 @@ class KeptWalk {
                                                       std::chrono::microseconds poll_for);
   size_t bytes() const { return bytes_; }  // held between runs
   const std::vector<mlx::core::array>& tape() const { return tape_; }  // the steps, in order
+  const std::vector<mlx::core::array>& outputs() const { return outs_; }  // computed again each replay
 
  private:
   std::vector<mlx::core::array> tape_, outs_;

@@ -102,6 +102,9 @@ struct Options {
   // MLX's CPU device with AVX-512 VNNI: MatMulNBits prompt rows with int8 blocks as integer
   // products (kernels/cpu/int4_gemv.cc, cpu_int4_gemm).
   bool cpu_int4_gemm = true;
+  // MLX's CPU device: ORT's input tensors read where they are, and outputs the EP's kernels
+  // compute written into ORT's output tensors, without a copy (kernels/cpu/buffers.h).
+  bool cpu_in_place_io = true;
   // MLX's CUDA backend: a compiled signature's run, once warm, is kept as one CUDA graph and
   // launched again with its inputs copied into the buffers it reads, without MLX's per-array
   // host work (kernels/cuda/graph_replay.h).
@@ -123,6 +126,8 @@ struct Stats {
   std::atomic<uint64_t> translate_ns{0}, host_reads{0}, host_read_ns{0};
   std::atomic<uint64_t> host_folds{0};  // nodes computed on the host (engine/host_fold)
   std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
+  // cpu_in_place_io: inputs read where ORT holds them, outputs written into ORT's tensors
+  std::atomic<uint64_t> inputs_in_place{0}, outputs_in_place{0};
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.
   std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
@@ -200,10 +205,10 @@ struct RowUpdate {
 std::vector<RowUpdate> take_row_updates();
 
 // The buffer ORT will hand back for output `output` of the run in progress, given its value
-// (shape and dtype), or null when not known. Set by the ABI layer around FusedProgram::run on
-// the calling thread; with it a run can write rows into a bound output buffer in its own
-// evaluation.
-using OutputBufferQuery = std::function<const void*(size_t output, const mx::array& value)>;
+// (shape and dtype), or null when not known; the buffer's size in bytes in `*nbytes` (unless
+// null). Set by the ABI layer around FusedProgram::run on the calling thread; with it a run can
+// write rows, or whole outputs, into ORT's output buffers in its own evaluation.
+using OutputBufferQuery = std::function<const void*(size_t output, const mx::array& value, size_t* nbytes)>;
 class OutputBufferScope {
  public:
   explicit OutputBufferScope(OutputBufferQuery q);

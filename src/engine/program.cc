@@ -25,6 +25,7 @@
 #include "graph/fuse_matmul_bias.h"
 #include "graph/transpose_weights.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/task.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/write_rows.h"
@@ -522,7 +523,7 @@ std::optional<std::vector<mx::array>> Program::run_kept(Entry& e, const std::vec
   for (size_t i = 0; i < raw.size(); ++i)
     if (!k.copied[i] && raw[i].data != k.reads[i]) return drop();  // a new cache buffer, say
   for (const auto& r : k.rows)
-    if (r.written && (!tl_output_buffer || tl_output_buffer(r.output, k.outs[r.output]) != r.input_data))
+    if (r.written && (!tl_output_buffer || tl_output_buffer(r.output, k.outs[r.output], nullptr) != r.input_data))
       return drop();
   for (size_t i = 0; i < raw.size(); ++i)
     if (k.copied[i] && k.nbytes[i] && !k.graph->copy_in(k.reads[i], raw[i].data, k.nbytes[i])) return drop();
@@ -583,7 +584,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   Entry* found = cache_.find(sig);
   if (found && found->kept && opt_.gpu && opt_.gpu_graph_replay)
     if (auto outs = run_kept(*found, raw, s)) return std::move(*outs);
-  std::vector<mx::array> args = arguments(raw);
+  ops::HostViews views;  // declared before anything that may hold the views
+  std::vector<mx::array> args = arguments(raw, opt_.gpu || !opt_.cpu_in_place_io ? nullptr : &views);
+  stats_.inputs_in_place += views.count();
   args.insert(args.end(), constants_.begin(), constants_.end());
   // `keep`: the evaluation is kept as a CUDA graph (gpu_graph_replay) into it, when it can be.
   auto eval_all = [&, this](std::vector<mx::array> outs, KeptGraph* keep = nullptr) {
@@ -602,7 +605,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       if (i < num_outputs() && opt_.inplace_rows && device_memory()) r = row_update_of(outs[i], i, raw, &buffer);
       if (r) {
         if (opt_.gpu && opt_.gpu_kernels && opt_.step_row_writes && tl_output_buffer && r->axes == std::vector<int>{2} &&
-            tl_output_buffer(i, outs[i]) == r->input_data) {
+            tl_output_buffer(i, outs[i], nullptr) == r->input_data) {
           row_buffers.push_back(*buffer);
           row_updates.push_back(r->update);
           row_starts.push_back(r->start);
@@ -627,6 +630,11 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         }
       }
     }
+    // On the CPU, outputs the EP's kernels compute are written into ORT's output tensors.
+    ops::OutputBinding bound;
+    std::vector<BoundOutput> in_place;
+    if (!opt_.gpu && opt_.cpu_in_place_io && s.device == mx::Device::cpu && !device_memory() && tl_output_buffer && !keep)
+      in_place = bind_outputs(outs, bound);
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
@@ -658,6 +666,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     tl_last_eval_ns = elapsed_ns(t0);
     if (after_short) last_polled_eval_ns_.store(tl_last_eval_ns, std::memory_order_relaxed);
     stats_.eval_ns += tl_last_eval_ns;
+    count_in_place(outs, in_place);
     if (index_check::take_flag(outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
     return outs;
   };
@@ -793,6 +802,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   if (e.fn && !compile_broken_ && e.walk) {
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<std::vector<mx::array>> outs;
+    ops::OutputBinding bound;
+    std::vector<BoundOutput> in_place;
+    if (opt_.cpu_in_place_io && tl_output_buffer) in_place = bind_outputs(e.walk->outputs(), bound, /*kept=*/true);
     try {
       outs = e.walk->replay(e.walk_args, args, opt_.cpu_poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us));
     } catch (...) {
@@ -812,6 +824,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       ++stats_.compiled_runs;
       tl_last_run_compiled = true;
       tl_last_run_path = "replayed walk";
+      count_in_place(*outs, in_place);
       if (index_check::take_flag(*outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
       return std::move(*outs);
     }
@@ -888,6 +901,31 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   }
   ++stats_.eager_runs;
   return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, s));
+}
+
+std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::array>& outs, ops::OutputBinding& bound,
+                                                       bool kept) {
+  std::vector<BoundOutput> done;
+  std::unordered_set<std::uintptr_t> seen;  // one buffer for an array that is several outputs
+  for (size_t i = 0; i < num_outputs() && i < outs.size(); ++i) {
+    mx::array a = outs[i];
+    if (a.is_available() && !kept) continue;  // an input, a constant
+    // Outputs leave translate() through a Contiguous, a view of a kernel's row-major result.
+    if (a.has_primitive() && a.primitive().name() == std::string_view("Contiguous") && a.inputs().size() == 1 &&
+        a.inputs()[0].shape() == a.shape() && a.inputs()[0].dtype() == a.dtype())
+      a = a.inputs()[0];
+    if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
+    if (ops::lowp::is_lowp(output_dtypes_[i]) || !seen.insert(a.id()).second) continue;
+    size_t nbytes = 0;  // ORT's tensor, in its element type
+    if (void* dst = const_cast<void*>(tl_output_buffer(i, a, &nbytes)); dst && nbytes == a.nbytes())
+      if (bound.bind(a, dst)) done.push_back({i, dst});
+  }
+  return done;
+}
+
+void Program::count_in_place(const std::vector<mx::array>& outs, const std::vector<BoundOutput>& bound) {
+  for (const auto& [i, dst] : bound)
+    if (i < outs.size() && holds_data_at(outs[i], dst)) ++stats_.outputs_in_place;
 }
 
 void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {

@@ -21,6 +21,7 @@
 
 #include "engine/caller_eval.h"
 #include "engine/engine.h"
+#include "kernels/cpu/buffers.h"
 #include "engine/plan.h"
 #include "engine/shape_family.h"
 #include "engine/signature_cache.h"
@@ -122,14 +123,23 @@ class Program final : public FusedProgram {
 
   // cpu_fuse=2: one timed call of a tuning entry; after enough of both, keeps the faster trace.
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);
+  // cpu_in_place_io: binds the outputs the EP's CPU kernels compute to ORT's output tensors
+  // (`kept`: a kept walk's outputs, computed again by its replay); returns which, and where.
+  // After the evaluation, count_in_place counts those that are there (the stats).
+  struct BoundOutput {
+    size_t output;
+    const void* dst;
+  };
+  std::vector<BoundOutput> bind_outputs(const std::vector<mx::array>& outs, ops::OutputBinding& bound, bool kept = false);
+  void count_in_place(const std::vector<mx::array>& outs, const std::vector<BoundOutput>& bound);
 
   std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,
                                   const std::vector<std::string>& outputs, bool top);
   static Layout layout_of(const std::vector<HostTensor>& raw);
-  // On the CPU device the fused inputs are borrowed, not copied: arrays over ORT's buffers with
-  // no-op deleters, valid for this run only (see input_array).
-  std::vector<mx::array> arguments(const std::vector<HostTensor>& raw) const;
-  mx::array input_array(const HostTensor& t) const;
+  // On the CPU device the fused inputs are borrowed, not copied: views over ORT's buffers
+  // (host_views.h), held by `views` and valid for this run only (see input_array).
+  std::vector<mx::array> arguments(const std::vector<HostTensor>& raw, ops::HostViews* views = nullptr) const;
+  mx::array input_array(const HostTensor& t, ops::HostViews* views) const;
   // What a translation saw of each step of the group (collected while looking for a shape
   // family: engine/shape_family.h).
   using StepInfos = ShapeFamily::StepInfos;

@@ -192,7 +192,8 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
        opt_.gpu_kernels && opt_.fused_skip_norm, opt_.gpu_kernels && opt_.fused_gqa_step, opt_.flat_products,
        opt_.cpu_dnnl, opt_.cpu_dnnl_min_flops, opt_.cpu_dnnl_parallel_min_flops, opt_.int4_dense_rows,
        opt_.int4_dequantize_kernel, opt_.cpu_dnnl_matmul, opt_.cpu_dnnl_blocked, opt_.cpu_depthwise, opt_.gpu_attention_split_rows,
-       opt_.cpu_avx512, opt_.cpu_packed_matmul, opt_.cpu_caller_eval, opt_.cpu_int4_gemm, opt_.cpu_attention});
+       opt_.cpu_avx512, opt_.cpu_packed_matmul, opt_.cpu_caller_eval, opt_.cpu_int4_gemm, opt_.cpu_attention,
+       opt_.fused_gqa_step});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {
     Taint t = v.is_tensor() ? run.taint_of(*v.tensor) : Taint{};
@@ -414,12 +415,12 @@ Layout Program::layout_of(const std::vector<HostTensor>& raw) {
   return layout;
 }
 
-mx::array Program::input_array(const HostTensor& t) const {
+mx::array Program::input_array(const HostTensor& t, ops::HostViews* views) const {
   // Borrowing ORT's input buffer saves a copy of every input on every run (a decode step's
-  // whole KV cache). It is safe because nothing keeps these arrays past run(): host reads
+  // whole KV cache). It is safe because nothing reads these arrays past run(): host reads
   // recorded for replay are owned copies (Run::read), the prepare-once cache takes constants
   // only, outputs are copied out before Compute returns, and MLX never donates (writes into)
-  // a buffer it does not own. MLX's GPU backends need their own allocations: copy there (a
+  // a borrowed buffer (kernels/cpu/buffers.h). MLX's GPU backends need their own allocations: copy there (a
   // small input into pinned host memory on CUDA: kernels/cuda/pinned_inputs.h), unless the
   // buffer is one: an allocation of the EP's device allocator (device_memory=1) is
   // MLX's own memory, used in place on any backend (device_buffers.h).
@@ -431,15 +432,18 @@ mx::array Program::input_array(const HostTensor& t) const {
     if (auto a = kernels::cuda::pinned_copy(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype))) return *a;
   if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);
   auto dtype = ops::mlx_dtype(t.dtype);
+  if (views)
+    if (auto a = views->view(t.data, ops::to_shape(t.shape), dtype)) return *a;
+  // (Where MLX's allocator can wrap foreign memory, this is a view too; else a copy.)
   return mx::array(const_cast<void*>(t.data), ops::to_shape(t.shape), dtype, [](void*) {});
 }
 
-std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw) const {
+std::vector<mx::array> Program::arguments(const std::vector<HostTensor>& raw, ops::HostViews* views) const {
   // A sequence's items are arguments of their own, so mx::compile sees them as inputs.
   std::vector<mx::array> args;
   for (const auto& t : raw) {
-    if (t.kind == HostTensor::Kind::Tensor) args.push_back(input_array(t));
-    for (const auto& item : t.items) args.push_back(input_array(item));
+    if (t.kind == HostTensor::Kind::Tensor) args.push_back(input_array(t, views));
+    for (const auto& item : t.items) args.push_back(input_array(item, views));
   }
   return args;
 }

@@ -81,12 +81,13 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     if (span.active()) span.arg("inputs", shapes_of(inputs));
     // Which buffer an output goes to, asked before the evaluation (rows of a bound KV buffer
     // are then written by it); ORT hands back the same buffer when write_outputs asks again.
-    const engine::OutputBufferScope bound([ctx](size_t i, const mlx::core::array& v) -> const void* {
+    const engine::OutputBufferScope bound([ctx](size_t i, const mlx::core::array& v, size_t* nbytes) -> const void* {
       std::vector<int64_t> dims(v.shape().begin(), v.shape().end());
       OrtValue* out = nullptr;
       check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
       void* dst = nullptr;
       check(g_ort->GetTensorMutableData(out, &dst));
+      if (nbytes) check(g_ort->GetTensorSizeInBytes(out, nbytes));
       return dst;
     });
     auto outputs = program->run(inputs);

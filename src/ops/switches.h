@@ -47,6 +47,8 @@ struct TranslationSwitches {
   bool cpu_int4_gemm = true;
   // attention over several query rows through the EP's kernel (kernels/cpu/attention.cc)
   bool cpu_attention = true;
+  // a decode step's GroupQueryAttention on the CPU as one kernel (kernels/cpu/decode_attention.cc)
+  bool cpu_gqa_step = true;
 };
 
 // The calling thread's current switches.

@@ -1085,3 +1085,52 @@ def test_gqa_prompt_through_the_cpu_attention_kernel(past, avx512, capfd):
     err = capfd.readouterr().err
     fused = [ln for ln in err.splitlines() if "evaluates:" in ln and "FusedAttention" in ln]
     assert bool(fused) == (avx512 == "1"), err[-2000:]
+
+
+def _decode_kernel_ran(err):
+    return any("evaluates:" in ln and "DecodeGqa" in ln for ln in err.splitlines())
+
+
+@pytest.mark.parametrize("packed,rotary,interleaved,rot_dim,window,H,past", [
+    (True, True, False, None, -1, 64, 37), (False, True, True, None, 5, 64, 37),
+    (True, True, False, 16, -1, 48, 37), (False, False, False, None, 3, 40, 11),
+    (True, True, False, None, -1, 64, 1100)])
+def test_gqa_decode_step_is_one_kernel(packed, rotary, interleaved, rot_dim, window, H, past, capfd):
+    """A decode step of one sequence on the CPU (a growing cache: present = past + the step's
+    row) is one DecodeGqa primitive (kernels/cpu/decode_attention.cc): rotary halves,
+    interleaved or partial, a window, head sizes off the 16-float loop, grouped heads
+    (4 query heads a KV head), and a long past (its heads split over two threads). With
+    fused_gqa_step=0 the composed ops. Outputs and presents equal ORT's CPU EP."""
+    for opts, kernel in (({}, True), ({"fused_gqa_step": 0}, False)):
+        capfd.readouterr()
+        gqa_check(B=1, S=1, N=8, Nkv=2, H=H, past=past, seqlens=[past], packed=packed, rotary=rotary,
+                  interleaved=interleaved, rot_dim=rot_dim, window=window, log_level=3, **opts)
+        assert _decode_kernel_ran(capfd.readouterr().err) == kernel, opts
+
+
+@pytest.mark.parametrize("pos", [0, 17, 39])
+def test_gqa_decode_step_in_a_shared_buffer(pos, capfd):
+    """One sequence's decode step into a shared past/present buffer of 40 rows (genai's
+    past_present_share_buffer) through the CPU kernel: the row lands at seqlens_k and the
+    attention sees rows [0, seqlens_k]. ORT leaves a separate present's rows past the step
+    unwritten, so presents are compared up to the step's row."""
+    N, Nkv, H, P = 8, 2, 64, 40
+    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    cos, sin = rope_cache(P + 4, H)
+    inputs = dict(query=f(1, 1, (N + 2 * Nkv) * H), key=None, value=None, past_key=f(1, Nkv, P, H),
+                  past_value=f(1, Nkv, P, H), seqlens_k=np.array([pos], np.int32),
+                  total_sequence_length=np.array(pos + 1, np.int32), cos_cache=cos, sin_cache=sin)
+    attrs = {"num_heads": N, "kv_num_heads": Nkv, "do_rotary": 1}
+    t = oracle.tensor_type(np.zeros(0, np.float32))
+    model = make_node_model("GroupQueryAttention", inputs, 3, attrs, None, oracle.DEFAULT_OPSET, MS,
+                            output_types=[t] * 3)
+    feeds = {k: v for k, v in inputs.items() if v is not None}
+    want = run_cpu(model, feeds)
+    capfd.readouterr()
+    got, placed = run_mlx(model, feeds, log_level=3)
+    assert set(placed) == {om.EP_NAME}, placed
+    assert _decode_kernel_ran(capfd.readouterr().err)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+    for i in (1, 2):
+        assert got[i].shape == want[i].shape == (1, Nkv, P, H)
+        np.testing.assert_allclose(got[i][:, :, :pos + 1], want[i][:, :, :pos + 1], rtol=1e-5, atol=1e-6)

@@ -122,7 +122,7 @@ class DnnlGemm : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    begin_output(inputs, out, stream());
     const int nd = static_cast<int>(w.ndim());
     const int64_t K = w.shape(nd - 2), N = w.shape(nd - 1);
     const int64_t M = flat_ ? static_cast<int64_t>(out.size()) / N : out.shape(-2);

@@ -70,7 +70,7 @@ class RowGemv : public mx::Primitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     mx::array& y = outputs[0];
-    y.set_data(mx::allocator::malloc(y.nbytes()));
+    begin_output(inputs, y, stream());
     const int nd = static_cast<int>(w.ndim());
     const int K = w.shape(nd - 2), N = w.shape(nd - 1);
     Batch b;

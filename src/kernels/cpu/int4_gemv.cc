@@ -228,6 +228,65 @@ Int4Row pick_int4_row() {
   return int4_row_scalar;
 }
 
+#ifdef ORTMLX_X86
+// Four outputs at once with the kernel above's arithmetic (its sums, added up in another order
+// at the end): each group's codes are loaded once for the four rows, and the four accumulators
+// are reduced together. A row is a short stream (K / 2 bytes), so the single-row kernel's
+// per-output reduction and reloads of the codes cost as much as the products.
+// One row's share of a group of four blocks (int4_rows4_i8_vnni).
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512dq,avx2,fma"), always_inline)) inline void vnni_group(
+    const uint8_t* qr, const float* sr, const float* br, __m512i clo, __m512i chi, __m128 xs, __m128 xb, __m512& acc,
+    __m128& z) {
+  const __m512i mask = _mm512_set1_epi8(15);
+  const __m512i expand = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i v = _mm512_loadu_si512(qr);
+  __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, mask), clo);
+  dot = _mm512_dpbusd_epi32(dot, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask), chi);
+  const __m128 s4 = _mm_mul_ps(_mm_loadu_ps(sr), xs);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(s4)), acc);
+  z = _mm_fmadd_ps(_mm_loadu_ps(br), xb, z);
+}
+
+// Each accumulator's 16 lanes to 4.
+__attribute__((target("avx512f,avx512dq,avx2"), always_inline)) inline __m128 quarter_sum(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512dq,avx2,fma"))) void int4_rows4_i8_vnni(
+    const uint8_t* q, int64_t row_bytes, const QuantRow& x, const float* sc, const float* zb, int nb, float* y) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  __m128 z0 = _mm_setzero_ps(), z1 = z0, z2 = z0, z3 = z0;
+  const int groups = nb / 4;
+  const int8_t* c = x.codes4.data();
+  const uint8_t *q0 = q, *q1 = q + row_bytes, *q2 = q + 2 * row_bytes, *q3 = q + 3 * row_bytes;
+  const float *s0 = sc, *s1 = sc + nb, *s2 = sc + 2 * nb, *s3 = sc + 3 * nb;
+  const float *b0 = zb, *b1 = zb + nb, *b2 = zb + 2 * nb, *b3 = zb + 3 * nb;
+  for (int g = 0; g < groups; ++g, c += 128) {
+    const __m512i clo = _mm512_loadu_si512(c), chi = _mm512_loadu_si512(c + 64);
+    const __m128 xs = _mm_loadu_ps(x.scale.data() + 4 * g), xb = _mm_loadu_ps(x.block_sum.data() + 4 * g);
+    vnni_group(q0 + 64 * g, s0 + 4 * g, b0 + 4 * g, clo, chi, xs, xb, acc0, z0);
+    vnni_group(q1 + 64 * g, s1 + 4 * g, b1 + 4 * g, clo, chi, xs, xb, acc1, z1);
+    vnni_group(q2 + 64 * g, s2 + 4 * g, b2 + 4 * g, clo, chi, xs, xb, acc2, z2);
+    vnni_group(q3 + 64 * g, s3 + 4 * g, b3 + 4 * g, clo, chi, xs, xb, acc3, z3);
+  }
+  // Each accumulator to four lanes, then the four rows' lanes summed across (one output each).
+  const __m128 r0 = _mm_add_ps(quarter_sum(acc0), z0), r1 = _mm_add_ps(quarter_sum(acc1), z1);
+  const __m128 r2 = _mm_add_ps(quarter_sum(acc2), z2), r3 = _mm_add_ps(quarter_sum(acc3), z3);
+  __m128 total = _mm_hadd_ps(_mm_hadd_ps(r0, r1), _mm_hadd_ps(r2, r3));
+  const int done = groups * 4;
+  if (done < nb) {
+    alignas(16) float tail[4];
+    for (int r = 0; r < 4; ++r)
+      tail[r] = int4_row_i8_avx2(q + r * row_bytes + static_cast<int64_t>(done) * 16,
+                                 x.codes.data() + static_cast<size_t>(done) * 32, x.scale.data() + done,
+                                 sc + r * nb + done, zb + r * nb + done, x.block_sum.data() + done, nb - done, 16);
+    total = _mm_add_ps(total, _mm_load_ps(tail));
+  }
+  _mm_storeu_ps(y, total);
+}
+#endif
+
 // Rows [n0, n1) of y: from the float row split in even/odd elements, or (`qr`, int8 blocks on
 // AVX2) from its integer codes.
 void int4_rows(const SplitRow& r, const QuantRow* qr, const uint8_t* packed, const float* scales,
@@ -237,6 +296,9 @@ void int4_rows(const SplitRow& r, const QuantRow* qr, const uint8_t* packed, con
   const int64_t row_bytes = static_cast<int64_t>(nb) * blob;
 #ifdef ORTMLX_X86
   if (qr && vnni && block == 32) {
+    for (; n0 + 4 <= n1; n0 += 4)
+      int4_rows4_i8_vnni(packed + n0 * row_bytes, row_bytes, *qr, scales + static_cast<int64_t>(n0) * nb,
+                         zbias + static_cast<int64_t>(n0) * nb, nb, y + n0);
     for (int n = n0; n < n1; ++n)
       y[n] = int4_row_i8_vnni(packed + n * row_bytes, *qr, scales + static_cast<int64_t>(n) * nb,
                               zbias + static_cast<int64_t>(n) * nb, nb);
@@ -269,7 +331,7 @@ class Int4RowGemv : public mx::Primitive {
     for (size_t i = 1; i < 4; ++i)
       if (!inputs[i].flags().row_contiguous)
         throw std::runtime_error("[Int4RowGemv] weights, scales and zero biases must be row-contiguous");
-    y.set_data(mx::allocator::malloc(y.nbytes()));
+    begin_output(inputs, y, stream());
     const int N = static_cast<int>(y.size()), nb = scales.shape(1), K = K_, block = block_;
     dispatch_task(stream(), [xp = x.data<float>(), incx = x.strides().back(), qp = packed.data<uint8_t>(),
                   sp = scales.data<float>(), zp = zbias.data<float>(), yp = y.data<float>(), N, nb, K,

@@ -17,6 +17,8 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/buffers.h"
+
 namespace mlx::core::cpu {
 struct CommandEncoder;
 }
@@ -75,6 +77,33 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
 // product) does 4x the multiply-adds an instruction that the integer form does, and ORT's CPU EP
 // takes the integer one. The weight, scales and zero biases must be constants (laid out on the
 // first run for their buffers). std::nullopt where it does not apply.
+// A decode step's GroupQueryAttention (one sequence, one new token, float32) as one kernel: the
+// step's query and key rotated at its position (ORT's rotary, halves or interleaved, when
+// rotary_dim > 0), the present caches (a growing cache: the past's rows and the new one; a shared
+// buffer, in_buffer: the past buffer with the new row at seqlens_k, clipped to it), then each
+// query head's softmax(scale q K^T) V over the present's rows [max(0, pos + 1 - window), pos + 1)
+// (window <= 0: all), grouped heads reading their KV head in place. A present bound to ORT's
+// output buffer (kernels/cpu/buffers.h) that is the past's own (a shared buffer) gets the new row
+// only. q, k, v: [1, 1, *], the heads from q_offset / k_offset / v_offset (a packed projection
+// passed three times); past_k, past_v [1, Nkv, P, H]; seqlens [1] int32; cos, sin [rows,
+// rotary_dim / 2]. Returns {attention [1, 1, N * H], present_k, present_v}, or nullopt.
+struct CpuDecodeGqa {
+  int N = 0, Nkv = 0, H = 0;
+  int q_offset = 0, k_offset = 0, v_offset = 0;
+  int rotary_dim = 0;
+  bool interleaved = false;
+  float scale = 1.f;
+  int window = -1;
+  bool in_buffer = false;
+  bool operator==(const CpuDecodeGqa&) const = default;
+};
+std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                     const mx::array& past_k, const mx::array& past_v,
+                                                     const mx::array& seqlens, const std::optional<mx::array>& cos,
+                                                     const std::optional<mx::array>& sin, const CpuDecodeGqa& g,
+                                                     mx::Stream s);
+// exp(x - max) / sum over one row of n floats (vectorized where the CPU allows).
+void softmax_row(const float* x, float* y, int n);
 std::optional<mx::array> cpu_int4_gemm(const mx::array& x, const mx::array& packed, const mx::array& scales,
                                        const mx::array& zbias, int K, int block, mx::Stream s);
 
@@ -329,8 +358,6 @@ int cpu_threads();
 // are done.
 void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
 
-// What every CPU kernel's eval_cpu does first: allocates `out` (then dispatch_task, task.h).
-void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
 
 // An input of a CPU kernel, read in row-major order. Made in a primitive's eval_cpu: a
 // row-contiguous input is read in place; any other view (broadcast, transposed, sliced) is

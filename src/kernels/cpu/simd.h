@@ -1,5 +1,5 @@
 // x86-64 AVX2 pieces shared by the CPU kernels (gemv.cc, int4_gemv.cc, softmax.cc,
-// unary.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
+// unary.cc, decode_attention.cc). Each caller still checks cpu_has_avx2_fma() before running AVX2 code.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -54,6 +54,28 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_any_avx2(__m256 d) {
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
   return _mm256_blendv_ps(y, d, nan);
+}
+
+// sum a[i] * b[i] over n floats.
+__attribute__((target("avx2,fma"))) inline float dot_f32_avx2(const float* a, const float* b, int n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  float s = hsum8(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[i] += alpha * x[i] over n floats.
+__attribute__((target("avx2,fma"))) inline void axpy_f32_avx2(float alpha, const float* x, float* y, int n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 }  // namespace ortmlx::ops

@@ -213,6 +213,25 @@ Outputs translate_gqa(OpContext& c) {
                          !c.has(10);
     }
   }
+  // A decode step on the CPU (a growing cache or a shared buffer): one EP kernel rotates, writes
+  // the present rows and attends (kernels/cpu/decode_attention.cc).
+  if (c.s.device == mx::Device::cpu && translation_switches().cpu_gqa_step && B == 1 && S == 1 && past_k &&
+      (buffer_step || (known_past && *known_past == P && P + 1 == T)) && softcap <= 0.f && !c.has(9) &&
+      !c.has(10) && !c.has(11) && n.attr_int("smooth_softmax", -1) != 1) {
+    CpuDecodeGqa g;
+    g.N = N, g.Nkv = Nkv, g.H = H, g.scale = scale, g.window = window, g.in_buffer = buffer_step;
+    if (packed) g.k_offset = N * H, g.v_offset = (N + Nkv) * H;
+    std::optional<mx::array> cos, sin;
+    if (n.attr_int("do_rotary", 0) == 1) {
+      cos = c.in(7), sin = c.in(8);
+      g.rotary_dim = 2 * cos->shape(1);
+      g.interleaved = n.attr_int("rotary_interleaved", 0) == 1;
+    }
+    const auto seqlens = mx::reshape(mx::astype(c.in(5), mx::int32, c.s), {1}, c.s);
+    if (auto r = cpu_decode_gqa(query, packed ? query : c.in(1), packed ? query : c.in(2), *past_k, *past_v, seqlens,
+                                cos, sin, g, c.s))
+      return {(*r)[0], (*r)[1], (*r)[2]};
+  }
   // A decode step into the shared buffer on a CUDA GPU, from the projections as they come: one
   // EP kernel rotates q and k, attends (as the one-row kernel below) and gives the step's key and
   // value rows, which the present buffers take at the step's position (see gqa_step).

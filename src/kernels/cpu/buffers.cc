@@ -1,0 +1,96 @@
+#include "kernels/cpu/buffers.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+namespace ortmlx::ops {
+
+namespace {
+
+bool probe_layout() {
+  // The CPU-only allocator stores a buffer's size in a size_t just before its data.
+  auto d = mx::allocator::malloc(64);
+  auto b = d.buffer();
+  return b.ptr() && static_cast<char*>(b.raw_ptr()) == static_cast<char*>(b.ptr()) + sizeof(size_t) &&
+         *static_cast<size_t*>(b.ptr()) == 64 && mx::allocator::allocator().size(b) == 64;
+}
+
+// Bound outputs by array id (kernels run on MLX's stream thread or the caller's).
+struct Bindings {
+  std::mutex mu;
+  std::unordered_map<std::uintptr_t, mx::array> views;
+  std::atomic<size_t> live{0};
+};
+Bindings& bindings() {
+  static Bindings b;
+  return b;
+}
+
+}  // namespace
+
+bool HostViews::supported() {
+  static const bool ok = probe_layout();
+  return ok;
+}
+
+std::optional<mx::array> HostViews::view(const void* data, const mx::Shape& shape, mx::Dtype dtype) {
+  if (!data || !supported()) return std::nullopt;
+  auto* header = static_cast<size_t*>(std::malloc(sizeof(size_t)));
+  if (!header) return std::nullopt;
+  size_t nbytes = mx::size_of(dtype);
+  for (auto d : shape) nbytes *= static_cast<size_t>(d);
+  *header = nbytes;  // what MLX's view tests (Contiguous) read as the buffer's size
+  mx::array anchor(mx::allocator::Data(mx::allocator::Buffer{header},
+                                       [](mx::allocator::Buffer b) { std::free(b.ptr()); }),
+                   mx::Shape{1}, mx::uint8);
+  const auto offset = reinterpret_cast<std::intptr_t>(data) - reinterpret_cast<std::intptr_t>(anchor.data<char>());
+  const auto item = static_cast<std::intptr_t>(mx::size_of(dtype));
+  if (offset % item != 0) return std::nullopt;
+  mx::array v(shape, dtype, nullptr, {});
+  mx::Strides strides(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+  const size_t n = v.size();
+  const int64_t largest = shape.empty() ? 1 : *std::max_element(shape.begin(), shape.end());
+  mx::array::Flags flags{true, true, n <= 1 || static_cast<int64_t>(n) == largest};
+  v.copy_shared_buffer(anchor, strides, flags, n, offset / item);
+  v.set_status(mx::array::Status::available);
+  anchors_.push_back(std::move(anchor));
+  return v;
+}
+
+bool OutputBinding::bind(const mx::array& a, void* dst) {
+  if (!a.has_primitive() || a.size() == 0) return false;
+  auto v = views_.view(dst, a.shape(), a.dtype());
+  if (!v) return false;
+  auto& b = bindings();
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (!b.views.emplace(a.id(), std::move(*v)).second) return false;
+  ids_.push_back(a.id());
+  b.live.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+OutputBinding::~OutputBinding() {
+  if (ids_.empty()) return;
+  auto& b = bindings();
+  std::lock_guard<std::mutex> lock(b.mu);
+  for (auto id : ids_) b.views.erase(id);
+  b.live.fetch_sub(ids_.size(), std::memory_order_relaxed);
+}
+
+void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
+  auto& b = bindings();
+  if (b.live.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (auto it = b.views.find(out.id()); it != b.views.end()) {
+      out.copy_shared_buffer(it->second);
+      return;
+    }
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+}
+
+}  // namespace ortmlx::ops

@@ -1,0 +1,60 @@
+// Buffers of MLX's CPU device that MLX did not allocate: ORT's input and output tensors, read
+// and written where they are, without a copy.
+//
+// MLX's CPU-only allocator cannot wrap foreign memory (mx::array(ptr, ...) copies it), but an
+// array may view its buffer at any byte offset: a view is made at the foreign address from a
+// small buffer of the allocator's own layout. An anchor array sharing that buffer lives as long
+// as the view is in use, so no MLX primitive ever takes the foreign memory as its output
+// (donation needs a buffer's sole owner).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+namespace ortmlx::ops {
+
+namespace mx = mlx::core;
+
+// Views over foreign memory, anchored until this object is destroyed.
+class HostViews {
+ public:
+  // Whether this process's MLX allocator has the layout views rely on (MLX's CPU-only
+  // allocator: a size header before the data); checked once.
+  static bool supported();
+  // A row-major `shape` x `dtype` array over `data`, valid while the memory is and this object
+  // lives; nullopt when views are not supported or `data` is not a whole number of elements
+  // from the view's buffer.
+  std::optional<mx::array> view(const void* data, const mx::Shape& shape, mx::Dtype dtype);
+  // Views made so far.
+  size_t count() const { return anchors_.size(); }
+
+ private:
+  std::vector<mx::array> anchors_;
+};
+
+// Outputs written into their destination: while an object of this class lives, a CPU kernel
+// computing a bound array writes it straight into the buffer it is bound to (begin_output).
+// Arrays its kernel does not compute (other primitives) are left as they are.
+class OutputBinding {
+ public:
+  OutputBinding() = default;
+  OutputBinding(const OutputBinding&) = delete;
+  OutputBinding& operator=(const OutputBinding&) = delete;
+  ~OutputBinding();
+  // Binds `a` (to be computed: not evaluated yet, or a kept walk's array computed again;
+  // row-major `a.nbytes()` at `dst`, writable). False if it cannot be.
+  bool bind(const mx::array& a, void* dst);
+
+ private:
+  HostViews views_;
+  std::vector<std::uintptr_t> ids_;
+};
+
+// What every CPU kernel's eval_cpu does first: allocates `out`, or points it at the buffer it is
+// bound to (then dispatch_task, task.h).
+void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
+
+}  // namespace ortmlx::ops
