@@ -128,6 +128,7 @@ struct Stats {
   std::atomic<uint64_t> eval_arrays{0};  // arrays computed by the runs' final evaluations
   // cpu_in_place_io: inputs read where ORT holds them, outputs written into ORT's tensors
   std::atomic<uint64_t> inputs_in_place{0}, outputs_in_place{0};
+  std::atomic<uint64_t> walk_replays{0};  // runs that computed a kept walk again (cpu_caller_replay)
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.
   std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};

@@ -633,8 +633,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // On the CPU, outputs the EP's kernels compute are written into ORT's output tensors.
     ops::OutputBinding bound;
     std::vector<BoundOutput> in_place;
-    if (!opt_.gpu && opt_.cpu_in_place_io && s.device == mx::Device::cpu && !device_memory() && tl_output_buffer && !keep)
-      in_place = bind_outputs(outs, bound);
+    if (!opt_.gpu && opt_.cpu_in_place_io && s.device == mx::Device::cpu && tl_output_buffer && !keep)
+      in_place = bind_outputs(outs, bound, raw);
     stats_.eval_arrays += check_evaluation(todo, where_);  // before MLX allocates (memory_guard.h)
     if (opt_.log_level >= 3) log_primitives(todo, where_);
     auto t0 = std::chrono::steady_clock::now();
@@ -799,12 +799,14 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     ++stats_.traces;
     tl_last_run_path = "compiled (new trace)";
   }
-  if (e.fn && !compile_broken_ && e.walk) {
+  // While cpu_fuse=auto tunes, the unfused trace's turns replay its kept walk (its steady
+  // state), the fused trace's turns call it.
+  if (e.fn && !compile_broken_ && e.walk && (!e.fn_unfused || e.tuning_calls % 2 == 1)) {
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<std::vector<mx::array>> outs;
     ops::OutputBinding bound;
     std::vector<BoundOutput> in_place;
-    if (opt_.cpu_in_place_io && tl_output_buffer) in_place = bind_outputs(e.walk->outputs(), bound, /*kept=*/true);
+    if (opt_.cpu_in_place_io && tl_output_buffer) in_place = bind_outputs(e.walk->outputs(), bound, raw, /*kept=*/true);
     try {
       outs = e.walk->replay(e.walk_args, args, opt_.cpu_poll && opt_.cpu_hold, std::chrono::microseconds(opt_.cpu_poll_us));
     } catch (...) {
@@ -824,7 +826,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       ++stats_.compiled_runs;
       tl_last_run_compiled = true;
       tl_last_run_path = "replayed walk";
+      ++stats_.walk_replays;
       count_in_place(*outs, in_place);
+      if (e.fn_unfused) tune_fusion(e, /*unfused=*/true, tl_last_eval_ns);
       if (index_check::take_flag(*outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
       return std::move(*outs);
     }
@@ -858,14 +862,18 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         return (tuning && use_unfused ? e.fn_unfused : e.fn)(kept ? kept_args : args);
       }();
       const auto call_ns = elapsed_ns(t_call);
-      // A warm signature's walk is kept for its later runs (once the fusion choice is made).
+      // A warm signature's walk is kept for its later runs (while tuning, the unfused trace's:
+      // its later turns replay it).
       const bool keep_walk = opt_.cpu_caller_eval && opt_.cpu_caller_replay && s.device == mx::Device::cpu &&
-                             !opt_.gpu && !device_memory() && !tuning && !kept && e.compiled_calls >= kWalkAfterCalls;
+                             !opt_.gpu && (!device_memory() || opt_.cpu_in_place_io) && (!tuning || use_unfused) &&
+                             !e.walk && !kept &&
+                             e.compiled_calls >= kWalkAfterCalls;
       if (keep_walk) keep_next_walk();
       auto outs = eval_all(std::move(traced), kept.get());
       if (keep_walk) {
         auto walk = take_kept_walk();
-        if (walk && walk->bytes() <= kWalkMaxBytes && tl_row_updates.empty()) {
+        if (walk && walk->bytes() <= kWalkMaxBytes &&
+            std::all_of(tl_row_updates.begin(), tl_row_updates.end(), [](const RowUpdate& r) { return r.written; })) {
           e.walk = std::move(walk);
           e.walk_args = args;
         }
@@ -877,6 +885,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         else
           ++e.kept_tries;
       }
+
       if (tuning) tune_fusion(e, use_unfused, elapsed_ns(t_call));
       stats_.call_ns_compiled += call_ns;
       ++stats_.compiled_runs;
@@ -904,7 +913,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
 }
 
 std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::array>& outs, ops::OutputBinding& bound,
-                                                       bool kept) {
+                                                       const std::vector<HostTensor>& raw, bool kept) {
   std::vector<BoundOutput> done;
   std::unordered_set<std::uintptr_t> seen;  // one buffer for an array that is several outputs
   for (size_t i = 0; i < num_outputs() && i < outs.size(); ++i) {
@@ -916,21 +925,42 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
       a = a.inputs()[0];
     if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
     if (ops::lowp::is_lowp(output_dtypes_[i]) || !seen.insert(a.id()).second) continue;
+    // Only a decode step's attention writes a present over its own past (a shared buffer bound
+    // as both); with EP memory, other outputs are better adopted (asking for ORT's buffer
+    // allocates it), except a kept walk's, which stay its own.
+    const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
+    if (device_memory() && !kept && !gqa) continue;
     size_t nbytes = 0;  // ORT's tensor, in its element type
-    if (void* dst = const_cast<void*>(tl_output_buffer(i, a, &nbytes)); dst && nbytes == a.nbytes())
-      if (bound.bind(a, dst)) done.push_back({i, dst});
+    auto* dst = static_cast<char*>(const_cast<void*>(tl_output_buffer(i, a, &nbytes)));
+    if (!dst || nbytes != a.nbytes()) continue;
+    bool alias = false, overlap = false;
+    for (const auto& t : raw) {
+      const auto* p = static_cast<const char*>(t.data);
+      size_t n = t.kind == HostTensor::Kind::Tensor ? graph::dtype_size(t.dtype) : 0;
+      for (auto d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+      if (!p || !n || p >= dst + nbytes || dst >= p + n) continue;
+      if (p == dst && n == nbytes) alias = true;
+      else overlap = true;
+    }
+    if (overlap || (alias && !gqa)) continue;  // a kernel's output over another input: not written there
+    if (bound.bind(a, dst)) done.push_back({i, dst, alias});
   }
   return done;
 }
 
 void Program::count_in_place(const std::vector<mx::array>& outs, const std::vector<BoundOutput>& bound) {
-  for (const auto& [i, dst] : bound)
-    if (i < outs.size() && holds_data_at(outs[i], dst)) ++stats_.outputs_in_place;
+  for (const auto& b : bound) {
+    if (b.output >= outs.size() || !holds_data_at(outs[b.output], b.dst)) continue;
+    ++stats_.outputs_in_place;
+    // A present over its own past: the step's rows written in place, nothing left to copy.
+    if (b.over_input) tl_row_updates.push_back({b.output, b.dst, mx::array(0), mx::array(0), {}, true});
+  }
 }
 
 void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {
-  // The first call of each trace compiles it (untimed); then kFusionTimedRuns each, alternating.
-  constexpr int kFusionTimedRuns = 2;
+  // The first call of each trace compiles it (untimed); then kFusionTimedRuns each, alternating
+  // (the unfused trace's from its kept walk once it has one).
+  constexpr int kFusionTimedRuns = 3;
   const int call = e.tuning_calls++;
   if (call >= 2) {
     double& best = unfused ? e.best_unfused_ns : e.best_fused_ns;
@@ -946,6 +976,10 @@ void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {
     ++stats_.fusion_kept_fused;
   }
   e.fn_unfused = nullptr;  // releases the other trace (MLX drops its cache entry with it)
+  if (!e.unfused) {  // a kept walk is the unfused trace's
+    e.walk.reset();
+    e.walk_args.clear();
+  }
   if (opt_.log_level >= 1)
     std::cerr << "[MLX EP] fused node '" << name_ << "': kept the " << (e.unfused ? "unfused" : "fused")
               << " trace (best run " << (e.unfused ? e.best_unfused_ns : e.best_fused_ns) / 1e6 << " ms against "

@@ -125,12 +125,15 @@ class Program final : public FusedProgram {
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);
   // cpu_in_place_io: binds the outputs the EP's CPU kernels compute to ORT's output tensors
   // (`kept`: a kept walk's outputs, computed again by its replay); returns which, and where.
-  // After the evaluation, count_in_place counts those that are there (the stats).
+  // After the evaluation, count_in_place counts those that are there (the stats), and files a
+  // present written over its own past buffer as rows written in place (RowUpdate::written).
   struct BoundOutput {
     size_t output;
     const void* dst;
+    bool over_input;  // dst is an input's buffer (a shared past/present KV buffer)
   };
-  std::vector<BoundOutput> bind_outputs(const std::vector<mx::array>& outs, ops::OutputBinding& bound, bool kept = false);
+  std::vector<BoundOutput> bind_outputs(const std::vector<mx::array>& outs, ops::OutputBinding& bound,
+                                        const std::vector<HostTensor>& raw, bool kept = false);
   void count_in_place(const std::vector<mx::array>& outs, const std::vector<BoundOutput>& bound);
 
   std::unique_ptr<Plan> make_plan(const graph::Graph& g, const std::vector<std::string>& inputs,

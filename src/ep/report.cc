@@ -39,7 +39,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"eval_ns\":" << st.eval_ns << ",\"translate_ns\":" << st.translate_ns
     << ",\"host_reads\":" << st.host_reads << ",\"host_read_ns\":" << st.host_read_ns
     << ",\"host_folds\":" << st.host_folds
-    << ",\"eval_arrays\":" << st.eval_arrays << ",\"inputs_in_place\":" << st.inputs_in_place << ",\"outputs_in_place\":" << st.outputs_in_place << ",\"piecewise_runs\":" << st.piecewise_runs
+    << ",\"eval_arrays\":" << st.eval_arrays << ",\"walk_replays\":" << st.walk_replays << ",\"inputs_in_place\":" << st.inputs_in_place << ",\"outputs_in_place\":" << st.outputs_in_place << ",\"piecewise_runs\":" << st.piecewise_runs
     << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
     << ",\"empty_operand_runs\":" << st.empty_operand_runs
     << ",\"polled_evals\":" << st.polled_evals << ",\"after_short_evals\":" << st.after_short_evals

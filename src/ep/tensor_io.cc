@@ -134,8 +134,8 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
       counters.outputs_adopted++;
       continue;
     }
+    if (engine::holds_data_at(a, dst)) continue;  // already there (written in place)
     if (device_memory && db::owns(dst)) counters.outputs_copied++;
-    if (engine::holds_data_at(a, dst)) continue;  // already there
     // A kept graph's output anywhere, an evaluated one into a buffer in EP memory: one copy by
     // the driver (a copy as an MLX kernel, below, is a broadcast select, many times slower).
     const bool on_device = device_memory && db::owns(dst);

@@ -179,6 +179,13 @@ def test_llm_greedy_decode_with_kv_in_ep_memory(results):
         assert d["copies_h2d"] == 0
 
 
+def test_growing_buffers_reuse_memory(results):
+    # EP-memory buffers one row longer each step reuse freed ones (device_buffers.cc
+    # allocation_size): a decode loop's KV outputs do not take fresh, zeroed pages every step.
+    r = _ok(results, "growth")
+    assert r["distinct_buffers"] <= 8, r
+
+
 def test_llm_shared_kv_buffer_written_in_place(results):
     # genai's shared past/present buffer in EP memory: every present written into its own buffer
     # on the device (the tool checks the tokens against ORT's CPU EP in the same mode and that

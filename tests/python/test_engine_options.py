@@ -210,7 +210,7 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     report = tmp_path / "report.jsonl"
     sess = _session(model, log_level=3, report_path=str(report))
     kernels = []
-    for _ in range(10):  # 1 probe, 6 tuning calls, 3 with the kept trace
+    for _ in range(12):  # 1 probe, 8 tuning calls, 3 with the kept trace
         capfd.readouterr()
         (y,) = sess.run(None, feeds)
         np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
@@ -220,9 +220,12 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
     assert st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 1, st
     assert kernels[1] >= 1 and kernels[2] == 0, kernels  # the fused trace's first call, then the unfused one's
-    assert kernels[3:7] == [kernels[1], 0, kernels[1], 0], kernels  # the timed calls alternate
+    assert kernels[3:9] == [kernels[1], 0] * 3, kernels  # the timed calls alternate
     kept = kernels[1] if st["fusion_kept_fused"] else 0
-    assert kernels[7:] == [kept] * 3, (kernels, st)
+    assert kernels[9:] == [kept] * 3, (kernels, st)
+    # the unfused trace's walk kept at its second call, replayed at its last two turns, and at
+    # the three later runs if that trace is kept (the fused one's generated kernels: no walk)
+    assert st["walk_replays"] == (2 if st["fusion_kept_fused"] else 5), st
 
 
 @pytest.mark.parametrize("value", [1, 0])
