@@ -65,10 +65,11 @@ class RowKernelsScope {
 // model, ORT's CPU EP takes 4); this reads the 4-bit weights once, with AVX2 where the CPU has it,
 // split over threads. int8_blocks: x is first quantized to int8 per block and back (MatMulNBits
 // accuracy_level 4, as ORT's CPU EP computes it; the same arithmetic as the graph-level
-// fake_quant_int8_blocks, ~13 MLX ops fewer per product). std::nullopt when `s` is not a CPU stream or the shapes do not fit.
+// fake_quant_int8_blocks, ~13 MLX ops fewer per product). mid_zero: every zero point is 8 (none
+// given), zbias is not read. std::nullopt when `s` is not a CPU stream or the shapes do not fit.
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
                                        const mx::array& scales, const mx::array& zbias, int K,
-                                       int block, mx::Stream s, bool int8_blocks = false);
+                                       int block, mx::Stream s, bool int8_blocks = false, bool mid_zero = false);
 // The same product for two or more rows (a prompt, a batch of decode rows) with int8 blocks (accuracy_level 4) on a CPU
 // with AVX-512 VNNI, in blocks of 32 to 256: the rows quantized per block as MLAS does, integer
 // sums per block by vpdpbusd (the weight's codes, laid out once for the tiles, against the rows'),

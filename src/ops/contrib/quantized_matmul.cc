@@ -209,7 +209,7 @@ Outputs translate_matmul_nbits(OpContext& c) {
   const bool cpu_int4 = c.s.device == mx::Device::cpu && p.bits == 4 && !g_idx && ct == mx::float32;
   if (cpu_int4 && rows == 1)  // a decode step: the 4-bit row kernel on ORT's bytes
     row_kernel = cpu_int4_gemv(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s,
-                               int8_activations);
+                               int8_activations, !c.has(3));
   bool constant_weights = true;
   for (size_t i : weight_inputs) constant_weights = constant_weights && c.is_constant(i);
   if (!row_kernel && cpu_int4 && rows >= 2 && int8_activations && constant_weights &&
@@ -225,7 +225,7 @@ Outputs translate_matmul_nbits(OpContext& c) {
     std::vector<mx::array> parts;
     for (int r = 0; r < static_cast<int>(rows); ++r) {
       auto yr = cpu_int4_gemv(mx::slice(flat, {r, 0}, {r + 1, K}, c.s), packed, kernel_scales(), kernel_zbias(), K,
-                              static_cast<int>(p.block), c.s, int8_activations);
+                              static_cast<int>(p.block), c.s, int8_activations, !c.has(3));
       if (!yr) {
         parts.clear();
         break;
