@@ -1,13 +1,13 @@
 #include "engine/device_buffers.h"
 
 #include <algorithm>
-#include <bit>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 
 #include "engine/memory_guard.h"
+#include "kernels/cpu/buffers.h"
 
 namespace ortmlx::engine::device_buffers {
 
@@ -44,17 +44,6 @@ Registry* registry() {
 thread_local std::optional<mx::array> t_armed;
 thread_local void* t_taken = nullptr;
 
-// What a fresh allocation of `nbytes` asks MLX for: from 64 KiB, rounded up to an eighth of its
-// power of two. MLX's allocator reuses a freed buffer only for a request at most two pages
-// smaller, so a KV cache one row longer every step would take fresh (zeroed) pages from the OS
-// every step; rounded, the next steps' requests match the freed buffers until a boundary.
-size_t allocation_size(size_t nbytes) {
-  constexpr size_t kFrom = size_t{64} << 10;
-  if (nbytes < kFrom) return std::max<size_t>(nbytes, 1);
-  const size_t step = std::bit_floor(nbytes) / 8;
-  return (nbytes + step - 1) / step * step;
-}
-
 size_t bytes_of(const mx::Shape& shape, mx::Dtype dtype) {
   size_t n = dtype.size();
   for (auto d : shape) n *= static_cast<size_t>(std::max(d, 0));
@@ -79,7 +68,8 @@ void* allocate(size_t nbytes) {
     t_taken = p;
   } else {
     check_allocation(nbytes, "a buffer of the MLX EP's device allocator");
-    e.data = std::make_unique<mx::allocator::Data>(mx::allocator::malloc(allocation_size(nbytes)));
+    // (rounded up: KV buffers one row longer each step reuse the buffers freed before)
+    e.data = std::make_unique<mx::allocator::Data>(mx::allocator::malloc(ops::allocation_size(nbytes)));
     p = e.data->buffer().raw_ptr();
     if (!p) throw std::bad_alloc();
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -81,6 +82,13 @@ OutputBinding::~OutputBinding() {
   std::lock_guard<std::mutex> lock(b.mu);
   for (auto id : ids_) b.views.erase(id);
   b.live.fetch_sub(ids_.size(), std::memory_order_relaxed);
+}
+
+size_t allocation_size(size_t nbytes) {
+  constexpr size_t kFrom = size_t{64} << 10;
+  if (nbytes < kFrom) return std::max<size_t>(nbytes, 1);
+  const size_t step = std::bit_floor(nbytes) / 8;
+  return (nbytes + step - 1) / step * step;
 }
 
 void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {

@@ -53,6 +53,14 @@ class OutputBinding {
   std::vector<std::uintptr_t> ids_;
 };
 
+// The bytes to ask MLX's allocator for a buffer of `nbytes`: from 64 KiB, rounded up to an
+// eighth of its power of two. MLX's allocator reuses a freed buffer only for a request at most
+// two pages smaller, so an array one row longer every run (a decode step's KV cache) would take
+// fresh, zeroed pages from the OS every run; rounded, the next runs' requests match the buffer
+// freed before until a boundary. (Not for arrays in general: MLX views a row-contiguous buffer
+// as a Contiguous result, and donates one, only when it is at most 16 KiB larger than needed.)
+size_t allocation_size(size_t nbytes);
+
 // What every CPU kernel's eval_cpu does first: allocates `out`, or points it at the buffer it is
 // bound to (then dispatch_task, task.h).
 void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
