@@ -865,8 +865,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       // A warm signature's walk is kept for its later runs (while tuning, the unfused trace's:
       // its later turns replay it).
       const bool keep_walk = opt_.cpu_caller_eval && opt_.cpu_caller_replay && s.device == mx::Device::cpu &&
-                             !opt_.gpu && (!device_memory() || opt_.cpu_in_place_io) && (!tuning || use_unfused) &&
-                             !e.walk && !kept &&
+                             !opt_.gpu && !device_memory() && (!tuning || use_unfused) && !e.walk && !kept &&
                              e.compiled_calls >= kWalkAfterCalls;
       if (keep_walk) keep_next_walk();
       auto outs = eval_all(std::move(traced), kept.get());
