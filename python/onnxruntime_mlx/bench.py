@@ -68,8 +68,9 @@ def argparse_suppress():
 # Untimed runs before a prompt length is timed, for every system alike: the MLX EP compiles a
 # signature on its second run (a second prompt length of a session on its fourth: the first
 # run that reads the length on the host learns that it must key on it) and launches it as a
-# kept CUDA graph from its third compiled call on; ORT's CUDA EP plans its kernels per shape.
-PREFILL_WARMUP = 6
+# kept CUDA graph from its third compiled call on, or on the CPU device keeps one of two traces
+# after its first eight compiled calls (cpu_fuse=auto); ORT's CUDA EP plans its kernels per shape.
+PREFILL_WARMUP = 12
 
 
 def _median_time(fn, repeat: int, warmup: int) -> float:
