@@ -923,7 +923,7 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
         a.inputs()[0].shape() == a.shape() && a.inputs()[0].dtype() == a.dtype())
       a = a.inputs()[0];
     if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
-    if (ops::lowp::is_lowp(output_dtypes_[i]) || !seen.insert(a.id()).second) continue;
+    if (ops::lowp::is_lowp(output_dtypes_[i]) || a.nbytes() < kInPlaceMinBytes || !seen.insert(a.id()).second) continue;
     // Only a decode step's attention writes a present over its own past (a shared buffer bound
     // as both); with EP memory, other outputs are better adopted (asking for ORT's buffer
     // allocates it), except a kept walk's, which stay its own.

@@ -127,6 +127,8 @@ class Program final : public FusedProgram {
   // (`kept`: a kept walk's outputs, computed again by its replay); returns which, and where.
   // After the evaluation, count_in_place counts those that are there (the stats), and files a
   // present written over its own past buffer as rows written in place (RowUpdate::written).
+  // cpu_in_place_io: smaller tensors are copied (a copy costs less than the bookkeeping).
+  static constexpr size_t kInPlaceMinBytes = size_t{16} << 10;
   struct BoundOutput {
     size_t output;
     const void* dst;

@@ -432,7 +432,7 @@ mx::array Program::input_array(const HostTensor& t, ops::HostViews* views) const
     if (auto a = kernels::cuda::pinned_copy(t.data, ops::to_shape(t.shape), ops::mlx_dtype(t.dtype))) return *a;
   if (opt_.gpu || ops::lowp::is_lowp(t.dtype) || !t.data) return to_array(t);
   auto dtype = ops::mlx_dtype(t.dtype);
-  if (views)
+  if (views && nbytes_of(t) >= kInPlaceMinBytes)  // (smaller ones: a copy costs less than a view)
     if (auto a = views->view(t.data, ops::to_shape(t.shape), dtype)) return *a;
   // (Where MLX's allocator can wrap foreign memory, this is a view too; else a copy.)
   return mx::array(const_cast<void*>(t.data), ops::to_shape(t.shape), dtype, [](void*) {});

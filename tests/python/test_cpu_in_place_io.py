@@ -20,14 +20,15 @@ def _model():
              helper.make_node("Add", ["x", "x"], ["x2"]), helper.make_node("Exp", ["x2"], ["x3"]),
              helper.make_node("Neg", ["x3"], ["w"])]
     f = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
-    g = helper.make_graph(nodes, "g", [f("a", [1, 4, "t", 64]), f("b", [1, 4, 1, 64]), f("x", ["n"])],
+    g = helper.make_graph(nodes, "g", [f("a", [1, 4, "t", 1024]), f("b", [1, 4, 1, 1024]), f("x", ["n"])],
                           [f("y", None), f("z", None), f("w", None)])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 @pytest.mark.parametrize("in_place", [1, 0])
 def test_ort_buffers_read_and_written_in_place(in_place, tmp_path):
-    """Every run's three inputs are read in place and the concatenation is written into ORT's
+    """Every run's three inputs (each 16 KiB or more: smaller tensors are copied, which costs
+    less) are read in place and the concatenation is written into ORT's
     output (a new length each run, then one length kept and replayed); the inputs ORT hands in
     are never written (their numpy arrays are the very buffers); outputs equal numpy's. With
     cpu_in_place_io=0 inputs are copied and outputs copied out."""
@@ -39,9 +40,9 @@ def test_ort_buffers_read_and_written_in_place(in_place, tmp_path):
     rng = np.random.default_rng(0)
     lengths = list(range(5, 15)) + [20] * 30
     for t in lengths:
-        a = rng.standard_normal((1, 4, t, 64)).astype(np.float32)
-        b = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
-        x = rng.standard_normal(3000).astype(np.float32)
+        a = rng.standard_normal((1, 4, t, 1024)).astype(np.float32)
+        b = rng.standard_normal((1, 4, 1, 1024)).astype(np.float32)
+        x = rng.standard_normal(8192).astype(np.float32)
         kept = [a.copy(), b.copy(), x.copy()]
         y, z, w = s.run(None, {"a": a, "b": b, "x": x})
         for before, now in zip(kept, (a, b, x)):
