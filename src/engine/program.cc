@@ -923,11 +923,12 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
         a.inputs()[0].shape() == a.shape() && a.inputs()[0].dtype() == a.dtype())
       a = a.inputs()[0];
     if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
-    if (ops::lowp::is_lowp(output_dtypes_[i]) || a.nbytes() < kInPlaceMinBytes || !seen.insert(a.id()).second) continue;
     // Only a decode step's attention writes a present over its own past (a shared buffer bound
-    // as both); with EP memory, other outputs are better adopted (asking for ORT's buffer
-    // allocates it), except a kept walk's, which stay its own.
+    // as both), whatever its size; with EP memory, other outputs are better adopted (asking for
+    // ORT's buffer allocates it), except a kept walk's, which stay its own.
     const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
+    if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) || !seen.insert(a.id()).second)
+      continue;
     if (device_memory() && !kept && !gqa) continue;
     size_t nbytes = 0;  // ORT's tensor, in its element type
     auto* dst = static_cast<char*>(const_cast<void*>(tl_output_buffer(i, a, &nbytes)));
