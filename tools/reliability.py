@@ -83,6 +83,21 @@ def fp16_decoder_case():
     return "llama_fp16_prompt", model.SerializeToString(), feeds
 
 
+def gqa_decode_case():
+    """A decode step of onnxruntime-genai's int4 Llama (tests/models/llm/llama-int4: 4-bit
+    products, GroupQueryAttention over a growing cache of 200 rows): the CPU's decode kernels
+    (kernels/cpu/decode_attention.cc, int4_gemv.cc), inputs read and presents written in place
+    (kernels/cpu/buffers.h)."""
+    model = onnx.load(ROOT / "tests/models/llm/llama-int4/model.onnx")
+    past = 200
+    rng = np.random.default_rng(3)
+    feeds = {"input_ids": np.array([[42]], np.int64), "attention_mask": np.ones((1, past + 1), np.int64)}
+    for inp in model.graph.input:
+        if inp.name.startswith("past_key_values."):
+            feeds[inp.name] = rng.standard_normal((1, 2, past, 16)).astype(np.float32)
+    return "llama_int4_decode", model.SerializeToString(), feeds
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -121,6 +136,7 @@ def load_cases():
         cases.append((name, m.SerializeToString(), feeds))
     cases.append(shape_chain_case())
     cases.append(fp16_decoder_case())
+    cases.append(gqa_decode_case())
     cases.append(conv_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
