@@ -884,7 +884,6 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         else
           ++e.kept_tries;
       }
-
       if (tuning) tune_fusion(e, use_unfused, elapsed_ns(t_call));
       stats_.call_ns_compiled += call_ns;
       ++stats_.compiled_runs;
@@ -925,19 +924,18 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
     if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
     // Only a decode step's attention writes a present over its own past (a shared buffer bound
     // as both), whatever its size; with EP memory, other outputs are better adopted (asking for
-    // ORT's buffer allocates it), except a kept walk's, which stay its own.
+    // ORT's buffer allocates it).
     const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
-    if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) || !seen.insert(a.id()).second)
+    if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) ||
+        (device_memory() && !gqa) || !seen.insert(a.id()).second)
       continue;
-    if (device_memory() && !kept && !gqa) continue;
     size_t nbytes = 0;  // ORT's tensor, in its element type
     auto* dst = static_cast<char*>(const_cast<void*>(tl_output_buffer(i, a, &nbytes)));
     if (!dst || nbytes != a.nbytes()) continue;
     bool alias = false, overlap = false;
     for (const auto& t : raw) {
       const auto* p = static_cast<const char*>(t.data);
-      size_t n = t.kind == HostTensor::Kind::Tensor ? graph::dtype_size(t.dtype) : 0;
-      for (auto d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+      const size_t n = t.kind == HostTensor::Kind::Tensor ? nbytes_of(t) : 0;
       if (!p || !n || p >= dst + nbytes || dst >= p + n) continue;
       if (p == dst && n == nbytes) alias = true;
       else overlap = true;

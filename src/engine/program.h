@@ -33,6 +33,9 @@ namespace ortmlx::engine {
 
 namespace mx = mlx::core;
 
+// The bytes of a tensor's data (its dtype's size times its elements).
+size_t nbytes_of(const HostTensor& t);
+
 // Engine-private: src/ep sees a Program only as an engine::FusedProgram (engine.h).
 class Program final : public FusedProgram {
  public:

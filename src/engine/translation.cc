@@ -77,12 +77,6 @@ bool shape_only_op(const graph::Node& n) {
          (n.op_type == "Shape" || n.op_type == "Size" || n.op_type == "SequenceLength");
 }
 
-size_t nbytes_of(const HostTensor& t) {
-  size_t n = graph::dtype_size(t.dtype);
-  for (auto d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
-  return n;
-}
-
 std::string shape_str(const mx::array& a) {
   std::string s = "[";
   for (size_t i = 0; i < a.shape().size(); ++i) s += (i ? "," : "") + std::to_string(a.shape()[i]);
@@ -404,6 +398,12 @@ std::vector<ops::Value> Program::run_plan(const Plan& p, std::vector<ops::Value>
     if (!top) run.note(*slots[sl], taint[sl]);  // the translator may pass it on (Loop state)
   }
   return result;
+}
+
+size_t nbytes_of(const HostTensor& t) {
+  size_t n = graph::dtype_size(t.dtype);
+  for (auto d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+  return n;
 }
 
 Layout Program::layout_of(const std::vector<HostTensor>& raw) {

@@ -41,18 +41,16 @@ bool HostViews::supported() {
 
 std::optional<mx::array> HostViews::view(const void* data, const mx::Shape& shape, mx::Dtype dtype) {
   if (!data || !supported()) return std::nullopt;
+  mx::array v(shape, dtype, nullptr, {});
   auto* header = static_cast<size_t*>(std::malloc(sizeof(size_t)));
   if (!header) return std::nullopt;
-  size_t nbytes = mx::size_of(dtype);
-  for (auto d : shape) nbytes *= static_cast<size_t>(d);
-  *header = nbytes;  // what MLX's view tests (Contiguous) read as the buffer's size
+  *header = v.nbytes();  // what MLX's view tests (Contiguous) read as the buffer's size
   mx::array anchor(mx::allocator::Data(mx::allocator::Buffer{header},
                                        [](mx::allocator::Buffer b) { std::free(b.ptr()); }),
                    mx::Shape{1}, mx::uint8);
   const auto offset = reinterpret_cast<std::intptr_t>(data) - reinterpret_cast<std::intptr_t>(anchor.data<char>());
   const auto item = static_cast<std::intptr_t>(mx::size_of(dtype));
   if (offset % item != 0) return std::nullopt;
-  mx::array v(shape, dtype, nullptr, {});
   mx::Strides strides(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
   const size_t n = v.size();
