@@ -70,6 +70,7 @@ struct Options {
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
+  bool cpu_patch_deconv = true;    // on the CPU, 2-D float32 ConvTranspose with kernel = stride as the EP's kernel
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul
   bool int4_dequantize_kernel = true;  // ... dequantized by the EP's CUDA kernel (0: MLX's dequantize)
   // on the GPU, a decode step's attention over a shared KV buffer in blocks of this many rows a

@@ -185,7 +185,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
       {opt_.fused_rotary, opt_.zero_bias, opt_.grouped_kv, opt_.cpu_gemv, opt_.gpu_kernels,
        opt_.gpu_kernels && opt_.fused_skip_norm, opt_.gpu_kernels && opt_.fused_gqa_step, opt_.flat_products,
        opt_.cpu_dnnl, opt_.cpu_dnnl_min_flops, opt_.cpu_dnnl_parallel_min_flops, opt_.int4_dense_rows,
-       opt_.int4_dequantize_kernel, opt_.cpu_dnnl_matmul, opt_.cpu_dnnl_blocked, opt_.cpu_depthwise, opt_.gpu_attention_split_rows,
+       opt_.int4_dequantize_kernel, opt_.cpu_dnnl_matmul, opt_.cpu_dnnl_blocked, opt_.cpu_depthwise, opt_.cpu_patch_deconv, opt_.gpu_attention_split_rows,
        opt_.cpu_avx512, opt_.cpu_packed_matmul, opt_.cpu_caller_eval, opt_.cpu_int4_gemm, opt_.cpu_attention,
        opt_.fused_gqa_step});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).

@@ -31,9 +31,10 @@ class Fuser {
   // Fuses the steps after `conv`; returns how many nodes went.
   int fuse(Node& conv) {
     const size_t max_rank = conv_rank(conv);
+    std::vector<size_t> taken;
+    const int folded = fold_channel_affine(conv, taken);
     std::string v = conv.outputs[0];
     std::vector<ConvActivation> steps;
-    std::vector<size_t> taken;
     std::string residual;
     for (;;) {
       if (kept_.count(v)) break;
@@ -45,8 +46,8 @@ class Fuser {
       if (!next) break;
       v = *next;
     }
-    if (steps.empty()) return 0;
     for (size_t i : taken) gone_[i] = true;
+    if (steps.empty()) return folded;
     conv.outputs[0] = v;
     if (!residual.empty()) {
       conv.inputs.resize(3);  // (an absent bias stays "")
@@ -68,6 +69,93 @@ class Fuser {
   const std::vector<bool>& gone() const { return gone_; }
 
  private:
+  // The M per-channel values of a float constant that multiplies or adds to a Conv output of
+  // rank `rank` without broadcasting it further: one element, or [.., M, 1.., 1] with the M on
+  // the channel axis.
+  std::optional<std::vector<double>> channel_values(const std::string& name, int64_t m, size_t rank) const {
+    const ConstTensor* t = g_.constant(name);
+    if (!t || !is_float(t->dtype) || t->transposed || t->shape.size() > rank) return std::nullopt;
+    if (t->numel() == 1) return std::vector<double>(static_cast<size_t>(m), t->float_at(0));
+    const size_t r = t->shape.size();
+    if (r + 1 < rank || t->numel() != m) return std::nullopt;
+    const size_t axis = r - (rank - 1);  // the channel axis, counted in t's own dims
+    for (size_t d = 0; d < r; ++d)
+      if (t->shape[d] != (d == axis ? m : 1)) return std::nullopt;
+    return t->to_floats();
+  }
+
+  // BatchNormalization (inference, constant statistics), Mul and Add by per-channel constants
+  // right after a Conv with a constant float32 weight go into a new weight and bias (y * s + t:
+  // W * s per output channel, b * s + t), as ORT's Conv-BN, Conv-Mul and Conv-Add fusions do:
+  // each would otherwise be a pass over the activations (or a reorder around a blocked output).
+  // Returns how many nodes went (listed in `taken`).
+  int fold_channel_affine(Node& conv, std::vector<size_t>& taken) {
+    const ConstTensor* w = g_.constant(conv.inputs[1]);
+    if (!w || w->dtype != DType::Float32 || w->transposed || w->shape.size() < 3 || w->shape[0] < 1) return 0;
+    const ConstTensor* b = conv.has_input(2) ? g_.constant(conv.inputs[2]) : nullptr;
+    if (conv.has_input(2) && (!b || b->dtype != DType::Float32 || b->numel() != w->shape[0])) return 0;
+    const int64_t m = w->shape[0];
+    const size_t rank = w->shape.size();
+    std::vector<double> scale(static_cast<size_t>(m), 1.0), shift(static_cast<size_t>(m), 0.0);
+    std::string v = conv.outputs[0];
+    int folded = 0;
+    for (;;) {
+      const auto& r = readers(v);
+      if (kept_.count(v) || r.size() != 1) break;
+      const Node& n = g_.nodes[r[0]];
+      if (is(n, "BatchNormalization", 5) && n.attr_int("training_mode", 0) == 0 && n.inputs[0] == v) {
+        std::vector<std::vector<double>> p;  // scale, B, mean, var: [M] each
+        for (size_t i = 1; i < 5; ++i)
+          if (const ConstTensor* t = g_.constant(n.inputs[i]); t && is_float(t->dtype) && t->shape == std::vector<int64_t>{m})
+            p.push_back(t->to_floats());
+        if (p.size() != 4) break;
+        const double eps = n.attr_float("epsilon", 1e-5f);
+        for (size_t k = 0; k < scale.size(); ++k) {
+          const double f = p[0][k] / std::sqrt(p[3][k] + eps);  // scale / sqrt(var + eps)
+          scale[k] *= f;
+          shift[k] = (shift[k] - p[2][k]) * f + p[1][k];
+        }
+      } else if (is(n, "Mul", 2) || is(n, "Add", 2)) {
+        if (n.inputs[0] == n.inputs[1]) break;
+        const std::string& other = n.inputs[0] == v ? n.inputs[1] : n.inputs[0];
+        auto c = channel_values(other, m, rank);
+        if (!c) break;
+        for (size_t k = 0; k < scale.size(); ++k) {
+          if (n.op_type == "Mul") scale[k] *= (*c)[k], shift[k] *= (*c)[k];
+          else shift[k] += (*c)[k];
+        }
+      } else {
+        break;
+      }
+      taken.push_back(n.index);
+      v = n.outputs[0];
+      ++folded;
+    }
+    if (!folded) return 0;
+    for (size_t k = 0; k < scale.size(); ++k)
+      if (!std::isfinite(scale[k]) || !std::isfinite(shift[k])) {
+        taken.resize(taken.size() - static_cast<size_t>(folded));
+        return 0;
+      }
+    const int64_t per = w->numel() / m;
+    std::vector<float> w2(static_cast<size_t>(w->numel())), b2(static_cast<size_t>(m));
+    for (int64_t k = 0; k < m; ++k) {
+      const double s = scale[static_cast<size_t>(k)];
+      for (int64_t j = 0; j < per; ++j)
+        w2[static_cast<size_t>(k * per + j)] = static_cast<float>(w->float_at(static_cast<size_t>(k * per + j)) * s);
+      b2[static_cast<size_t>(k)] = static_cast<float>((b ? b->float_at(static_cast<size_t>(k)) : 0.0) * s +
+                                                      shift[static_cast<size_t>(k)]);
+    }
+    const std::string base = conv.name + "/ortmlx_folded_affine";
+    g_.constants[base + "/w"] = ConstTensor::from_bytes(DType::Float32, w->shape, w2.data(), w2.size() * sizeof(float));
+    g_.constants[base + "/b"] = ConstTensor::from_bytes(DType::Float32, {m}, b2.data(), b2.size() * sizeof(float));
+    conv.inputs.resize(std::max<size_t>(conv.inputs.size(), 3));
+    conv.inputs[1] = base + "/w";
+    conv.inputs[2] = base + "/b";
+    conv.outputs[0] = v;
+    return folded;
+  }
+
   const std::vector<size_t>& readers(const std::string& v) const {
     static const std::vector<size_t> none;
     auto it = readers_.find(v);

@@ -32,6 +32,9 @@ struct TranslationSwitches {
   // 2-D float32 depthwise convolutions as the EP's kernel over NCHW (kernels/cpu/depthwise.cc),
   // unless their input is a oneDNN convolution's blocked output
   bool cpu_depthwise = true;
+  // 2-D float32 ConvTranspose whose kernel equals its stride as the EP's kernel over NCHW
+  // (kernels/cpu/patch_deconv.cc)
+  bool cpu_patch_deconv = true;
   // a shared-buffer decode step's attention splits the buffer's rows into blocks of this many
   // (kernels/cuda/decode_attention.h; 0: one block a head)
   int gpu_attention_split_rows = 128;

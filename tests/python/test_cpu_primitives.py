@@ -31,10 +31,11 @@ def _init(name, array):
     return onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
 
 
-def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, **options):
+def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimized=False, **options):
     """Runs a graph of `nodes` (inputs `feeds`, declared with their shapes or `shapes[name]`,
     output "y") on the MLX EP's CPU device and on ORT's CPU EP, asserts the outputs agree, and
-    returns the MLX primitives of the EP's last run (log_level=3)."""
+    returns the MLX primitives of the EP's last run (log_level=3). `unoptimized`: ORT's graph
+    optimizations off for the EP's session (its own fusions would rewrite the nodes first)."""
     import onnxruntime_mlx as om
     shapes = shapes or {}
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, shapes.get(k, list(v.shape))) for k, v in feeds.items()]
@@ -42,7 +43,10 @@ def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, **options)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model = model.SerializeToString()
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    sess = ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, log_level=3, **options))
+    so = om.session_options("cpu", fallback=False, log_level=3, **options)
+    if unoptimized:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model, sess_options=so)
     capfd.readouterr()
     for _ in range(runs):
         (got,) = sess.run(None, feeds)
@@ -175,26 +179,31 @@ def test_densenet_layer_stays_blocked(first, capfd):
     assert prims.get("DnnlBlock", 0) == (1 if first == "MaxPool" else 0), prims
 
 
-@pytest.mark.parametrize("pool", [dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
-                                  dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
-                                  dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2])])
+@pytest.mark.parametrize("op,pool", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 2], ceil_mode=1))])
 @pytest.mark.parametrize("channels", [(16, 8), (64, 24)])
-def test_max_pool_of_blocked_outputs_stays_blocked(pool, channels, capfd):
-    """Max pooling of a concatenation of convolutions' blocked outputs (inception's pool branch)
-    pools the blocked buffer into the same layout (cpu_dnnl_blocked_max_pool), and the next
-    convolution takes it as it is: the only unblocking is the graph output's. Windows with
-    padding, ceil mode's partial windows and dilation; 24 and 88 channels (channels-last on
-    AVX-512 machines: 16-lane blocks and a rest). Outputs equal ORT's CPU EP."""
+def test_pool_of_blocked_outputs_stays_blocked(op, pool, channels, capfd):
+    """Max and average pooling of a concatenation of convolutions' blocked outputs (inception's
+    pool branches) pool the blocked buffer into the same layout (cpu_dnnl_blocked_pool), and the
+    next convolution takes it as it is: the only unblocking is the graph output's. Windows with
+    padding (counted in the average or not), ceil mode's partial windows and dilation; 24 and 88
+    channels (channels-last on AVX-512 machines: 16-lane blocks and a rest). Outputs equal ORT's
+    CPU EP. Broken by an average divided by the wrong window's count or a lane past the block."""
     rng = np.random.default_rng(31)
     ca, cb = channels
     x = rng.standard_normal((1, 8, 13, 11)).astype(np.float32)
     inits = [_init("w1", rng.standard_normal((ca, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((cb, 8, 3, 3)) * 0.3),
              _init("w3", rng.standard_normal((16, ca + cb, 1, 1)) * 0.3)]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
-             helper.make_node("Concat", ["a", "b"], ["c"], axis=1), helper.make_node("MaxPool", ["c"], ["p"], **pool),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1), helper.make_node(op, ["c"], ["p"], **pool),
              helper.make_node("Conv", ["p", "w3"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5)
-    assert prims.get("DnnlBlockedMaxPool") == 1 and prims.get("DnnlUnblock") == 1, prims
+    assert prims.get("DnnlBlockedPool") == 1 and prims.get("DnnlUnblock") == 1, prims
 
 
 def test_residual_of_a_per_channel_map_and_a_convolution(capfd):
@@ -446,14 +455,16 @@ def test_cpu_kernels_share_openmps_threads(env, tmp_path):
 
 
 @pytest.mark.parametrize("channels", [16, 24])
-def test_steps_after_the_post_ops_stay_blocked(channels, capfd):
+def test_affine_steps_fold_into_the_convolution(channels, capfd):
     """PP-LCNet's block: Conv, a scalar affine, HardSwish (as Add, Clip, Mul, Div), another scalar
-    affine, Conv. oneDNN takes the first affine and the HardSwish as post-ops but not the second
-    affine (a linear post-op repeated with other constants); that step runs on the convolution's
-    blocked buffer, so the next convolution reads it blocked and the one unblocking evaluated is
-    the model's output's. 24 channels: channels-last on AVX-512 machines, a partial nChw16c block
-    (unblocked as before) elsewhere. Outputs equal ORT's CPU EP. Broken by the steps applied after
-    the unblocking again."""
+    affine, Conv. oneDNN 2.6 cannot take both affines as post-ops (a linear post-op repeated with
+    other constants computes with the first one's), so the first goes into the convolution's
+    weight and bias (as ORT's Conv-Mul and Conv-Add fusions do) and HardSwish and the second
+    affine are its post-ops: no elementwise primitive is left, the next convolution reads the
+    output blocked and the one unblocking evaluated is the model's output's. 24 channels:
+    channels-last on AVX-512 machines, a partial nChw16c block (unblocked as before) elsewhere.
+    Outputs equal ORT's CPU EP. Broken by the first affine left as a post-op (the second then
+    runs as MLX's Multiply and Add) or folded with the wrong constants."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, channels, 20, 20)).astype(np.float32)
     inits = [_init("w1", rng.standard_normal((channels, channels, 3, 3)) * 0.1),
@@ -468,8 +479,67 @@ def test_steps_after_the_post_ops_stay_blocked(channels, capfd):
              helper.make_node("Conv", ["l2", "w2"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4)
     assert prims.get("DnnlConvBlocked") == 2, prims
+    assert "Multiply" not in prims and "Add" not in prims, prims
     if channels % 16 == 0 or CHANNELS_LAST:
         assert prims.get("DnnlUnblock") == 1, prims
+
+
+@pytest.mark.parametrize("groups,bias,spatial", [(1, True, False), (1, False, False), (4, True, False), (1, True, True)])
+def test_channel_affine_folds_into_the_convolution(groups, bias, spatial, capfd):
+    """Conv, BatchNormalization (constant statistics), Mul and Add by per-channel constants
+    ([C, 1, 1]; a scalar), Relu (inception's and most exported CNNs' blocks): the BN, Mul and Add
+    go into the convolution's weight and bias (graph/fuse_conv_activation), as ORT's Conv-BN,
+    Conv-Mul and Conv-Add fusions do, and the Relu is a post-op: the convolution is the one
+    primitive computing (oneDNN's, or the pointwise kernel for groups). A Mul by a [1, H, W]
+    constant scales positions, not channels, and stays a Multiply. Outputs equal ORT's CPU EP.
+    Broken by a scale applied to the wrong output channel or the BN's mean left out."""
+    rng = np.random.default_rng(11 + groups)
+    C, M, H, W = 16 * groups, 32, 12, 12  # (16 input channels a group: the pointwise kernel's least)
+    x = rng.standard_normal((1, C, H, W)).astype(np.float32)
+    k = 1 if groups > 1 else 3
+    inits = [_init("w", rng.standard_normal((M, C // groups, k, k)) * 0.2),
+             _init("s", rng.uniform(0.5, 2, M)), _init("bb", rng.standard_normal(M)),
+             _init("mu", rng.standard_normal(M)), _init("var", rng.uniform(0.5, 2, M)),
+             _init("m", rng.uniform(0.5, 1.5, (1, H, W)) if spatial else rng.uniform(0.5, 1.5, (M, 1, 1))),
+             _init("a", rng.standard_normal((M, 1, 1))), _init("half", 0.5)]
+    if bias:
+        inits.append(_init("b", rng.standard_normal(M)))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"], group=groups,
+                              pads=[k // 2] * 4),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["n"], epsilon=1e-3),
+             helper.make_node("Mul", ["m", "n"], ["p"]), helper.make_node("Add", ["p", "a"], ["q"]),
+             helper.make_node("Mul", ["q", "half"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, unoptimized=True)
+    conv = "PointwiseConv" if groups > 1 else "DnnlConvBlocked"
+    assert prims.get(conv) == 1, prims
+    elementwise = [p for p in prims if p.startswith("Compiled") or p in ("Multiply", "Add", "Maximum")]
+    if spatial:
+        assert elementwise, prims
+    else:
+        assert not elementwise, prims
+
+
+@pytest.mark.parametrize("batch,cin,cout,k,hw,bias", [
+    (1, 24, 24, (2, 2), (9, 21), True), (1, 24, 1, (2, 2), (16, 16), True), (2, 5, 3, (2, 2), (7, 40), False),
+    (1, 8, 19, (2, 2), (3, 33), True), (1, 6, 4, (3, 3), (5, 7), True), (2, 4, 2, (1, 2), (4, 6), False),
+    (1, 3, 2, (2, 3), (5, 18), True)])
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_patch_deconvolution_is_the_eps_kernel(batch, cin, cout, k, hw, bias, avx512, capfd):
+    """A 2-D ConvTranspose whose kernel equals its stride (a DB head's or a U-Net's upsampling)
+    runs as one PatchDeconv over NCHW (kernels/cpu/patch_deconv.cc): eight, two and one output
+    rows a pass with AVX-512 for kw = 2 (columns in blocks of 16 and a masked remainder), the
+    scalar loop otherwise; with bias or without, batched. Outputs equal ORT's CPU EP; with
+    cpu_patch_deconv=0 the kernel is not used. Broken by a wrong interleave of a patch's columns
+    or a wrong weight index."""
+    rng = np.random.default_rng(cin * 7 + cout)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"] if bias else ["x", "w"], ["y"], kernel_shape=list(k),
+                              strides=list(k))]
+    inits = [_init("w", rng.standard_normal((cin, cout) + k))] + ([_init("b", rng.standard_normal(cout))] if bias else [])
+    x = rng.standard_normal((batch, cin) + hw).astype(np.float32)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_avx512=avx512)
+    assert prims.get("PatchDeconv") == 1 and "Transpose" not in prims, prims
+    off = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_patch_deconv=0)
+    assert "PatchDeconv" not in off, off
 
 
 def test_squeeze_excitation_reads_the_blocked_output(capfd):

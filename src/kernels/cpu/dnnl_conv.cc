@@ -477,16 +477,17 @@ class DnnlBlock : public PlanPrimitive {
   const char* name() const override { return "DnnlBlock"; }
 };
 
-// Max pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding; channels-last
-// is b = C) into the same layout ([N][C / b][OH][OW][b]), the same arithmetic as cpu_pool_2d's
-// max: positions outside the input take no part (an all-outside window gives -inf) and a NaN
-// propagates.
+// Max or average pooling of a channel-blocked buffer ([N][C / b][H][W][b], no channel padding;
+// channels-last is b = C) into the same layout ([N][C / b][OH][OW][b]), the same arithmetic as
+// cpu_pool_2d's: positions outside the input take no part (an all-outside max window gives -inf)
+// and a NaN propagates through a max; an average sums each window row's taps, then the rows, in
+// cpu_pool_2d's order, and divides by count_h[oh] * count_w[ow].
 struct BlockedPoolParams {
   CpuPool2d g;
   std::array<int64_t, 4> dims;  // planes (N * C / b), H, W, b
   bool operator==(const BlockedPoolParams&) const = default;
 };
-class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
+class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
   // fn(position) for each window position of output (oh, ow) inside the H x W input, position
   // counted in the plane's row-major order.
   template <typename Fn>
@@ -582,14 +583,56 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
     }
   }
 
+  // The average form of pool_rows (any block, 16 lanes at a time).
+  static void average_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
+                           int64_t r1) {
+    const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
+    constexpr int64_t L = 16;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t p = r / OH, oh = r % OH;
+      const float* x = xp + p * H * W * B;
+      float* y = yp + (p * OH + oh) * OW * B;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const float div = g.count_h[static_cast<size_t>(oh)] * g.count_w[static_cast<size_t>(ow)];
+        for (int64_t c0 = 0; c0 < B; c0 += L) {
+          const int64_t n = std::min(L, B - c0);
+          float acc[L] = {};
+          for (int i = 0; i < g.kernel_h; ++i) {
+            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+            if (ih < 0 || ih >= H) continue;
+            float row[L] = {};
+            for (int j = 0; j < g.kernel_w; ++j) {
+              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+              if (iw < 0 || iw >= W) continue;
+              const float* v = x + (ih * W + iw) * B + c0;
+              if (n == L)
+                for (int64_t c = 0; c < L; ++c) row[c] += v[c];
+              else
+                for (int64_t c = 0; c < n; ++c) row[c] += v[c];
+            }
+            for (int64_t c = 0; c < L; ++c) acc[c] += row[c];
+          }
+          float* o = y + ow * B + c0;
+          for (int64_t c = 0; c < n; ++c) o[c] = acc[c] / div;
+        }
+      }
+    }
+  }
+
  public:
   using PlanPrimitiveWith::PlanPrimitiveWith;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlBlockedMaxPool] input must be row-contiguous");
+    if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlBlockedPool] input must be row-contiguous");
     begin_output(inputs, out, stream());
     dispatch_task(stream(), [xp = inputs[0].data<float>(), yp = out.data<float>(), g = p_.g, d = p_.dims] {
       const int64_t planes = d[0];
+      if (!g.max) {
+        const int64_t rows = planes * g.out_h;
+        cpu_parallel_for(rows, std::min<int64_t>(cpu_threads(), rows),
+                         [&](int64_t r0, int64_t r1) { average_rows(xp, yp, g, d, r0, r1); });
+        return;
+      }
       if (d[3] != 8 && d[3] != 16) {
         const int64_t rows = planes * g.out_h;
         cpu_parallel_for(rows, std::min<int64_t>(cpu_threads(), rows),
@@ -604,7 +647,7 @@ class DnnlBlockedMaxPool : public PlanPrimitiveWith<BlockedPoolParams> {
       });
     });
   }
-  const char* name() const override { return "DnnlBlockedMaxPool"; }
+  const char* name() const override { return "DnnlBlockedPool"; }
 };
 
 // A plan that only describes a layout: `tag` for `dims` as dst_md, the plain layout, and the
@@ -798,9 +841,9 @@ std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::St
   return mx::reshape(mx::mean(bb->view, 2, true, s), {x.shape(0), x.shape(1), 1, 1}, s);
 }
 
-std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
-  if (!g.max || s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || g.out_h <= 0 ||
-      g.out_w <= 0)
+std::optional<mx::array> cpu_dnnl_blocked_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s) {
+  if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || g.out_h <= 0 || g.out_w <= 0 ||
+      (!g.max && (g.count_h.size() != static_cast<size_t>(g.out_h) || g.count_w.size() != static_cast<size_t>(g.out_w))))
     return std::nullopt;
   const DnnlUnblock* u = unblocking(x);
   if (!u) return std::nullopt;
@@ -815,7 +858,7 @@ std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const Cpu
   const mx::Shape view{static_cast<int>(x.shape(0)), static_cast<int>(C / block), g.out_h * g.out_w,
                        static_cast<int>(block)};
   auto pooled = mx::array(view, mx::float32,
-                          std::make_shared<DnnlBlockedMaxPool>(
+                          std::make_shared<DnnlBlockedPool>(
                               s, plan, BlockedPoolParams{g, {planes, x.shape(2), x.shape(3), block}}),
                           {x.inputs()[0]});
   return mx::array(mx::Shape{x.shape(0), static_cast<int>(C), g.out_h, g.out_w}, mx::float32,
@@ -925,7 +968,7 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
   return std::nullopt;
 }
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
-std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array&, const CpuPool2d&, mx::Stream) { return std::nullopt; }
+std::optional<mx::array> cpu_dnnl_blocked_pool(const mx::array&, const CpuPool2d&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,
                                                       const std::function<mx::array(const std::vector<mx::array>&)>&,

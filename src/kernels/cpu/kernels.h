@@ -190,6 +190,16 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
                                             int groups, bool relu, bool parallel, bool constant_weight,
                                             mx::Stream s, const std::optional<mx::array>& residual = std::nullopt);
 
+// A 2-D ConvTranspose whose kernel equals its stride (no padding, dilation 1, one group) of
+// float32 NCHW `x` as it lies, `w` [C, O, kh, kw] (ONNX's layout): each input position becomes
+// its own kh x kw patch of every output channel, y[n, o, i*kh + a, j*kw + b] = bias[o] +
+// sum_c w[c, o, a, b] x[n, c, i, j], written straight into NCHW; input rows split over the
+// threads with `parallel`. Why: oneDNN's deconvolution takes a 16-channel blocked layout (a
+// one-channel output computed 16 times) and reorders around it; MLX's CPU backend dilates the
+// input. std::nullopt off the CPU, for other dtypes or shapes, with the CPU kernels off.
+std::optional<mx::array> cpu_patch_deconv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                                          bool parallel, mx::Stream s);
+
 // A 2-D depthwise convolution (groups = channels, one output channel each) of float32 NCHW `x`
 // as it lies, `w` [C, 1, kh, kw]: per channel plane, each output row accumulated tap by tap
 // over the columns whose input lies inside the row (8 at a time with AVX2, strides 1 and 2),
@@ -340,11 +350,11 @@ struct CpuPool2d {
   bool operator==(const CpuPool2d&) const = default;
 };
 std::optional<mx::array> cpu_pool_2d(const mx::array& x, const CpuPool2d& g, mx::Stream s);
-// The same max pooling of a convolution's blocked output (or a concatenation or per-channel map
-// of such; 4-D, channels a multiple of the layout's block) on its blocked buffer, into the same
-// layout under a new unblocking: a following convolution takes it as it is (inception's pool
-// branch, squeezenet's pools between fire modules). std::nullopt otherwise.
-std::optional<mx::array> cpu_dnnl_blocked_max_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s);
+// The same pooling (max or average) of a convolution's blocked output (or a concatenation or
+// per-channel map of such; 4-D, channels a multiple of the layout's block) on its blocked buffer,
+// into the same layout under a new unblocking: a following convolution takes it as it is
+// (inception's pool branches, squeezenet's pools between fire modules). std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_blocked_pool(const mx::array& x, const CpuPool2d& g, mx::Stream s);
 // The per-channel mean over the positions of a convolution's blocked output (GlobalAveragePool:
 // an SE block's squeeze), read from its blocked buffer, as [N, C, 1, 1]: the output then needs no
 // unblocking when its other readers take the blocked buffer too (the SE block's rescaling, a

@@ -16,8 +16,8 @@ bool is_cpu_kernel(std::string_view name) {
   static const std::unordered_set<std::string_view> kNames = {
       "RowGemv", "Int4RowGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
       "DnnlConv", "DnnlConvBlocked", "DnnlUnblock", "DnnlBlockedConcat", "DnnlBlock",
-      "DnnlBlockedMaxPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
-      "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap", "FusedAttention", "Int4GemmVnni", "DecodeGqa"};
+      "DnnlBlockedPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
+      "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap", "FusedAttention", "Int4GemmVnni", "DecodeGqa", "PatchDeconv"};
   return kNames.count(name) != 0;
 }
 

@@ -227,8 +227,7 @@ std::optional<mx::array> cpu_pool(const mx::array& x, const Window& w, bool max,
   g.pad_left = static_cast<int>(w.lo[1]);
   g.out_h = static_cast<int>(w.out[0]);
   g.out_w = static_cast<int>(w.out[1]);
-  if (max)  // a convolution's blocked output stays blocked
-    if (auto y = cpu_dnnl_blocked_max_pool(x, g, s)) return y;
+  if (auto y = cpu_dnnl_blocked_pool(x, g, s)) return y;  // a convolution's blocked output stays blocked
   return cpu_pool_2d(x, g, s);
 }
 
