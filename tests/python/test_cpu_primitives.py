@@ -98,7 +98,7 @@ def test_row_kernels_read_views_in_place(op, kernel, capfd):
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("groups,cin,cout,hw", [(4, 64, 20, (9, 7)), (3, 54, 21, (5, 3)), (1, 16, 13, (17, 1)),
-                                                (2, 136, 136, (14, 14))])
+                                                (2, 136, 136, (14, 14)), (4, 24, 112, (11, 13))])
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid", None])
 @pytest.mark.parametrize("avx512", [1, 0])
 def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, avx512, capfd):
@@ -107,8 +107,9 @@ def test_pointwise_conv_is_one_primitive(batch, groups, cin, cout, hw, act, avx5
     AVX-512 where the CPU has it and cpu_avx512=1, masked at the edges), its bias and a Relu
     after it inside: one primitive, where MLX's form was reshapes
     around a batched product. Output channels not a multiple of 6 and positions not a multiple
-    of 16 take the edge tiles (groups of fewer than 16 input channels stay MLX's product, see
-    test_grouped_pointwise_conv_has_no_weight_views). Outputs equal ORT's CPU EP."""
+    of 16 take the edge tiles; shufflenet's first grouped layer has 6 input channels a group
+    (groups of fewer than 4 stay MLX's product, see test_grouped_pointwise_conv_has_no_weight_views).
+    Outputs equal ORT's CPU EP."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((batch, cin, *hw)).astype(np.float32)
     inits = [_init("w", rng.standard_normal((cout, cin // groups, 1, 1))), _init("b", rng.standard_normal(cout))]
@@ -255,7 +256,7 @@ def test_pointwise_conv_weight_fed_each_run_is_read_each_run():
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_grouped_pointwise_conv_has_no_weight_views(batch, capfd):
-    """A grouped 1x1 convolution of fewer than 16 input channels a group runs as one batched
+    """A grouped 1x1 convolution of fewer than 4 input channels a group runs as one batched
     product over NCHW (nn.cc, pointwise_conv_as_product) with its weight and bias reshaped once
     per program, and a single image without a batch axis, so no Broadcast of the weight: x's
     reshape, the product, the result's reshape and the bias add remain. Outputs equal ORT's CPU

@@ -179,9 +179,10 @@ uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 // it as reshapes around a batched product, one OpenBLAS call per group (small calls, whose
 // threads then spin), and each reshape is a primitive every run. 6 x 16 register tiles where
 // the CPU has AVX2. std::nullopt off the CPU, for other dtypes or shapes, and under
-// kPointwiseMinDepth input channels a group (a tile's loads and stores then outweigh its sums:
-// shufflenet's 6-channel groups ran 1.7x OpenBLAS's time).
-inline constexpr int64_t kPointwiseMinDepth = 16;
+// kPointwiseMinDepth input channels a group (a tile's loads and stores then outweigh its sums).
+// Shufflenet's 6-channel groups take the kernel: alone slower than OpenBLAS's sgemm, but that
+// call leaves OpenBLAS's worker spinning beside the OpenMP threads for the rest of the run.
+inline constexpr int64_t kPointwiseMinDepth = 4;
 // `constant_weight`: `w` is a constant of the graph, whose buffer keeps its contents, so the
 // kernel's layout of it is made once (else on every run). `residual` (the output's shape): added
 // to each output in the tiles before the Relu (a residual block's Add after its last
