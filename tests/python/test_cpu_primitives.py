@@ -485,6 +485,28 @@ def test_affine_steps_fold_into_the_convolution(channels, capfd):
         assert prims.get("DnnlUnblock") == 1, prims
 
 
+@pytest.mark.parametrize("scales,attrs,hw", [
+    ((1, 1, 2, 2), {}, (10, 40)), ((1, 1, 2, 2), dict(coordinate_transformation_mode="half_pixel"), (7, 21)),
+    ((1, 1, 3, 2), dict(coordinate_transformation_mode="asymmetric", nearest_mode="floor"), (5, 9)),
+    ((1, 1, 2, 3), {}, (4, 33)), ((1, 1, 1.5, 2), {}, (6, 8))])
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_nearest_upsampling_is_the_eps_kernel(scales, attrs, hw, avx512, capfd):
+    """Resize in nearest mode by whole factors of H and W (an FPN's or a DB neck's upsampling)
+    runs as one NearestUpsample over NCHW (kernels/cpu/upsample.cc: 16 inputs into 32 outputs a
+    step with AVX-512 for a factor of 2 across, the rest element by element, rows copied down),
+    under the coordinate modes that make every input repeat k times; a factor of 1.5 keeps MLX's
+    form. Outputs equal ORT's CPU EP. Broken by a row written once for a factor of 2 down or a
+    wrong permutation across."""
+    rng = np.random.default_rng(len(attrs) + hw[1])
+    x = rng.standard_normal((2, 3) + hw).astype(np.float32)
+    nodes = [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest", **attrs)]
+    prims = _run(nodes, {"x": x}, [_init("s", scales)], capfd, 0, 0, cpu_avx512=avx512)
+    whole = all(float(v).is_integer() for v in scales)
+    assert (prims.get("NearestUpsample") == 1) == whole, prims
+    if whole:
+        assert "Broadcast" not in prims and "Gather" not in prims, prims
+
+
 @pytest.mark.parametrize("groups,bias,spatial", [(1, True, False), (1, False, False), (4, True, False), (1, True, True)])
 def test_channel_affine_folds_into_the_convolution(groups, bias, spatial, capfd):
     """Conv, BatchNormalization (constant statistics), Mul and Add by per-channel constants

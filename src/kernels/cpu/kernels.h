@@ -201,6 +201,13 @@ std::optional<mx::array> cpu_pointwise_conv(const mx::array& x, const mx::array&
 std::optional<mx::array> cpu_patch_deconv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                                           bool parallel, mx::Stream s);
 
+// Nearest-neighbour upsampling of float32 NCHW `x` by whole factors kh, kw (each input element
+// a kh x kw block of the output), rows split over the threads for outputs of some size. Why:
+// MLX forms it as a broadcast and a reshape per axis, two copies through its general strided
+// copy on one thread (an FPN's or a DB neck's upsampling). std::nullopt off the CPU, for other
+// dtypes or ranks, with the CPU kernels off.
+std::optional<mx::array> cpu_nearest_upsample(const mx::array& x, int kh, int kw, mx::Stream s);
+
 // A 2-D depthwise convolution (groups = channels, one output channel each) of float32 NCHW `x`
 // as it lies, `w` [C, 1, kh, kw]: per channel plane, each output row accumulated tap by tap
 // over the columns whose input lies inside the row (8 at a time with AVX2, strides 1 and 2),

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/nn/nn_internal.h"
 
 namespace ortmlx::ops::nn {
@@ -327,6 +328,22 @@ mx::array resize(OpContext& c, const mx::array& x, const Params& p,
     return mx::zeros(to_shape(out), x.dtype(), c.s);
   }
   // Nearest only copies elements (exact for every dtype); the weighted modes run in float.
+  if (p.mode == Mode::Nearest && rank == 4 && c.s.device == mx::Device::cpu && out[0] == x.shape(0) &&
+      out[1] == x.shape(1)) {
+    // Whole-factor upsampling of H and W (every input repeated k times): the EP's kernel.
+    int k[2] = {0, 0};
+    for (int i = 2; i < 4; ++i) {
+      const auto t = axis_taps(p, x.shape(i), out[i], scales[i], roi.empty() ? 0.f : roi[i], roi.empty() ? 1.f : roi[rank + i]);
+      if (t.n != 1 || t.any_extrap || out[i] % x.shape(i)) break;
+      const int64_t f = out[i] / x.shape(i);
+      bool repeats = true;
+      for (int64_t o = 0; o < out[i] && repeats; ++o) repeats = t.idx[static_cast<size_t>(o)] == o / f;
+      if (!repeats) break;
+      k[i - 2] = static_cast<int>(f);
+    }
+    if (k[0] && k[1])
+      if (auto y = cpu_nearest_upsample(x, k[0], k[1], c.s)) return *y;
+  }
   mx::array y = x;
   if (p.mode != Mode::Nearest && y.dtype() != mx::float64) y = mx::astype(y, mx::float32, c.s);
   for (int i = 0; i < rank; ++i) {
