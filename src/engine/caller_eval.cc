@@ -55,11 +55,19 @@ Kind kind_of(std::string_view n) {
   return ops::is_cpu_kernel(n) ? Kind::Kernel : Kind::Mlx;
 }
 
-bool compute(mx::array& a) {
+bool compute(mx::array& a, Kind kind) {
   auto& prim = a.primitive();
   auto& inputs = a.inputs();
-  std::vector<mx::array> outputs = a.outputs();
-  const Kind kind = kind_of(prim.name());
+  // The outputs in a vector of the thread's (a.outputs() builds a new one: a heap allocation a
+  // step), emptied again after the step so that it holds no array between steps.
+  thread_local std::vector<mx::array> outputs;
+  struct Emptied {
+    ~Emptied() { outputs.clear(); }
+  } emptied;
+  if (a.siblings().empty())
+    outputs.push_back(a);
+  else
+    outputs = a.outputs();
   bool view = kind == Kind::View;
   if (kind == Kind::Reshape) view = inputs[0].size() == 0 || inputs[0].flags().row_contiguous;
   if (kind == Kind::Contiguous)  // MLX's own test: a row-contiguous input not much larger than the output
@@ -89,12 +97,16 @@ constexpr size_t kCallerMaxElements = size_t{1} << 14;
 constexpr size_t kWalkMaxMeanElements = size_t{1} << 14;
 
 // Computes what can be computed of `tape`, in order; returns the arrays computed and left.
-std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = true) {
+// `kinds`: each step's Kind, looked up once for a kept walk (else by name at each step).
+std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = true,
+                                   const std::vector<uint8_t>* kinds = nullptr) {
   uint64_t done = 0, left = 0;
-  for (auto& a : tape) {
+  for (size_t i = 0; i < tape.size(); ++i) {
+    auto& a = tape[i];
     bool inputs_ready = true;
     for (const auto& in : a.inputs()) inputs_ready = inputs_ready && ready(in);
-    if (!inputs_ready || !compute(a)) {
+    const Kind kind = kinds ? static_cast<Kind>((*kinds)[i]) : kind_of(a.primitive().name());
+    if (!inputs_ready || !compute(a, kind)) {
       ++left;
       continue;
     }
@@ -208,7 +220,11 @@ std::shared_ptr<KeptWalk> take_kept_walk() {
 
 KeptWalk::KeptWalk(std::vector<mx::array> tape, std::vector<mx::array> outs, bool on_caller, mx::Stream s)
     : tape_(std::move(tape)), outs_(std::move(outs)), on_caller_(on_caller), stream_(s) {
-  for (const auto& a : tape_) bytes_ += a.nbytes();
+  kinds_.reserve(tape_.size());
+  for (const auto& a : tape_) {
+    bytes_ += a.nbytes();
+    kinds_.push_back(static_cast<uint8_t>(kind_of(a.primitive().name())));
+  }
 }
 
 std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& kept_args,
@@ -221,7 +237,8 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
     kept_args[i].copy_shared_buffer(args[i]);
   }
   // The kept arrays stay available and attached: the same walk, over the new data.
-  const auto counts = run_walk([this] { return walk(tape_, /*detach=*/false); }, on_caller_, stream_, hold, poll_for);
+  const auto counts =
+      run_walk([this] { return walk(tape_, /*detach=*/false, &kinds_); }, on_caller_, stream_, hold, poll_for);
   if (counts.second) return std::nullopt;
   g_replays.fetch_add(1, std::memory_order_relaxed);
   // Arrays of their own over this run's buffers: the next replay points the kept ones at new

@@ -55,6 +55,7 @@ class KeptWalk {
 
  private:
   std::vector<mlx::core::array> tape_, outs_;
+  std::vector<uint8_t> kinds_;  // each step's kind (caller_eval.cc), looked up once
   bool on_caller_;
   mlx::core::Stream stream_;
   size_t bytes_ = 0;
