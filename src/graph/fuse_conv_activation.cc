@@ -146,7 +146,8 @@ class Fuser {
       b2[static_cast<size_t>(k)] = static_cast<float>((b ? b->float_at(static_cast<size_t>(k)) : 0.0) * s +
                                                       shift[static_cast<size_t>(k)]);
     }
-    const std::string base = conv.name + "/ortmlx_folded_affine";
+    // (named after the Conv's own output: node names may be empty or repeat, value names not)
+    const std::string base = conv.outputs[0] + "/ortmlx_folded_affine";
     g_.constants[base + "/w"] = ConstTensor::from_bytes(DType::Float32, w->shape, w2.data(), w2.size() * sizeof(float));
     g_.constants[base + "/b"] = ConstTensor::from_bytes(DType::Float32, {m}, b2.data(), b2.size() * sizeof(float));
     conv.inputs.resize(std::max<size_t>(conv.inputs.size(), 3));

@@ -68,9 +68,10 @@ graph::Graph relus() {
   return g;
 }
 
-// conv a -> * 0.9 -> + 0.5 -> hard-swish (Add 3, Clip 0..6, Mul, Div 6) -> conv b -> HardSigmoid
-// (fuses) and conv c -> Sigmoid, Mul(c, sigmoid) (Swish); conv e -> Mul by a per-channel constant
-// (stays); conv f -> HardSigmoid (fuses) that gates e's product, a Mul of two tensors (stays).
+// conv a -> * 0.9 -> + 0.5 (into a's weight and bias) -> hard-swish (Add 3, Clip 0..6, Mul, Div
+// 6) -> conv b -> HardSigmoid (fuses) and conv c -> Sigmoid, Mul(c, sigmoid) (Swish); conv e ->
+// Mul by a per-channel constant (into e's weight and bias); conv f -> HardSigmoid (fuses) that
+// gates e's product, a Mul of two tensors (stays).
 graph::Graph mobile() {
   graph::Graph g;
   g.inputs = {"x"};
@@ -138,19 +139,25 @@ TEST(FuseConvActivation, OnlyAReluThatAloneReadsTheConv) {
 
 TEST(FuseConvActivation, MobilePatterns) {
   auto g = mobile();
-  EXPECT_EQ(graph::fuse_conv_activation(g, g.outputs), 6 + 1 + 2 + 1);
+  EXPECT_EQ(graph::fuse_conv_activation(g, g.outputs), 6 + 1 + 2 + 1 + 1);
   std::map<std::string, const graph::Node*> conv_of;  // by output
   for (const auto& n : g.nodes)
     if (n.op_type == "Conv") conv_of[n.outputs[0]] = &n;
-  ASSERT_TRUE(conv_of.count("hs") && conv_of.count("bh") && conv_of.count("sw") && conv_of.count("e") &&
+  ASSERT_TRUE(conv_of.count("hs") && conv_of.count("bh") && conv_of.count("sw") && conv_of.count("ec") &&
               conv_of.count("fh"));
-  auto a = graph::conv_activations(*conv_of["hs"]);
-  ASSERT_EQ(a.size(), 3u);
-  EXPECT_EQ(a[0].kind, Kind::Mul);
-  EXPECT_FLOAT_EQ(a[0].a, 0.9f);
-  EXPECT_EQ(a[1].kind, Kind::Add);
-  EXPECT_FLOAT_EQ(a[1].a, 0.5f);
-  EXPECT_EQ(a[2].kind, Kind::HardSwish);
+  // a's affine in its new weight (0.9 w1) and bias (0.5), the hard-swish its one step
+  const graph::Node& a_conv = *conv_of["hs"];
+  ASSERT_EQ(a_conv.inputs.size(), 3u);
+  const auto* w = g.constant(a_conv.inputs[1]);
+  const auto* bias = g.constant(a_conv.inputs[2]);
+  ASSERT_TRUE(w && bias);
+  EXPECT_EQ(w->shape, g.constant("w1")->shape);
+  for (int64_t i = 0; i < w->numel(); ++i) EXPECT_FLOAT_EQ(w->float_at(i), 0.9f * g.constant("w1")->float_at(i));
+  ASSERT_EQ(bias->numel(), 4);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(bias->float_at(i), 0.5f);
+  auto a = graph::conv_activations(a_conv);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::HardSwish);
   auto b = graph::conv_activations(*conv_of["bh"]);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].kind, Kind::HardSigmoid);
@@ -158,7 +165,10 @@ TEST(FuseConvActivation, MobilePatterns) {
   auto c = graph::conv_activations(*conv_of["sw"]);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].kind, Kind::Swish);
-  EXPECT_TRUE(graph::conv_activations(*conv_of["e"]).empty());  // per-channel constant
+  EXPECT_TRUE(graph::conv_activations(*conv_of["ec"]).empty());  // the per-channel scale in its weight
+  const auto* we = g.constant(conv_of["ec"]->inputs[1]);
+  ASSERT_TRUE(we);
+  for (int64_t i = 0; i < we->numel(); ++i) EXPECT_FLOAT_EQ(we->float_at(i), 1.5f * g.constant("w2")->float_at(i));
   auto f = graph::conv_activations(*conv_of["fh"]);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].kind, Kind::HardSigmoid);
@@ -166,7 +176,7 @@ TEST(FuseConvActivation, MobilePatterns) {
   EXPECT_FLOAT_EQ(f[0].b, 0.5f);
   int muls = 0;
   for (const auto& n : g.nodes) muls += n.op_type == "Mul";
-  EXPECT_EQ(muls, 2);  // e's per-channel scale and the gate
+  EXPECT_EQ(muls, 1);  // the gate
 }
 
 // A hard-swish whose Div constant has more dims than the Conv (its output gains a dim) stays nodes.

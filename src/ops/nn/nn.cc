@@ -323,22 +323,8 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   DnnlConvShape gt = g;
   if (flops < static_cast<double>(translation_switches().cpu_conv_parallel_min_flops)) gt.threads = 1;
-  // Scalar Mul/Add steps right after the convolution go into its weight and bias (alpha * W,
-  // alpha * b + beta, as ORT's own Conv-Mul/Conv-Add fusions do), so that a later affine step
-  // (PP-LCNet's affine after HardSwish after an affine) is oneDNN's only linear post-op.
-  float alpha = 1.f, beta = 0.f;
-  size_t folded = 0;
-  if (!g.transposed && w0.dtype() == mx::float32 && c.is_constant(1) && (!c.has(2) || c.is_constant(2)))
-    for (; folded < steps.size(); ++folded) {
-      const auto& st = steps[folded];
-      if (st.kind == graph::ConvActivation::Kind::Mul && std::isfinite(st.a) && st.a != 0.f) alpha *= st.a, beta *= st.a;
-      else if (st.kind == graph::ConvActivation::Kind::Add && std::isfinite(st.a)) beta += st.a;
-      else break;
-    }
-  if (folded && beta != 0.f) gt.bias = true;
-  const std::vector<graph::ConvActivation> unfolded(steps.begin() + static_cast<std::ptrdiff_t>(folded), steps.end());
   size_t covered = 0;
-  gt.post_ops = post_ops_of(unfolded, covered);
+  gt.post_ops = post_ops_of(steps, covered);
   auto plan = cpu_dnnl_conv_plan(gt, c.s);
   if (!plan && covered) {  // no fast kernel with those post-ops: the convolution alone, steps as MLX ops
     gt.post_ops.clear();
@@ -346,19 +332,11 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
     plan = cpu_dnnl_conv_plan(gt, c.s);
   }
   if (!plan) return std::nullopt;
-  auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] {
-    return cpu_dnnl_conv_weights(plan, alpha == 1.f ? w0 : mx::multiply(w0, mx::array(alpha), c.s), c.s);
-  });
+  auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
   std::optional<mx::array> bias;
   if (c.has(2)) bias = c.in(2);
-  if (folded && (alpha != 1.f || beta != 0.f))
-    bias = c.prepared("dnnl_conv_b/" + gt.key(), bias ? std::vector<size_t>{2} : std::vector<size_t>{}, [&] {
-      auto b = bias ? mx::multiply(mx::astype(*bias, mx::float32, c.s), mx::array(alpha), c.s)
-                    : mx::zeros({g.y[1]}, mx::float32, c.s);
-      return mx::add(b, mx::array(beta), c.s);
-    });
   auto y = mx::astype(cpu_dnnl_conv(plan, gt, x0, w, bias, c.s, translation_switches().cpu_conv_blocked), x0.dtype(), c.s);
-  const std::vector<graph::ConvActivation> rest(unfolded.begin() + static_cast<std::ptrdiff_t>(covered), unfolded.end());
+  const std::vector<graph::ConvActivation> rest(steps.begin() + static_cast<std::ptrdiff_t>(covered), steps.end());
   if (rest.empty()) return y;
   // The steps oneDNN did not take (a kind repeated with other constants) are elementwise with
   // scalar constants: run on the blocked buffer they leave the output blocked, so the next
