@@ -61,7 +61,7 @@ struct Options {
   bool fuse_conv_activation = true;  // ... with the activation after a Conv as its post-ops (graph/fuse_conv_activation.h)
   int64_t cpu_dnnl_min_flops = 0;  // ... for convolutions (and products) of at least this many FLOPs
   // ... and on the stream thread alone (one OpenMP thread) below this many
-  int64_t cpu_dnnl_parallel_min_flops = 500000;
+  int64_t cpu_dnnl_parallel_min_flops = 50000;
   // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (1, MLX's
   // way), keep them as MLX's own vectorized ops (0: compile mode no_fuse while tracing), or
   // (2) time both on a signature's first compiled runs and keep the faster.

@@ -189,25 +189,25 @@ def test_conv_activations_run_inside_the_convolution(tmp_path, steps):
 
 
 def test_small_convolutions_run_on_one_thread(tmp_path):
-    """Below cpu_dnnl_parallel_min_flops (5e5 by default) a oneDNN convolution runs on MLX's
+    """Below cpu_dnnl_parallel_min_flops (5e4 by default) a oneDNN convolution runs on MLX's
     stream thread alone (even an awake OpenMP worker costs more than it takes); above it, or
     with the threshold at 0, on all of them. Counted by the report's process-wide
     process_dnnl_one_thread_convs, which moves only for the two small convolutions here."""
     import os
     rng = np.random.default_rng(13)
-    w1 = rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2    # 2 x 288 x 256 = 0.15 MFLOP
-    w2 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32) * 0.2   # 2 x 576 x 256 = 0.29 MFLOP
-    w3 = rng.standard_normal((64, 16, 3, 3)).astype(np.float32) * 0.1  # 2 x 9216 x 256 = 4.7 MFLOP
+    w1 = rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2    # 2 x 288 x 25 = 14 kFLOP
+    w2 = rng.standard_normal((16, 4, 3, 3)).astype(np.float32) * 0.2   # 2 x 576 x 25 = 29 kFLOP
+    w3 = rng.standard_normal((64, 16, 3, 3)).astype(np.float32) * 0.1  # 2 x 9216 x 25 = 0.46 MFLOP
     g = helper.make_graph(
         [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
          helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1, 1, 1, 1]),
          helper.make_node("Conv", ["b", "w3"], ["y"], pads=[1, 1, 1, 1])],
-        "c", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16])],
+        "c", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8, 5, 5])],
         [helper.make_tensor_value_info("y", TP.FLOAT, None)],
         [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("w3", w3))])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
-    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    x = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
     ref = run_cpu(m, {"x": x})[0]
     counts = []
     for key, opts in (("all", {"cpu_dnnl_parallel_min_flops": 0}), ("default", {}), ("all2", {"cpu_dnnl_parallel_min_flops": 0})):
