@@ -121,6 +121,32 @@ def conv_case():
     return "conv_onednn", m.SerializeToString(), {"x": x}
 
 
+def cnn_head_case():
+    """A CNN neck and head as the CPU kernels take it: Conv + BatchNormalization (folded into the
+    convolution), an average pool on oneDNN's blocked output (DnnlBlockedPool), a kernel-2
+    stride-2 ConvTranspose (PatchDeconv) and a nearest x2 Resize (NearestUpsample), each split
+    over the OpenMP threads."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(3)
+    C = 24
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("w", rng.standard_normal((C, C, 3, 3)) * 0.2), ("s", rng.uniform(0.5, 2, C)), ("b", rng.standard_normal(C)),
+        ("mu", rng.standard_normal(C)), ("var", rng.uniform(0.5, 2, C)), ("wt", rng.standard_normal((C, 8, 2, 2))),
+        ("sc", np.array([1, 1, 2, 2])))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["p", "wt"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Resize", ["t", "", "sc"], ["y"], mode="nearest")]
+    g = helper.make_graph(nodes, "cnn_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, 40, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.standard_normal((1, C, 40, 40)).astype(np.float32)
+    return "cnn_head", m.SerializeToString(), {"x": x}
+
+
 def load_cases():
     cases = []
     for name in MIXED:
@@ -138,6 +164,7 @@ def load_cases():
     cases.append(fp16_decoder_case())
     cases.append(gqa_decode_case())
     cases.append(conv_case())
+    cases.append(cnn_head_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
         x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)
