@@ -553,70 +553,67 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
   }
 #endif
 
-  // Any block (channels-last: all C channels), 16 lanes at a time; output rows [r0, r1) of all
-  // planes (so one image still splits over the threads).
-  static void pool_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
-                        int64_t r1) {
-#ifdef ORTMLX_X86
-    const bool avx2 = cpu_has_avx2_fma();
-#endif
+  static constexpr int64_t kLanes = 16;
+  // fn(x, y, oh, ow, n) for output rows [r0, r1) of all planes (so one image still splits over the
+  // threads), each position's channels kLanes at a time (any block; channels-last: all C): x the
+  // plane's input at the lanes' first channel, y the output there, n the lanes in use.
+  template <typename Fn>
+  static void for_each_lanes(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d,
+                             int64_t r0, int64_t r1, Fn fn) {
     const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
-    constexpr int64_t L = 16;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t p = r / OH, oh = r % OH;
       const float* x = xp + p * H * W * B;
       float* y = yp + (p * OH + oh) * OW * B;
       for (int64_t ow = 0; ow < OW; ++ow)
-        for (int64_t c0 = 0; c0 < B; c0 += L) {
-          const int64_t n = std::min(L, B - c0);
-#ifdef ORTMLX_X86
-          if (avx2 && n == L) {
-            pool16_avx2(x + c0, y + ow * B + c0, g, H, W, B, oh, ow);
-            continue;
-          }
-#endif
-          float acc[L];
-          for (int c = 0; c < L; ++c) acc[c] = -std::numeric_limits<float>::infinity();
-          for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { max_into(acc, x + pos * B + c0, n); });
-          std::copy(acc, acc + n, y + ow * B + c0);
-        }
+        for (int64_t c0 = 0; c0 < B; c0 += kLanes) fn(x + c0, y + ow * B + c0, oh, ow, std::min(kLanes, B - c0));
     }
   }
 
-  // The average form of pool_rows (any block, 16 lanes at a time).
+  static void pool_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
+                        int64_t r1) {
+#ifdef ORTMLX_X86
+    const bool avx2 = cpu_has_avx2_fma();
+#endif
+    const int64_t H = d[1], W = d[2], B = d[3];
+    for_each_lanes(xp, yp, g, d, r0, r1, [&](const float* x, float* y, int64_t oh, int64_t ow, int64_t n) {
+#ifdef ORTMLX_X86
+      if (avx2 && n == kLanes) {
+        pool16_avx2(x, y, g, H, W, B, oh, ow);
+        return;
+      }
+#endif
+      float acc[kLanes];
+      for (int c = 0; c < kLanes; ++c) acc[c] = -std::numeric_limits<float>::infinity();
+      for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { max_into(acc, x + pos * B, n); });
+      std::copy(acc, acc + n, y);
+    });
+  }
+
+  // The average: each window row's taps summed, then the rows, as cpu_pool_2d does.
   static void average_rows(const float* xp, float* yp, const CpuPool2d& g, const std::array<int64_t, 4>& d, int64_t r0,
                            int64_t r1) {
-    const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
-    constexpr int64_t L = 16;
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t p = r / OH, oh = r % OH;
-      const float* x = xp + p * H * W * B;
-      float* y = yp + (p * OH + oh) * OW * B;
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const float div = g.count_h[static_cast<size_t>(oh)] * g.count_w[static_cast<size_t>(ow)];
-        for (int64_t c0 = 0; c0 < B; c0 += L) {
-          const int64_t n = std::min(L, B - c0);
-          float acc[L] = {};
-          for (int i = 0; i < g.kernel_h; ++i) {
-            const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
-            if (ih < 0 || ih >= H) continue;
-            float row[L] = {};
-            for (int j = 0; j < g.kernel_w; ++j) {
-              const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
-              if (iw < 0 || iw >= W) continue;
-              const float* v = x + (ih * W + iw) * B + c0;
-              if (n == L)
-                for (int64_t c = 0; c < L; ++c) row[c] += v[c];
-              else
-                for (int64_t c = 0; c < n; ++c) row[c] += v[c];
-            }
-            for (int64_t c = 0; c < L; ++c) acc[c] += row[c];
-          }
-          float* o = y + ow * B + c0;
-          for (int64_t c = 0; c < n; ++c) o[c] = acc[c] / div;
+    const int64_t H = d[1], W = d[2], B = d[3];
+    for_each_lanes(xp, yp, g, d, r0, r1, [&](const float* x, float* y, int64_t oh, int64_t ow, int64_t n) {
+      float acc[kLanes] = {};
+      for (int i = 0; i < g.kernel_h; ++i) {
+        const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+        if (ih < 0 || ih >= H) continue;
+        float row[kLanes] = {};
+        for (int j = 0; j < g.kernel_w; ++j) {
+          const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+          if (iw < 0 || iw >= W) continue;
+          const float* v = x + (ih * W + iw) * B;
+          if (n == kLanes)
+            for (int64_t c = 0; c < kLanes; ++c) row[c] += v[c];
+          else
+            for (int64_t c = 0; c < n; ++c) row[c] += v[c];
         }
+        for (int64_t c = 0; c < kLanes; ++c) acc[c] += row[c];
       }
-    }
+      const float div = g.count_h[static_cast<size_t>(oh)] * g.count_w[static_cast<size_t>(ow)];
+      for (int64_t c = 0; c < n; ++c) y[c] = acc[c] / div;
+    });
   }
 
  public:
