@@ -362,11 +362,13 @@ def test_residual_sum_and_relu_stay_blocked(capfd):
 @pytest.mark.parametrize("kernel,stride,pads,dil,act", [
     (3, 1, [1, 1, 1, 1], 1, None), (3, 2, [1, 1, 1, 1], 1, "Relu"), (5, 2, [2, 1, 0, 2], 1, None),
     (3, 1, [0, 0, 0, 0], 2, "Relu"), (7, 1, [3, 3, 3, 3], 1, None), (3, 3, [1, 1, 1, 1], 1, None)])
-def test_depthwise_conv_is_the_eps_kernel(kernel, stride, pads, dil, act, capfd):
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_depthwise_conv_is_the_eps_kernel(kernel, stride, pads, dil, act, avx512, capfd):
     """A 2-D depthwise convolution of small planes runs as one DepthwiseConv over NCHW
     (kernels/cpu/depthwise.cc; with cpu_dnnl=0 it takes any input), strides 1 and 2 vectorized,
-    others scalar, with padding, dilation and bias; outputs equal ORT's CPU EP, and with
-    cpu_depthwise=0 the kernel is not used."""
+    others scalar, with padding, dilation and bias; stride 1 16 outputs a step with AVX-512
+    (cpu_avx512=1), 8 without; outputs equal ORT's CPU EP, and with cpu_depthwise=0 the kernel is
+    not used."""
     rng = np.random.default_rng(kernel * 10 + stride)
     C, H, W = 12, 15, 21
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], group=C, kernel_shape=[kernel, kernel],
@@ -375,7 +377,7 @@ def test_depthwise_conv_is_the_eps_kernel(kernel, stride, pads, dil, act, capfd)
         nodes.append(helper.make_node(act, ["c"], ["y"]))
     inits = [_init("w", rng.standard_normal((C, 1, kernel, kernel))), _init("b", rng.standard_normal(C))]
     x = rng.standard_normal((2, C, H, W)).astype(np.float32)
-    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_dnnl=0)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_dnnl=0, cpu_avx512=avx512)
     assert prims.get("DepthwiseConv") == 1 and "Transpose" not in prims, prims
     off = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, cpu_dnnl=0, cpu_depthwise=0)
     assert "DepthwiseConv" not in off, off

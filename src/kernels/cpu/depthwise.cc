@@ -89,18 +89,38 @@ __attribute__((target("avx2,fma"))) void flat_avx2(const float* xp, int64_t wp, 
 }
 #endif
 
+#ifdef ORTMLX_X86
+// flat_avx2 with 16 outputs a step.
+__attribute__((target("avx512f"))) void flat_avx512(const float* xp, int64_t wp, const float* w, float b, float* out,
+                                                     const DepthwiseShape& s, int64_t n) {
+  int64_t off[64];
+  const int taps = s.kh * s.kw;
+  for (int i = 0; i < s.kh; ++i)
+    for (int j = 0; j < s.kw; ++j) off[i * s.kw + j] = static_cast<int64_t>(i) * s.dh * wp + static_cast<int64_t>(j) * s.dw;
+  for (int64_t k = 0; k < n; k += 16) {
+    __m512 acc = _mm512_set1_ps(b);
+    for (int t = 0; t < taps; ++t) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(xp + k + off[t]), acc);
+    _mm512_storeu_ps(out + k, acc);
+  }
+}
+#endif
+
 // One channel's plane: y[oy, ox] = b + sum_ij w[i, j] x[oy*sh - ph + i*dh, ox*sw - pw + j*dw]
 // (zero outside the input), then max(y, 0) with relu.
-void plane(const float* x, const float* w, float b, float* y, const DepthwiseShape& s, bool avx2) {
+void plane(const float* x, const float* w, float b, float* y, const DepthwiseShape& s, bool avx2, bool avx512) {
 #ifdef ORTMLX_X86
   if (avx2 && s.sh == 1 && s.sw == 1 && s.kh * s.kw <= 64) {
     const int64_t wp = s.ow + (s.kw - 1) * s.dw, hp = s.oh + (s.kh - 1) * s.dh;
-    const int64_t n = (s.oh * wp + 7) / 8 * 8;
+    const int64_t step = avx512 ? 16 : 8;
+    const int64_t n = (s.oh * wp + step - 1) / step * step;
     thread_local std::vector<float> buf, out;
     // the padded plane, then rows of zeros for the last steps' loads past it
     pad_plane(x, s, hp + (n - s.oh * wp + s.kw * s.dw) / wp + 1, wp, buf);
     out.resize(static_cast<size_t>(n));
-    flat_avx2(buf.data(), wp, w, b, out.data(), s, n);
+    if (avx512)
+      flat_avx512(buf.data(), wp, w, b, out.data(), s, n);
+    else
+      flat_avx2(buf.data(), wp, w, b, out.data(), s, n);
     for (int64_t oy = 0; oy < s.oh; ++oy) {
       const float* o = out.data() + oy * wp;
       float* yr = y + oy * s.ow;
@@ -136,8 +156,8 @@ void plane(const float* x, const float* w, float b, float* y, const DepthwiseSha
 
 class DepthwiseConv : public mx::UnaryPrimitive {
  public:
-  DepthwiseConv(mx::Stream st, const DepthwiseShape& s, int64_t channels, bool parallel)
-      : mx::UnaryPrimitive(st), s_(s), channels_(channels), parallel_(parallel) {}
+  DepthwiseConv(mx::Stream st, const DepthwiseShape& s, int64_t channels, bool parallel, bool avx512)
+      : mx::UnaryPrimitive(st), s_(s), channels_(channels), parallel_(parallel), avx512_(avx512) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     begin_output(inputs, out, stream());
@@ -165,7 +185,7 @@ class DepthwiseConv : public mx::UnaryPrimitive {
     if (offsets.empty()) gathered.emplace(xin);
     dispatch_task(stream(), [x = std::move(gathered), raw = xin.data<float>(), offsets = std::move(offsets),
                   w = RowMajorInput(inputs[1]), bias = std::move(bias), yp = out.data<float>(), s = s_, c = channels_,
-                  parallel = parallel_] {
+                  parallel = parallel_, avx512 = avx512_] {
       const float* xp = x ? x->rows() : raw;
       const float* wp = w.rows();
       const float* bp = bias ? bias->rows() : nullptr;
@@ -178,7 +198,7 @@ class DepthwiseConv : public mx::UnaryPrimitive {
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t ch = p % c;
           plane(xp + (offsets.empty() ? p * s.h * s.w : offsets[static_cast<size_t>(p)]), wp + ch * taps,
-                bp ? bp[ch] : 0.f, yp + p * s.oh * s.ow, s, avx2);
+                bp ? bp[ch] : 0.f, yp + p * s.oh * s.ow, s, avx2, avx2 && avx512);
         }
       };
       cpu_parallel_for(s.planes, parallel ? std::min<int64_t>(cpu_threads(), s.planes) : 1, run);
@@ -191,7 +211,7 @@ class DepthwiseConv : public mx::UnaryPrimitive {
   const char* name() const override { return "DepthwiseConv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const DepthwiseConv*>(&other);
-    return o && o->s_ == s_ && o->channels_ == channels_ && o->parallel_ == parallel_;
+    return o && o->s_ == s_ && o->channels_ == channels_ && o->parallel_ == parallel_ && o->avx512_ == avx512_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
     return {{static_cast<int>(s_.planes / channels_), static_cast<int>(channels_), static_cast<int>(s_.oh),
@@ -202,6 +222,7 @@ class DepthwiseConv : public mx::UnaryPrimitive {
   DepthwiseShape s_;
   int64_t channels_;
   bool parallel_;
+  bool avx512_;  // stride-1 planes 16 outputs a step (cpu_avx512_kernels() at translation)
 };
 
 }  // namespace
@@ -249,7 +270,7 @@ std::optional<mx::array> cpu_depthwise_conv(const mx::array& x, const mx::array&
   std::vector<mx::array> in{src, w};
   if (bias) in.push_back(*bias);
   return mx::array({x.shape(0), static_cast<int>(C), static_cast<int>(sh.oh), static_cast<int>(sh.ow)}, mx::float32,
-                   std::make_shared<DepthwiseConv>(s, sh, C, parallel), std::move(in));
+                   std::make_shared<DepthwiseConv>(s, sh, C, parallel, cpu_avx512_kernels()), std::move(in));
 }
 
 }  // namespace ortmlx::ops
