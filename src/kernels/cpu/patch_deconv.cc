@@ -23,8 +23,8 @@ struct PatchShape {
 };
 
 // Input row i of one image (channel rows `cs` apart) into its kh output rows per output channel:
-// y[o, i*kh + a, j*kw + b] = bias[o] + sum_c w[c, o, a, b] x[c, i, j]. `pairs` lists the (o, a)
-// indices to compute; `rows[t]` is the output row of pair t.
+// y[o, i*kh + a, j*kw + b] = bias[o] + sum_c w[c, o, a, b] x[c, i, j], for the (o, a) pairs
+// oa0..oa1 (oa = o * kh + a); `rows[t]` is the output row of pair oa0 + t.
 void row_scalar(const float* x, int64_t cs, const float* w, const float* bias, float* const* rows, const PatchShape& s,
                 int64_t oa0, int64_t oa1, std::vector<float>& acc) {
   const int64_t okk = s.o * s.kh * s.kw;
