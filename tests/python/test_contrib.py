@@ -1094,17 +1094,19 @@ def _decode_kernel_ran(err):
 @pytest.mark.parametrize("packed,rotary,interleaved,rot_dim,window,H,past", [
     (True, True, False, None, -1, 64, 37), (False, True, True, None, 5, 64, 37),
     (True, True, False, 16, -1, 48, 37), (False, False, False, None, 3, 40, 11),
-    (True, True, False, None, -1, 64, 1100)])
-def test_gqa_decode_step_is_one_kernel(packed, rotary, interleaved, rot_dim, window, H, past, capfd):
+    (True, True, False, None, -1, 64, 1100), (False, True, False, None, -1, 128, 70)])
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_gqa_decode_step_is_one_kernel(packed, rotary, interleaved, rot_dim, window, H, past, avx512, capfd):
     """A decode step of one sequence on the CPU (a growing cache: present = past + the step's
     row) is one DecodeGqa primitive (kernels/cpu/decode_attention.cc): rotary halves,
     interleaved or partial, a window, head sizes off the 16-float loop, grouped heads
-    (4 query heads a KV head), and a long past (its heads split over two threads). With
-    fused_gqa_step=0 the composed ops. Outputs and presents equal ORT's CPU EP."""
+    (4 query heads a KV head), and a long past (its heads split over two threads); head sizes
+    64 and 128 in AVX-512 registers with cpu_avx512=1. With fused_gqa_step=0 the composed ops.
+    Outputs and presents equal ORT's CPU EP."""
     for opts, kernel in (({}, True), ({"fused_gqa_step": 0}, False)):
         capfd.readouterr()
         gqa_check(B=1, S=1, N=8, Nkv=2, H=H, past=past, seqlens=[past], packed=packed, rotary=rotary,
-                  interleaved=interleaved, rot_dim=rot_dim, window=window, log_level=3, **opts)
+                  interleaved=interleaved, rot_dim=rot_dim, window=window, log_level=3, cpu_avx512=avx512, **opts)
         assert _decode_kernel_ran(capfd.readouterr().err) == kernel, opts
 
 

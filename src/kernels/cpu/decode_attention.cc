@@ -35,6 +35,44 @@ void axpy_f32(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+#ifdef ORTMLX_X86
+// One query head's attention over key/value rows [lo, hi) of head size H = 16 * C (C <= 8) with
+// AVX-512: each score a dot of C registers, then the softmax, then the weighted rows summed in C
+// registers (the output written once, where the loops above read and write it a row at a time).
+template <int C>
+__attribute__((target("avx512f"))) void attend_row_avx512(const float* q, const float* k, const float* v, float* o,
+                                                          float* p, int lo, int hi, float scale) {
+  constexpr int H = 16 * C;
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int j = lo; j < hi; ++j) {
+    const float* kj = k + static_cast<size_t>(j) * H;
+    __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+    for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+    p[j - lo] = scale * _mm512_reduce_add_ps(acc);
+  }
+  softmax_row(p, p, hi - lo);
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int j = lo; j < hi; ++j) {
+    const float* vj = v + static_cast<size_t>(j) * H;
+    const __m512 pj = _mm512_set1_ps(p[j - lo]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+
+// attend_row_avx512 for H = 64 or 128; false (nothing done) for other head sizes.
+bool attend_row_avx512_any(const float* q, const float* k, const float* v, float* o, float* p, int lo, int hi,
+                           float scale, int H) {
+  switch (H) {
+    case 64: attend_row_avx512<4>(q, k, v, o, p, lo, hi, scale); return true;
+    case 128: attend_row_avx512<8>(q, k, v, o, p, lo, hi, scale); return true;
+    default: return false;
+  }
+}
+#endif
+
 // ORT's rotary embedding of one head's row at one position: the first rotary_dim values rotated
 // by (cos, sin) of that position, as halves (x1 = x[i], x2 = x[i + d/2]) or interleaved pairs.
 void rotate(const float* x, float* y, const float* cos, const float* sin, int H, int rotary_dim, bool interleaved) {
@@ -53,7 +91,7 @@ void rotate(const float* x, float* y, const float* cos, const float* sin, int H,
 // Outputs: the attention [1, 1, N * H], present_k and present_v ([1, Nkv, T, H]).
 class DecodeGqa : public mx::Primitive {
  public:
-  DecodeGqa(mx::Stream s, const CpuDecodeGqa& g) : mx::Primitive(s), g_(g) {}
+  DecodeGqa(mx::Stream s, const CpuDecodeGqa& g, bool avx512) : mx::Primitive(s), g_(g), avx512_(avx512) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& o : outputs) begin_output(inputs, o, stream());
@@ -66,7 +104,8 @@ class DecodeGqa : public mx::Primitive {
                              cos_in = g_.rotary_dim ? std::optional<RowMajorInput>(inputs[6]) : std::nullopt,
                              sin_in = g_.rotary_dim ? std::optional<RowMajorInput>(inputs[7]) : std::nullopt,
                              out = outputs[0].data<float>(),
-                             ok = outputs[1].data<float>(), ov = outputs[2].data<float>(), P, T, rows] {
+                             ok = outputs[1].data<float>(), ov = outputs[2].data<float>(), P, T, rows,
+                             avx512 = avx512_] {
       const int N = g.N, Nkv = g.Nkv, H = g.H, rep = N / Nkv;
       // The step's row: the past's length (a growing cache), or seqlens_k in a shared buffer
       // (clipped to the buffer, as the GPU kernel clips it).
@@ -109,6 +148,9 @@ class DecodeGqa : public mx::Primitive {
           for (int r = 0; r < rep; ++r) {
             const int n = h * rep + r;
             const float* qn = qr.data() + n * H;
+#ifdef ORTMLX_X86
+            if (avx512 && attend_row_avx512_any(qn, kh, vh, out + n * H, p.data(), lo, hi, g.scale, H)) continue;
+#endif
             for (int j = lo; j < hi; ++j) p[j - lo] = g.scale * dot_f32(qn, kh + static_cast<size_t>(j) * H, H);
             softmax_row(p.data(), p.data(), hi - lo);
             float* o = out + n * H;
@@ -128,7 +170,8 @@ class DecodeGqa : public mx::Primitive {
   }
   const char* name() const override { return "DecodeGqa"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return typeid(other) == typeid(DecodeGqa) && static_cast<const DecodeGqa&>(other).g_ == g_;
+    return typeid(other) == typeid(DecodeGqa) && static_cast<const DecodeGqa&>(other).g_ == g_ &&
+           static_cast<const DecodeGqa&>(other).avx512_ == avx512_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape present = inputs[3].shape();
@@ -138,6 +181,7 @@ class DecodeGqa : public mx::Primitive {
 
  private:
   CpuDecodeGqa g_;
+  bool avx512_;  // head sizes 64 and 128 in AVX-512 registers (cpu_avx512_kernels() at translation)
 };
 
 }  // namespace
@@ -169,7 +213,7 @@ std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const m
   mx::Shape present = past_k.shape();
   if (!g.in_buffer) present[2] += 1;
   return mx::array::make_arrays({{1, 1, g.N * g.H}, present, present}, {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<DecodeGqa>(s, g), std::move(inputs));
+                                std::make_shared<DecodeGqa>(s, g, cpu_avx512_kernels()), std::move(inputs));
 }
 
 }  // namespace ortmlx::ops
