@@ -587,17 +587,19 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
     assert prims.get("DnnlUnblock") == 1, prims
 
 
-@pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20)])
+@pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20),
+                                   (1, 600, 100), (1, 40, 5)])
 @pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm"])
 @pytest.mark.parametrize("avx512", [1, 0])
 def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
-    """Several float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
+    """Float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
     packed_gemm.cc: the weight laid out once as panels of 48 columns, 16 without AVX-512; 8 x 48
     and 6 x 16 register tiles, masked at the last panel's edge, K in blocks of 512 summed into
     the output): one primitive, no MLX Matmul. Rows not a multiple of the tile's, columns not a
-    multiple of the panel's, K past one block, a batch of rows taken flat, and Gemm's transposed
-    weight (read through its strides), alpha and C. Outputs equal ORT's CPU EP (float32 sums in
-    another order)."""
+    multiple of the panel's, K past one block, a batch of rows taken flat, one row (a decode
+    step's MatMul; a Gemm of one row stays the row kernel), and Gemm's transposed weight (read
+    through its strides), alpha and C. Outputs equal ORT's CPU EP (float32 sums in another
+    order)."""
     rng = np.random.default_rng(m * 1000 + n)
     w = rng.standard_normal((k, n)).astype(np.float32) / np.sqrt(k)
     if op == "Gemm":
@@ -608,7 +610,10 @@ def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd
         x = rng.standard_normal((2, m, k) if op == "MatMul3d" else (m, k)).astype(np.float32)
         inits, nodes = [_init("w", w)], [helper.make_node("MatMul", ["x", "w"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
-    assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
+    if op == "Gemm" and m == 1:
+        assert prims.get("RowGemv") == 1 and "Matmul" not in prims, prims
+    else:
+        assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
 
 
 def test_products_by_an_activation_are_mlxs(capfd):

@@ -67,12 +67,12 @@ def _f32(name, shape):
 
 
 def test_cpu_gemv(capfd, switch):
-    """One row times a weight: the EP's sgemv kernel (RowGemv) by default, MLX's Matmul with
-    cpu_gemv=0."""
+    """One row times a weight fed each run (a constant one takes the packed kernel): the EP's
+    sgemv kernel (RowGemv) by default, MLX's Matmul with cpu_gemv=0."""
     w = rng.standard_normal((64, 48)).astype(np.float32)
-    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_f32("x", [1, 64])], [_f32("y", None)],
-                   [numpy_helper.from_array(w, "w")])
-    feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32)}
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_f32("x", [1, 64]), _f32("w", [64, 48])],
+                   [_f32("y", None)])
+    feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32), "w": w}
     ref = run_cpu(model, feeds)[0]
     (on,), p_on = _evaluated(capfd, model, feeds)
     (off,), p_off = _evaluated(capfd, model, feeds, **switch("cpu_gemv", 0))

@@ -159,14 +159,16 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
 bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>& inputs,
                                  std::vector<mx::array>& outputs);
 
-// x @ w for a float32 x [..., K] of two or more rows (taken flat) and a constant 2-D float32 w
+// x @ w for a float32 x [..., K] of rows (taken flat; one row too) and a constant 2-D float32 w
 // [K, N] (any strides: Gemm's transposed weight is read as such), as one MLX primitive on the CPU
-// stream; the result has x's shape with the last dim N. w is laid out once (on the first run) as
-// panels of 48 columns (16 with AVX2) that the register tiles (8 x 48, AVX2 6 x 16) stream
-// through; K in blocks of 512; tiles split over the threads with `parallel`. Why: OpenBLAS's
-// sgemm packs the weight on every call, and for an encoder's rows (16 to a few hundred) ran at
-// about a third of what the cores reach. std::nullopt off the CPU or x86-64 without AVX2, for
-// other dtypes, one row, or with the CPU kernels off.
+// stream; the result has x's shape with the last dim N. w is laid out once (on the first run, one
+// copy for every primitive over the same buffer) as panels of 48 columns (16 with AVX2) that the
+// register tiles (8 x 48, AVX2 6 x 16) stream through; K in blocks of 512; tiles split over the
+// threads with `parallel`. Why: OpenBLAS's sgemm packs the weight on every call, and for an
+// encoder's rows (16 to a few hundred) ran at about a third of what the cores reach; a decode
+// step's one row streams the panels, contiguous a thread, faster than OpenBLAS's sgemv reads
+// the matrix. std::nullopt off the CPU or x86-64 without AVX2, for other dtypes, or with the
+// CPU kernels off.
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
                                            const std::optional<mx::array>& bias = std::nullopt);

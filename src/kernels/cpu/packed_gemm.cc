@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -198,16 +200,36 @@ class PackedMatmul : public mx::UnaryPrimitive {
   }
 
  private:
-  // The constant weight's panels, made on the first run for its buffer (on the stream thread).
+  // The panels of weight buffer `w` in this layout, shared by every primitive that holds them (a
+  // prompt's product and a decode step's read one copy): found by the buffer's address while
+  // any primitive holds them (a graph constant's buffer lives as long as the programs that read
+  // it), made anew otherwise.
+  static std::shared_ptr<const std::vector<float>> shared_panels(const float* w, int64_t sk, int64_t sn,
+                                                                 const GemmShape& g, int cols) {
+    using Key = std::tuple<const float*, int64_t, int64_t, int64_t, int64_t, int>;
+    static std::mutex mu;
+    static std::map<Key, std::weak_ptr<const std::vector<float>>> held;
+    const Key key{w, sk, sn, g.k, g.n, cols};
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = held.find(key); it != held.end())
+      if (auto p = it->second.lock()) return p;
+    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    std::shared_ptr<const std::vector<float>> p;
+#ifdef ORTMLX_X86
+    p = std::make_shared<const std::vector<float>>(pack_panels(w, g.k, g.n, sk, sn, cols));
+#endif
+    held[key] = p;
+    return p;
+  }
+
+  // The constant weight's panels, taken on the first run for its buffer (on the stream thread).
   // Held by the tasks too: an eager run's primitive may go before its task runs.
   struct Packed {
     std::shared_ptr<const std::vector<float>> panels_for(const float* w, int64_t sk, int64_t sn, const GemmShape& g,
                                                          int cols) {
       std::lock_guard<std::mutex> lock(mu);
       if (src != w || sk_ != sk || sn_ != sn || !panels) {
-#ifdef ORTMLX_X86
-        panels = std::make_shared<const std::vector<float>>(pack_panels(w, g.k, g.n, sk, sn, cols));
-#endif
+        panels = shared_panels(w, sk, sn, g, cols);
         src = w, sk_ = sk, sn_ = sn;
       }
       return panels;
@@ -236,7 +258,7 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
       (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != w.shape(1))))
     return std::nullopt;
   const int64_t K = w.shape(0), N = w.shape(1), M = static_cast<int64_t>(x.size()) / K;
-  if (M < 2) return std::nullopt;
+  if (M < 1) return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = static_cast<int>(N);
   std::vector<mx::array> in{x, w};
