@@ -70,6 +70,14 @@ __attribute__((target("avx2,fma"))) void row_avx2(const float* xp, int64_t wp, c
 }
 #endif
 
+// Each tap's offset in the padded plane (rows of wp floats) from its output's position; returns
+// the taps (at most 64).
+int tap_offsets(const DepthwiseShape& s, int64_t wp, int64_t* off) {
+  for (int i = 0; i < s.kh; ++i)
+    for (int j = 0; j < s.kw; ++j) off[i * s.kw + j] = static_cast<int64_t>(i) * s.dh * wp + static_cast<int64_t>(j) * s.dw;
+  return s.kh * s.kw;
+}
+
 #ifdef ORTMLX_X86
 // Stride 1: the outputs over the padded plane's full width, as one flat run of 8-wide steps
 // (output (r, c) reads padded (r + i*dh, c + j*dw), which is flat index r*wp + c plus a constant
@@ -78,9 +86,7 @@ __attribute__((target("avx2,fma"))) void row_avx2(const float* xp, int64_t wp, c
 __attribute__((target("avx2,fma"))) void flat_avx2(const float* xp, int64_t wp, const float* w, float b, float* out,
                                                     const DepthwiseShape& s, int64_t n) {
   int64_t off[64];
-  const int taps = s.kh * s.kw;
-  for (int i = 0; i < s.kh; ++i)
-    for (int j = 0; j < s.kw; ++j) off[i * s.kw + j] = static_cast<int64_t>(i) * s.dh * wp + static_cast<int64_t>(j) * s.dw;
+  const int taps = tap_offsets(s, wp, off);
   for (int64_t k = 0; k < n; k += 8) {
     __m256 acc = _mm256_set1_ps(b);
     for (int t = 0; t < taps; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(xp + k + off[t]), acc);
@@ -94,9 +100,7 @@ __attribute__((target("avx2,fma"))) void flat_avx2(const float* xp, int64_t wp, 
 __attribute__((target("avx512f"))) void flat_avx512(const float* xp, int64_t wp, const float* w, float b, float* out,
                                                      const DepthwiseShape& s, int64_t n) {
   int64_t off[64];
-  const int taps = s.kh * s.kw;
-  for (int i = 0; i < s.kh; ++i)
-    for (int j = 0; j < s.kw; ++j) off[i * s.kw + j] = static_cast<int64_t>(i) * s.dh * wp + static_cast<int64_t>(j) * s.dw;
+  const int taps = tap_offsets(s, wp, off);
   for (int64_t k = 0; k < n; k += 16) {
     __m512 acc = _mm512_set1_ps(b);
     for (int t = 0; t < taps; ++t) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(xp + k + off[t]), acc);
