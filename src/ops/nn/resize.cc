@@ -250,22 +250,27 @@ Taps axis_taps(const Params& p, int64_t in, int64_t out, float scale, float roi_
 // reshape (one copy), and every k-th input from some start (integer downsampling) a strided
 // slice. MLX's take() computes each element's source on its own (several times slower on the
 // CPU device); the values are the same elements either way. std::nullopt for other patterns.
+// k when every one of `in` inputs is repeated k times in order (idx[o] == o / k), else 0.
+int64_t repeat_factor(const std::vector<int32_t>& idx, int64_t in) {
+  const int64_t out = static_cast<int64_t>(idx.size());
+  if (in <= 0 || out <= 0 || out % in) return 0;
+  const int64_t k = out / in;
+  for (int64_t o = 0; o < out; ++o)
+    if (idx[static_cast<size_t>(o)] != o / k) return 0;
+  return k;
+}
+
 std::optional<mx::array> regular_nearest(const mx::array& x, int axis, const std::vector<int32_t>& idx,
                                          mx::Stream s) {
   const int64_t in = x.shape(axis), out = static_cast<int64_t>(idx.size());
   if (in <= 0 || out <= 0) return std::nullopt;
-  if (out % in == 0) {
-    const int64_t k = out / in;
-    bool repeats = true;
-    for (int64_t o = 0; o < out && repeats; ++o) repeats = idx[o] == o / k;
-    if (repeats) {
-      if (k == 1) return x;
-      mx::Shape one = x.shape(), wide = x.shape(), merged = x.shape();
-      one.insert(one.begin() + axis + 1, 1);
-      wide.insert(wide.begin() + axis + 1, static_cast<int>(k));
-      merged[axis] = static_cast<int>(out);
-      return mx::reshape(mx::broadcast_to(mx::reshape(x, one, s), wide, s), merged, s);
-    }
+  if (const int64_t k = repeat_factor(idx, in)) {
+    if (k == 1) return x;
+    mx::Shape one = x.shape(), wide = x.shape(), merged = x.shape();
+    one.insert(one.begin() + axis + 1, 1);
+    wide.insert(wide.begin() + axis + 1, static_cast<int>(k));
+    merged[axis] = static_cast<int>(out);
+    return mx::reshape(mx::broadcast_to(mx::reshape(x, one, s), wide, s), merged, s);
   }
   const int64_t start = idx[0], step = out > 1 ? idx[1] - idx[0] : 1;
   if (step < 1) return std::nullopt;
@@ -327,31 +332,28 @@ mx::array resize(OpContext& c, const mx::array& x, const Params& p,
     if (numel != 0) c.fail("cannot resize an empty input to a non-empty output");
     return mx::zeros(to_shape(out), x.dtype(), c.s);
   }
-  // Nearest only copies elements (exact for every dtype); the weighted modes run in float.
+  auto taps_of = [&](int i) {
+    return axis_taps(p, x.shape(i), out[i], scales[i], roi.empty() ? 0.f : roi[i], roi.empty() ? 1.f : roi[rank + i]);
+  };
   if (p.mode == Mode::Nearest && rank == 4 && c.s.device == mx::Device::cpu && out[0] == x.shape(0) &&
       out[1] == x.shape(1)) {
     // Whole-factor upsampling of H and W (every input repeated k times): the EP's kernel.
-    int k[2] = {0, 0};
+    int64_t k[2] = {0, 0};
     for (int i = 2; i < 4; ++i) {
-      const auto t = axis_taps(p, x.shape(i), out[i], scales[i], roi.empty() ? 0.f : roi[i], roi.empty() ? 1.f : roi[rank + i]);
-      if (t.n != 1 || t.any_extrap || out[i] % x.shape(i)) break;
-      const int64_t f = out[i] / x.shape(i);
-      bool repeats = true;
-      for (int64_t o = 0; o < out[i] && repeats; ++o) repeats = t.idx[static_cast<size_t>(o)] == o / f;
-      if (!repeats) break;
-      k[i - 2] = static_cast<int>(f);
+      const auto t = taps_of(i);
+      if (t.n == 1 && !t.any_extrap) k[i - 2] = repeat_factor(t.idx, x.shape(i));
     }
     if (k[0] && k[1])
-      if (auto y = cpu_nearest_upsample(x, k[0], k[1], c.s)) return *y;
+      if (auto y = cpu_nearest_upsample(x, static_cast<int>(k[0]), static_cast<int>(k[1]), c.s)) return *y;
   }
+  // Nearest only copies elements (exact for every dtype); the weighted modes run in float.
   mx::array y = x;
   if (p.mode != Mode::Nearest && y.dtype() != mx::float64) y = mx::astype(y, mx::float32, c.s);
   for (int i = 0; i < rank; ++i) {
     // ORT leaves scale-1 axes alone (its antialias path: same-size axes).
     if (p.antialias ? out[i] == x.shape(i) : scales[i] == 1.0f) continue;
     if (x.shape(i) == 0) continue;
-    float lo = roi.empty() ? 0.f : roi[i], hi = roi.empty() ? 1.f : roi[rank + i];
-    y = apply_taps(y, i, axis_taps(p, x.shape(i), out[i], scales[i], lo, hi), p, c.s);
+    y = apply_taps(y, i, taps_of(i), p, c.s);
   }
   return mx::astype(y, x.dtype(), c.s);
 }
