@@ -109,6 +109,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_dnnl": (0, 1),
     "cpu_dnnl_min_flops": (0, 1 << 50),
     "cpu_dnnl_parallel_min_flops": (0, 1 << 50),
+    "cpu_program_parallel_min_flops": (0, 1 << 50),
     "cpu_dnnl_matmul": (0, 1),
     "fuse_conv_activation": (0, 1),
     "cpu_fuse": (0, 1, "auto"),

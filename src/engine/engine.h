@@ -62,6 +62,9 @@ struct Options {
   int64_t cpu_dnnl_min_flops = 0;  // ... for convolutions (and products) of at least this many FLOPs
   // ... and on the stream thread alone (one OpenMP thread) below this many
   int64_t cpu_dnnl_parallel_min_flops = 50000;
+  // ... and a compiled signature's kernels split only when their whole work is at least this
+  // many FLOPs (ops::WorkScope)
+  int64_t cpu_program_parallel_min_flops = 4000000;
   // MLX's CPU device: compiled functions fuse elementwise chains into generated kernels (1, MLX's
   // way), keep them as MLX's own vectorized ops (0: compile mode no_fuse while tracing), or
   // (2) time both on a signature's first compiled runs and keep the faster.

@@ -29,6 +29,7 @@
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/write_rows.h"
+#include "ops/switches.h"
 #include "engine/index_check.h"
 #include "engine/memory_guard.h"
 #include "engine/program_run.h"
@@ -677,7 +678,19 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   auto probe = [&](Entry& entry, bool& restart, StepInfos* steps) {
     HostRecord record;
     std::vector<int> deps;
-    auto outs = translate(args, layout, Mode::Probe, &record, &deps, s, steps);
+    std::vector<mx::array> outs;
+    // A small program whose kernels chose to split is translated again on one thread, so that
+    // what it prepares (a convolution's weight in its plan's layout) is what the trace reuses.
+    for (const bool one_thread : {false, true}) {
+      record.clear();
+      deps.clear();
+      if (steps) steps->clear();
+      ops::WorkScope work(one_thread);
+      outs = translate(args, layout, Mode::Probe, &record, &deps, s, steps);
+      if (one_thread) break;
+      entry.work_flops = work.flops();
+      if (!work.split() || !one_thread_program(entry, s)) break;
+    }
     bool data_dependent = false;
     restart = false;
     std::vector<bool>* keyed = nullptr;
@@ -787,7 +800,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   }
   if (!e.eager_only && !compile_broken_ && !e.fn && e.hits >= opt_.compile_after) {
     auto record = std::make_shared<HostRecord>(e.record);
-    auto traced_fn = [this, record, layout, s](const std::vector<mx::array>& a) {
+    const bool one_thread = one_thread_program(e, s);
+    auto traced_fn = [this, record, layout, s, one_thread](const std::vector<mx::array>& a) {
+      ops::WorkScope work(one_thread);
       return translate(a, layout, Mode::Replay, record.get(), nullptr, s);
     };
     e.fn = mx::compile(traced_fn, /*shapeless=*/false);

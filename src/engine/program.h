@@ -89,6 +89,9 @@ class Program final : public FusedProgram {
     bool probed = false;
     int hits = 0;
     HostRecord record;
+    // The probe's count of the kernels' work (ops::WorkScope): under
+    // cpu_program_parallel_min_flops the compiled trace splits none of them.
+    double work_flops = 0;
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
     // cpu_fuse=2 on the CPU device: the same function traced without fusion, and the tuning
     // state. Calls alternate between the two (the first of each traces, untimed) until each
@@ -124,6 +127,11 @@ class Program final : public FusedProgram {
   // An index was out of range: the same run again, eagerly, checking on the host, names it.
   [[noreturn]] void diagnose_index(const std::vector<mx::array>& args, const Layout& layout, mx::Stream s) const;
 
+  // Whether signature `e`'s kernels all run on one thread (its probe's work under
+  // cpu_program_parallel_min_flops, on the CPU).
+  bool one_thread_program(const Entry& e, mx::Stream s) const {
+    return s.device == mx::Device::cpu && e.work_flops < static_cast<double>(opt_.cpu_program_parallel_min_flops);
+  }
   // cpu_fuse=2: one timed call of a tuning entry; after enough of both, keeps the faster trace.
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);
   // cpu_in_place_io: binds the outputs the EP's CPU kernels compute to ORT's output tensors

@@ -61,6 +61,33 @@ SwitchesScope::SwitchesScope(const TranslationSwitches& s)
 }
 SwitchesScope::~SwitchesScope() { current_switches = prev_; }
 
+namespace {
+thread_local double work_flops = 0;
+thread_local bool work_split = false;
+thread_local bool work_one_thread = false;
+}  // namespace
+
+bool parallel_work(double flops) {
+  work_flops += flops;
+  const bool split = !work_one_thread && flops >= static_cast<double>(current_switches.cpu_conv_parallel_min_flops);
+  work_split = work_split || split;
+  return split;
+}
+
+WorkScope::WorkScope(bool one_thread)
+    : prev_flops_(work_flops), prev_split_(work_split), prev_one_thread_(work_one_thread) {
+  work_flops = 0;
+  work_split = false;
+  work_one_thread = one_thread;
+}
+WorkScope::~WorkScope() {  // the enclosing scope counts this one's work too
+  work_flops += prev_flops_;
+  work_split = work_split || prev_split_;
+  work_one_thread = prev_one_thread_;
+}
+double WorkScope::flops() const { return work_flops; }
+bool WorkScope::split() const { return work_split; }
+
 bool compute_half_in_f32(const mx::array& a, mx::Stream s) {
   return s.device == mx::Device::cpu && (a.dtype() == mx::float16 || a.dtype() == mx::bfloat16);
 }

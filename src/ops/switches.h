@@ -57,6 +57,30 @@ struct TranslationSwitches {
 // The calling thread's current switches.
 const TranslationSwitches& translation_switches();
 
+// Whether a CPU kernel of `flops` work splits over the threads: at least the switches'
+// cpu_conv_parallel_min_flops, and not inside a one-thread WorkScope. The flops count toward
+// the enclosing WorkScope.
+bool parallel_work(double flops);
+
+// Counts the work (parallel_work's flops) of the kernels translated inside; with `one_thread`,
+// none of them splits. Why: a program whose whole run is a few microseconds of arithmetic (a
+// VAD step, a wake-word head) loses more to waking the threads, and to their spinning beside
+// the caller between runs, than a split of its largest kernel saves. Nests.
+class WorkScope {
+ public:
+  explicit WorkScope(bool one_thread);
+  ~WorkScope();
+  WorkScope(const WorkScope&) = delete;
+  WorkScope& operator=(const WorkScope&) = delete;
+  double flops() const;
+  bool split() const;  // some kernel inside chose to split
+
+ private:
+  double prev_flops_;
+  bool prev_split_;
+  bool prev_one_thread_;
+};
+
 // Sets the calling thread's switches until destroyed (nests: restores the previous ones).
 class SwitchesScope {
  public:

@@ -4,7 +4,7 @@ import pytest
 import onnx
 from onnx import TensorProto, helper
 
-from oracle import check_model, check_node
+from oracle import check_model, check_node, make_node_model, run_cpu, run_mlx
 
 rng = np.random.default_rng(0)
 
@@ -107,6 +107,23 @@ def test_not_and_where():
 
 def test_pow():
     check_node("Pow", {"a": rand((3, 4), np.float32, 0.5, 2), "b": rand((4,), np.float32)})
+
+
+@pytest.mark.parametrize("base_shape,exp_shape", [((4, 5), ()), ((4, 5), (1,)), ((5,), (1, 1)), ((), (1,))])
+def test_pow_constant_two_is_a_product(base_shape, exp_shape):
+    """A constant exponent 2 gives x * x where ORT's CPU kernel computes that (a base of more
+    than one element), bit for bit, also for values where libm's powf rounds the other way
+    (98.9713 and 72.609375 among them); an exponent of a higher rank than the base broadcasts as
+    ONNX broadcasts it; a one-element base stays powf, as in ORT."""
+    hard = np.array([98.9713, 72.609375, -60.581284, 118.279015, 27.112843], np.float32)
+    a = np.resize(np.concatenate([hard, rand((15,), np.float32, -100, 100)]), base_shape).astype(np.float32)
+    m = make_node_model("Pow", {"a": a}, 1, None, {"b": np.full(exp_shape, 2.0, np.float32)}, 17, "")
+    got = run_mlx(m, {"a": a})[0][0]
+    want = run_cpu(m, {"a": a})[0]
+    assert got.shape == want.shape == np.broadcast_shapes(base_shape, exp_shape)
+    np.testing.assert_array_equal(got, want)
+    if a.size > 1:
+        np.testing.assert_array_equal(want, (a * a).reshape(want.shape))
 
 
 def test_clip_inputs_and_missing_bound():

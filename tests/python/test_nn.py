@@ -212,6 +212,7 @@ def test_small_convolutions_run_on_one_thread(tmp_path):
     counts = []
     for key, opts in (("all", {"cpu_dnnl_parallel_min_flops": 0}), ("default", {}), ("all2", {"cpu_dnnl_parallel_min_flops": 0})):
         report = tmp_path / f"{key}.jsonl"
+        opts["cpu_program_parallel_min_flops"] = 0  # (a program this small runs on one thread: below)
         s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
         for _ in range(4):
             np.testing.assert_allclose(s.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)
@@ -226,6 +227,49 @@ def test_small_convolutions_run_on_one_thread(tmp_path):
     assert one[2] == one[1], counts  # the threshold at 0: none on one thread
     threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
     assert one[1] - one[0] == (2 * 4 if threads > 1 else 0), counts  # the two small ones
+
+
+def test_small_programs_run_on_one_thread(tmp_path):
+    """A compiled signature whose kernels total under cpu_program_parallel_min_flops (4e6 by
+    default) runs every one of them on one thread, even those above cpu_dnnl_parallel_min_flops:
+    three convolutions of 0.5 MFLOP in all, each set to split (threshold 0), all on one thread
+    (the report's process-wide process_dnnl_one_thread_convs, which moves by 3 a run); with the
+    program threshold at 0 they split again."""
+    rng = np.random.default_rng(14)
+    ws = [rng.standard_normal(s).astype(np.float32) * 0.2 for s in ((4, 8, 3, 3), (16, 4, 3, 3), (64, 16, 3, 3))]
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["b", "w2"], ["y"], pads=[1, 1, 1, 1])],
+        "c", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 8, 5, 5])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    ref = run_cpu(m, {"x": x})[0]
+    seen = {}
+    for key, program in (("before", 0), ("small", None), ("split", 0)):
+        opts = {"cpu_dnnl_parallel_min_flops": 0}
+        if program is not None:
+            opts["cpu_program_parallel_min_flops"] = program
+        report = tmp_path / f"{key}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
+        for _ in range(6):
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        seen[key] = (line["process_dnnl_one_thread_convs"], line["process_dnnl_convs"])
+    if DEVICE != "cpu":
+        return
+    import os
+    threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    if threads == 1:
+        return
+    small = [a - b for a, b in zip(seen["small"], seen["before"])]
+    split = [a - b for a, b in zip(seen["split"], seen["small"])]
+    assert small == [3 * 6, 3 * 6], seen  # every run's convolutions, each on one thread
+    assert split == [0, 3 * 6], seen  # ... and none when the program may split
 
 
 @pytest.mark.parametrize("min_flops,through_dnnl", [(None, True), ("1000000", False)])

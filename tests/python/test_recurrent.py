@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxruntime_mlx as om
-from oracle import assert_close, check_model, placement_of, run_cpu, run_mlx
+from oracle import DEVICE, assert_close, check_model, placement_of, run_cpu, run_mlx
 
 rng = np.random.default_rng(0)
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -355,3 +355,31 @@ def test_gru_streaming_100_chunks():
         assert_close(feat_m, feat_c, name=f"chunk {step} output")
         assert_close(h_mlx, h_cpu, name=f"chunk {step} state")
 
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+def test_lstm_cpu_kernels(tmp_path, direction):
+    """On the CPU a one-direction LSTM with default activations and constant weights runs its
+    products through the packed kernel and each step's cell as the EP's kernel (LstmCell,
+    counted by the report's process_lstm_cells: at least T steps a run); H = 20 leaves a tail past the
+    8-lane vectors. Against ORT's CPU EP; with cpu_gemv=0 (no CPU kernels) the count stays put."""
+    import json
+    T, B, H = 4, 3, 20
+    ins = make_inputs("LSTM", T=T, B=B, I=5, H=H, direction=direction, initial=True, lens=[4, 2, 3])
+    attrs = {"hidden_size": H, "direction": direction}
+    m = make_model("LSTM", ins, attrs)
+    feeds = feeds_of(m, ins)
+    ref = run_cpu(m, feeds)
+    cells = {}
+    for key, opts in (("on", {}), ("off", {"cpu_gemv": 0})):
+        report = tmp_path / f"{key}.jsonl"
+        s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report), **opts)
+        for _ in range(3):
+            for got, want in zip(s.run(None, feeds), ref):
+                assert_close(got, want)
+        del s
+        line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+        cells[key] = line["process_lstm_cells"]
+    if DEVICE == "cpu":
+        assert cells["on"] >= 3 * T, cells  # every step of every run (a first run may take two passes)
+    assert cells["off"] == cells["on"], cells

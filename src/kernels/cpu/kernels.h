@@ -210,6 +210,15 @@ std::optional<mx::array> cpu_patch_deconv(const mx::array& x, const mx::array& w
 // dtypes or ranks, with the CPU kernels off.
 std::optional<mx::array> cpu_nearest_upsample(const mx::array& x, int kh, int kw, mx::Stream s);
 
+// One LSTM step's cell for float32 rows (ONNX's default activations, no peepholes): the gates
+// g = xw + hr ([..., 4H], in ONNX's order i, o, f, c) give c' = sigmoid(f) c + sigmoid(i)
+// tanh(c~) and h' = sigmoid(o) tanh(c'); returns {h', c'} of c's shape [..., H]. Why: as MLX ops
+// those are a dozen small primitives a step, each a task of the stream thread. std::nullopt off
+// the CPU, for other dtypes or shapes, with the CPU kernels off.
+std::optional<std::vector<mx::array>> cpu_lstm_cell(const mx::array& xw, const mx::array& hr, const mx::array& c,
+                                                    mx::Stream s);
+uint64_t cpu_lstm_cell_runs();  // steps computed by it in this process
+
 // A 2-D depthwise convolution (groups = channels, one output channel each) of float32 NCHW `x`
 // as it lies, `w` [C, 1, kh, kw]: per channel plane, each output row accumulated tap by tap
 // over the columns whose input lies inside the row (8 at a time with AVX2, strides 1 and 2),

@@ -322,7 +322,7 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   // reorders cost more than they save: small convolutions stay MLX's.
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   DnnlConvShape gt = g;
-  if (flops < static_cast<double>(translation_switches().cpu_conv_parallel_min_flops)) gt.threads = 1;
+  if (!parallel_work(flops)) gt.threads = 1;
   size_t covered = 0;
   gt.post_ops = post_ops_of(steps, covered);
   auto plan = cpu_dnnl_conv_plan(gt, c.s);
@@ -443,7 +443,7 @@ std::optional<mx::array> pointwise_conv_as_product(OpContext& c, const mx::array
     const size_t first = add ? 1 : 0;
     const bool relu = steps.size() > first && steps[first].kind == graph::ConvActivation::Kind::Relu;
     const double flops = 2.0 * N * M * cg * P;
-    const bool parallel = flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops);
+    const bool parallel = parallel_work(flops);
     const auto residual = conv_residual(c);
     if (auto y = cpu_pointwise_conv(x0, w, bias, groups, relu, parallel, c.is_constant(1), c.s,
                                     add ? residual : std::nullopt))
@@ -497,7 +497,7 @@ std::optional<mx::array> depthwise_conv_kernel(OpContext& c, const mx::array& x0
   if (c.has(2)) bias = mx::astype(c.in(2), mx::float32, c.s);
   const bool relu = !steps.empty() && steps[0].kind == graph::ConvActivation::Kind::Relu;
   const double flops = 2.0 * static_cast<double>(w0.size()) * out_shape[0] * out_shape[2] * out_shape[3];
-  const bool parallel = flops >= static_cast<double>(sw.cpu_conv_parallel_min_flops);
+  const bool parallel = parallel_work(flops);
   auto y = cpu_depthwise_conv(x0, w0, bias, to_int(strides), lo, hi, to_int(dil), relu, parallel, c.s);
   if (!y) return std::nullopt;
   return apply_activations({steps.begin() + (relu ? 1 : 0), steps.end()}, *y, c.s, conv_residual(c));
@@ -657,7 +657,7 @@ Outputs translate_conv_transpose(OpContext& c) {
       std::optional<mx::array> bias;
       if (c.has(2)) bias = mx::astype(c.in(2), mx::float32, c.s);
       const double flops = conv_flops(w0, x0.shape());
-      const bool parallel = flops >= static_cast<double>(translation_switches().cpu_conv_parallel_min_flops);
+      const bool parallel = parallel_work(flops);
       if (auto y = cpu_patch_deconv(x0, w0, bias, parallel, c.s)) return {*y};
     }
   }

@@ -129,6 +129,16 @@ Outputs translate_pow(OpContext& c) {
     auto r = mx::power(mx::astype(base, mx::float32, c.s), mx::astype(expo, mx::float32, c.s), c.s);
     return {mx::astype(mx::round(r, 0, c.s), base.dtype(), c.s)};
   }
+  // A constant exponent of 2 (a magnitude's squares) as x * x, as ORT's CPU kernel computes it
+  // (for a base of more than one element): exact, where powf is not always, and a product MLX's
+  // CPU backend vectorizes.
+  if (c.is_constant(1) && expo.size() == 1 && base.size() != 1 && c.host_float(1) == 2.0) {
+    auto y = mx::square(base, c.s);
+    if (expo.ndim() <= base.ndim()) return {y};
+    mx::Shape shape(expo.ndim() - base.ndim(), 1);  // a higher-rank exponent adds leading 1s
+    shape.insert(shape.end(), base.shape().begin(), base.shape().end());
+    return {mx::reshape(y, shape, c.s)};
+  }
   return {mx::power(base, mx::astype(expo, base.dtype(), c.s), c.s)};
 }
 

@@ -15,7 +15,9 @@
 #include <cctype>
 #include <cmath>
 
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
+#include "ops/int_matmul.h"
 
 namespace ortmlx::ops {
 
@@ -234,6 +236,14 @@ Support check_recurrent(const NodeQuery& q, Cell k) {
   return Support::yes();
 }
 
+// An LSTM step through the CPU kernels: h [1, B, H] @ R[0]^T by the packed kernel, then the
+// cell (cpu_lstm_cell) from the step's projection xt; {h', c'}, or nullopt where either declines.
+std::optional<std::vector<mx::array>> lstm_cell_step(const mx::array& xt, const mx::array& h, const mx::array& R,
+                                                     const mx::array& cell, mx::Stream s) {
+  auto hr = packed_product(h, mx::transpose(mx::squeeze(R, 0, s), s), s);
+  return hr ? cpu_lstm_cell(xt, *hr, cell, s) : std::nullopt;
+}
+
 // One function for RNN, GRU and LSTM, though long: the shared attribute and input handling
 // (directions, sequence lengths, initial states, clip, activations) and the unrolled loop differ
 // only in the cell, so splitting it would duplicate that handling per op.
@@ -285,14 +295,34 @@ Outputs translate_recurrent(OpContext& c, Cell k) {
     check_state(c0, "initial_c");
   }
 
+  const bool input_forget = k == Cell::LSTM && n.attr_int("input_forget", 0) != 0;
+  // On the CPU, one direction of an LSTM with ONNX's default activations, no clip, peepholes or
+  // coupled gates, and constant weights: both products through the packed kernel (each weight
+  // laid out once) and a step's gate arithmetic as one kernel (cpu_lstm_cell).
+  const bool kernel_lstm = k == Cell::LSTM && s.device == mx::Device::cpu && ct == mx::float32 && D == 1 &&
+                           !L.clip && !input_forget && !c.has(7) && c.is_constant(1) && c.is_constant(2) &&
+                           L.acts == std::vector<Act>{{Fn::Sigmoid}, {Fn::Tanh}, {Fn::Tanh}};
   // Input projection for every step at once: [1, T*B, I] @ [D, I, G*H] -> [D, T, B, G*H].
-  auto xw = mx::matmul(mx::reshape(x, {1, T * B, I}, s), mx::transpose(W, {0, 2, 1}, s), s);
+  std::optional<mx::array> xw_kernel;
+  if (kernel_lstm) {
+    std::optional<mx::array> bias;  // Wb + Rb [G*H], the products' start
+    if (c.has(3))
+      bias = c.prepared("lstm_bias", {3}, [&] {
+        auto b = mx::astype(c.in(3), ct, s);
+        if (b.shape() != mx::Shape{1, 2 * G * H}) c.fail("B has the wrong shape");
+        return mx::add(mx::slice(b, {0, 0}, {1, G * H}, s), mx::slice(b, {0, G * H}, {1, 2 * G * H}, s), s);
+      });
+    if (bias) bias = mx::reshape(*bias, {G * H}, s);
+    xw_kernel = packed_product(mx::reshape(x, {T * B, I}, s), mx::transpose(mx::squeeze(W, 0, s), s), s, bias);
+  }
+  auto xw = xw_kernel ? *xw_kernel
+                      : mx::matmul(mx::reshape(x, {1, T * B, I}, s), mx::transpose(W, {0, 2, 1}, s), s);
   xw = mx::reshape(xw, {D, T, B, G * H}, s);
   // Biases: Wb + Rb fold into the projection, except GRU's Rbh with linear_before_reset,
   // which ONNX multiplies by the reset gate.
   const bool lbr = k == Cell::GRU && n.attr_int("linear_before_reset", 0) != 0;
   std::optional<mx::array> rbh;  // [D, 1, H]
-  if (auto bias = opt(3)) {
+  if (auto bias = xw_kernel ? std::nullopt : opt(3)) {
     if (bias->shape() != mx::Shape{D, 2 * G * H}) c.fail("B has the wrong shape");
     auto wb = mx::slice(*bias, {0, 0}, {D, G * H}, s);
     auto rb = mx::slice(*bias, {0, G * H}, {D, 2 * G * H}, s);
@@ -324,7 +354,6 @@ Outputs translate_recurrent(OpContext& c, Cell k) {
 
   const auto RT = mx::transpose(R, {0, 2, 1}, s);  // [D, H, G*H]
   std::optional<mx::array> pi, po, pf;            // LSTM peepholes, [D, 1, H]
-  const bool input_forget = k == Cell::LSTM && n.attr_int("input_forget", 0) != 0;
   if (k == Cell::LSTM) {
     if (auto P = opt(7)) {
       if (P->shape() != mx::Shape{D, 3 * H}) c.fail("P has the wrong shape");
@@ -365,6 +394,9 @@ Outputs translate_recurrent(OpContext& c, Cell k) {
       }
       auto hh = L.act(1, L.clipped(pre));
       hn = mx::add(mx::multiply(mx::subtract(one, z, s), hh, s), mx::multiply(z, h, s), s);
+    } else if (auto cell_kernel = kernel_lstm ? lstm_cell_step(xt, h, R, cell, s) : std::nullopt) {
+      hn = (*cell_kernel)[0];
+      cn = (*cell_kernel)[1];
     } else {
       auto g = mx::add(xt, mx::matmul(h, RT, s), s);  // gates i, o, f, c
       mx::array i = L.cols(g, 0, H), o = L.cols(g, H, 2 * H), f = L.cols(g, 2 * H, 3 * H);
