@@ -153,6 +153,25 @@ def test_concatenated_convolutions_stay_blocked(channels, then, capfd):
         assert prims.get("DnnlUnblock", 0) == 1 and "ChunkConcat" not in prims, prims
 
 
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_large_blocked_concatenation_and_pool(avx512, capfd):
+    """A concatenation large enough to be copied by both threads (two images of 64 + 48 channels,
+    24 x 24: its copy split into chunks that end inside a position's channels), then a 3 x 3
+    stride-2 max pooling of its 112 channels (in AVX-512 registers with cpu_avx512=1 on such a
+    machine: 64 channels a pass, then 16 at a time) and a convolution. Outputs equal ORT's CPU EP.
+    Broken by a chunk copied from the wrong input or offset, or a pass that misses lanes."""
+    rng = np.random.default_rng(37)
+    x = rng.standard_normal((2, 8, 24, 24)).astype(np.float32)
+    inits = [_init("w1", rng.standard_normal((64, 8, 1, 1)) * 0.3), _init("w2", rng.standard_normal((48, 8, 3, 3)) * 0.3),
+             _init("w3", rng.standard_normal((16, 112, 1, 1)) * 0.3)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "w3"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
+    assert prims.get("DnnlBlockedConcat") == 1 and prims.get("DnnlBlockedPool") == 1, prims
+
+
 @pytest.mark.parametrize("first", ["MaxPool", "Conv"])
 def test_densenet_layer_stays_blocked(first, capfd):
     """densenet's layer: a concatenation (its first input a pooling's plain output, reordered into
