@@ -6,7 +6,7 @@ import pytest
 
 import onnxruntime_mlx as om
 from onnx import TensorProto as TP, helper, numpy_helper
-from oracle import DEVICE, check_node, make_node_model, placement_of, run_cpu
+from oracle import DEVICE, check_node, make_node_model, placement_of, run_cpu, run_mlx
 
 rng = np.random.default_rng(0)
 
@@ -505,6 +505,38 @@ def test_wide_pools_run_the_cpu_kernel(xs, attrs, op, capfd):
         assert any(re.search(rf"\b{kernel}\b", line) for line in evaluated), evaluated
     else:
         assert not any(kernel in line for line in evaluated), evaluated
+
+
+# Planes whose output rows fit one AVX-512 register (kernels/cpu/pool.cc: out_w <= 16, stride_w
+# 1 or 2): shufflenet's 3 x 3 stride-2 pools, a global 7 x 7 one, stride 1 with padding at 16
+# outputs, dilation, ceil mode's partial window, a kernel wider than its stride.
+NARROW_POOL_CASES = [
+    ((1, 6, 28, 28), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 14, 14), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 5, 7, 7), {"kernel_shape": [7, 7]}),
+    ((1, 3, 9, 16), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 12, 13), {"kernel_shape": [3, 2], "strides": [1, 2], "dilations": [2, 3], "pads": [2, 1, 0, 1]}),
+    ((1, 3, 11, 11), {"kernel_shape": [5, 5], "strides": [2, 2], "ceil_mode": 1, "pads": [0, 2, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", NARROW_POOL_CASES)
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_narrow_pools_in_avx512_registers(xs, attrs, op):
+    """The narrow planes' pooling in AVX-512 registers gives the separable form's bits exactly
+    (cpu_avx512=1 against 0, on a machine with AVX-512; padding counted in the average or not),
+    and both equal ORT's CPU EP. Broken by a tap's lane mask off by one or a pad lane that is
+    not the identity (0 for the sum, -inf for the max)."""
+    x = rand(xs)
+    for include_pad in ([0] if op == "MaxPool" else [0, 1]):
+        a = {**attrs} if op == "MaxPool" else {**attrs, "count_include_pad": include_pad}
+        model = make_node_model(op, {"x": x}, 1, a)
+        want = run_cpu(model, {"x": x})[0]
+        got = {}
+        for avx512 in (1, 0):
+            got[avx512] = run_mlx(model, {"x": x}, cpu_avx512=avx512)[0][0]
+            np.testing.assert_allclose(got[avx512], want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(got[1], got[0])
 
 
 @pytest.mark.parametrize("xs,attrs", POOL_CASES[:6] + POOL_CASES[8:])

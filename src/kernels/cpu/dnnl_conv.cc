@@ -518,7 +518,7 @@ class DnnlBlock : public PlanPrimitive {
 struct BlockedPoolParams {
   CpuPool2d g;
   std::array<int64_t, 4> dims;  // planes (N * C / b), H, W, b
-  bool avx512 = false;          // max pooling of b % 16 == 0 in AVX-512 registers (cpu_avx512_kernels())
+  bool avx512 = false;          // in AVX-512 registers (cpu_avx512_kernels())
   bool operator==(const BlockedPoolParams&) const = default;
 };
 class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
@@ -590,21 +590,22 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
   // 4, each register named so that the compiler keeps them all in registers), the taps' NaN lanes
   // gathered in masks and set at the end (a NaN anywhere in the window propagates, as in the
   // scalar form; -inf for a window with no taps inside).
-  __attribute__((target("avx512f"))) static inline void take(__m512& acc, __mmask16& nan, const float* v) {
-    const __m512 a = _mm512_loadu_ps(v);
+  __attribute__((target("avx512f"))) static inline void take(__m512& acc, __mmask16& nan, const float* v,
+                                                            __mmask16 lanes = 0xffff) {
+    const __m512 a = _mm512_maskz_loadu_ps(lanes, v);
     acc = _mm512_max_ps(acc, a);
     nan = static_cast<__mmask16>(nan | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
   }
   template <int R>
   __attribute__((target("avx512f"))) static void window_max_avx512(const float* x, const int64_t* off, int n,
-                                                                   float* y) {
+                                                                   float* y, __mmask16 lanes = 0xffff) {
     static_assert(R == 1 || R == 4);
     const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     __m512 a0 = lowest, a1 = lowest, a2 = lowest, a3 = lowest;
     __mmask16 n0 = 0, n1 = 0, n2 = 0, n3 = 0;
     for (int t = 0; t < n; ++t) {
       const float* v = x + off[t];
-      take(a0, n0, v);
+      take(a0, n0, v, lanes);
       if constexpr (R == 4) {
         take(a1, n1, v + 16);
         take(a2, n2, v + 32);
@@ -612,7 +613,7 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
       }
     }
     const __m512 qnan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
-    _mm512_storeu_ps(y, _mm512_mask_mov_ps(a0, n0, qnan));
+    _mm512_mask_storeu_ps(y, lanes, _mm512_mask_mov_ps(a0, n0, qnan));
     if constexpr (R == 4) {
       _mm512_storeu_ps(y + 16, _mm512_mask_mov_ps(a1, n1, qnan));
       _mm512_storeu_ps(y + 32, _mm512_mask_mov_ps(a2, n2, qnan));
@@ -620,8 +621,13 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
     }
   }
 
-  // Max pooling of output rows [r0, r1) for a block of a multiple of 16 channels: a position's
-  // window taps found once, then all of its channels, 64 at a time, held in registers over them.
+  // The lanes of the 16 channels from c0 that lie below B.
+  static __mmask16 lanes_below(int64_t c0, int64_t B) {
+    return B - c0 >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (B - c0)) - 1);
+  }
+
+  // Max pooling of output rows [r0, r1) (any block): a position's window taps found once, then
+  // all of its channels, 64 at a time, held in registers over them (the last ones masked).
   // Why: per 16 lanes with bounds tests at each tap, squeezenet's pools took several times
   // what ORT's take.
   __attribute__((target("avx512f"))) static void max_rows_avx512(const float* xp, float* yp, const CpuPool2d& g,
@@ -638,7 +644,45 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
         for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { off[n++] = pos * B; });
         int64_t c0 = 0;
         for (; c0 + 64 <= B; c0 += 64) window_max_avx512<4>(x + c0, off, n, y + c0);
-        for (; c0 < B; c0 += 16) window_max_avx512<1>(x + c0, off, n, y + c0);
+        for (; c0 < B; c0 += 16) window_max_avx512<1>(x + c0, off, n, y + c0, lanes_below(c0, B));
+      }
+    }
+  }
+
+  // Average pooling of output rows [r0, r1) (any block), 16 channels a register: each window
+  // row's taps summed in order, then the rows, then divided by count_h[oh] * count_w[ow] (the
+  // scalar form's arithmetic, so the bits do not depend on the form).
+  __attribute__((target("avx512f"))) static void average_rows_avx512(const float* xp, float* yp, const CpuPool2d& g,
+                                                                     const std::array<int64_t, 4>& d, int64_t r0,
+                                                                     int64_t r1) {
+    const int64_t H = d[1], W = d[2], B = d[3], OH = g.out_h, OW = g.out_w;
+    int64_t rows[kMaxWindowTaps], cols[kMaxWindowTaps];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t p = r / OH, oh = r % OH;
+      const float* x = xp + p * H * W * B;
+      float* y = yp + (p * OH + oh) * OW * B;
+      int nr = 0;
+      for (int i = 0; i < g.kernel_h; ++i) {
+        const int64_t ih = oh * g.stride_h - g.pad_top + static_cast<int64_t>(i) * g.dil_h;
+        if (ih >= 0 && ih < H) rows[nr++] = ih * W * B;
+      }
+      for (int64_t ow = 0; ow < OW; ++ow, y += B) {
+        int nc = 0;
+        for (int j = 0; j < g.kernel_w; ++j) {
+          const int64_t iw = ow * g.stride_w - g.pad_left + static_cast<int64_t>(j) * g.dil_w;
+          if (iw >= 0 && iw < W) cols[nc++] = iw * B;
+        }
+        const __m512 div = _mm512_set1_ps(g.count_h[static_cast<size_t>(oh)] * g.count_w[static_cast<size_t>(ow)]);
+        for (int64_t c0 = 0; c0 < B; c0 += 16) {
+          const __mmask16 lanes = lanes_below(c0, B);
+          __m512 acc = _mm512_setzero_ps();
+          for (int i = 0; i < nr; ++i) {
+            __m512 row = _mm512_setzero_ps();
+            for (int j = 0; j < nc; ++j) row = _mm512_add_ps(row, _mm512_maskz_loadu_ps(lanes, x + rows[i] + cols[j] + c0));
+            acc = _mm512_add_ps(acc, row);
+          }
+          _mm512_mask_storeu_ps(y + c0, lanes, _mm512_div_ps(acc, div));
+        }
       }
     }
   }
@@ -719,10 +763,14 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
                              avx512 = p_.avx512] {
       const int64_t planes = d[0];
 #ifdef ORTMLX_X86
-      if (g.max && avx512 && d[3] % 16 == 0 && g.kernel_h * g.kernel_w <= kMaxWindowTaps) {
+      if (avx512 && g.kernel_h * g.kernel_w <= kMaxWindowTaps) {
         const int64_t rows = planes * g.out_h;
-        cpu_parallel_for(rows, std::min<int64_t>(cpu_threads(), rows),
-                         [&](int64_t r0, int64_t r1) { max_rows_avx512(xp, yp, g, d, r0, r1); });
+        cpu_parallel_for(rows, std::min<int64_t>(cpu_threads(), rows), [&](int64_t r0, int64_t r1) {
+          if (g.max)
+            max_rows_avx512(xp, yp, g, d, r0, r1);
+          else
+            average_rows_avx512(xp, yp, g, d, r0, r1);
+        });
         return;
       }
 #else
