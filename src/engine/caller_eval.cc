@@ -17,6 +17,7 @@
 
 #include "engine/stream_hold.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/buffers.h"
 #include "kernels/cpu/task.h"
 
 namespace ortmlx::engine {
@@ -79,7 +80,7 @@ bool compute(mx::array& a, Kind kind) {
   if (kind == Kind::Reshape || kind == Kind::Contiguous) {
     if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].dtype() != outputs[0].dtype()) return false;
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    ops::allocate_output(out);
     ops::copy_row_major(inputs[0], out.data<void>());
     return true;
   }
@@ -237,8 +238,12 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
     kept_args[i].copy_shared_buffer(args[i]);
   }
   // The kept arrays stay available and attached: the same walk, over the new data.
-  const auto counts =
-      run_walk([this] { return walk(tape_, /*detach=*/false, &kinds_); }, on_caller_, stream_, hold, poll_for);
+  const auto counts = run_walk(
+      [this] {
+        ops::ReuseOutputsScope reuse;  // the same arrays again: their own buffers where nothing else holds them
+        return walk(tape_, /*detach=*/false, &kinds_);
+      },
+      on_caller_, stream_, hold, poll_for);
   if (counts.second) return std::nullopt;
   g_replays.fetch_add(1, std::memory_order_relaxed);
   // Arrays of their own over this run's buffers: the next replay points the kept ones at new

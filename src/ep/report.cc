@@ -5,6 +5,7 @@
 #include "engine/caller_eval.h"
 #include "engine/device_buffers.h"
 #include "engine/stream_hold.h"
+#include "kernels/cpu/buffers.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/dequantize.h"
@@ -70,6 +71,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()
     << ",\"process_packed_matmuls\":" << ops::cpu_packed_matmul_runs()
     << ",\"process_lstm_cells\":" << ops::cpu_lstm_cell_runs()
+    << ",\"process_reused_outputs\":" << ops::cpu_reused_outputs()
     << ",\"process_held_runs\":" << engine::StreamHold::held_runs()
     << ",\"process_hold_lingers\":" << engine::StreamHold::lingers()
     << ",\"process_hold_linger_hits\":" << engine::StreamHold::linger_hits()

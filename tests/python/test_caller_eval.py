@@ -79,7 +79,7 @@ del s
 line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
 np.savez(report + ".npz", *got)
 print(json.dumps({k: line[k] for k in ("process_caller_arrays", "process_caller_stream_arrays", "process_caller_left",
-                                       "process_caller_replays")}))
+                                       "process_caller_replays", "process_reused_outputs")}))
 """
 
 
@@ -124,11 +124,14 @@ def test_kept_walk_follows_each_runs_inputs(case, tmp_path):
     """A compiled signature's walk is kept from its third compiled call (cpu_caller_replay) and
     computed again over each later run's inputs: over 10 runs of different values, every output
     is the bits of MLX's own evaluation of that run, and ORT's CPU EP's within 1e-5 (the graphs
-    without NaN and infinities). Broken by a replay that reads the kept run's inputs, skips a
-    step, or hands out arrays the next replay overwrites."""
+    without NaN and infinities). A replay computes its arrays into the buffers they hold, where
+    nothing else holds them (process_reused_outputs: several a replay). Broken by a replay that
+    reads the kept run's inputs, skips a step, hands out arrays the next replay overwrites, or
+    writes into a buffer a view or the last run's outputs still read."""
     on, got = _run(case, 1, tmp_path, runs=10)
     off, want = _run(case, 0, tmp_path, runs=10)
     assert on["process_caller_replays"] >= 5 and off["process_caller_replays"] == 0, (on, off)
+    assert on["process_reused_outputs"] >= on["process_caller_replays"] and off["process_reused_outputs"] == 0, (on, off)
     assert len(got) == len(want)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)

@@ -98,6 +98,26 @@ void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
       return;
     }
   }
+  allocate_output(out);
+}
+
+namespace {
+thread_local bool tl_reuse_outputs = false;
+std::atomic<uint64_t> g_reused{0};
+}  // namespace
+
+uint64_t cpu_reused_outputs() { return g_reused.load(std::memory_order_relaxed); }
+
+ReuseOutputsScope::ReuseOutputsScope() : prev_(tl_reuse_outputs) { tl_reuse_outputs = true; }
+ReuseOutputsScope::~ReuseOutputsScope() { tl_reuse_outputs = prev_; }
+
+void allocate_output(mx::array& out) {
+  const auto& held = out.data_shared_ptr();
+  if (tl_reuse_outputs && held && held.use_count() == 1 && out.offset() == 0 && out.flags().row_contiguous &&
+      out.buffer_size() == out.nbytes()) {
+    g_reused.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   out.set_data(mx::allocator::malloc(out.nbytes()));
 }
 

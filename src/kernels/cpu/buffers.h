@@ -65,4 +65,23 @@ size_t allocation_size(size_t nbytes);
 // bound to (then dispatch_task, task.h).
 void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
 
+// Gives `out` a buffer for out.nbytes(): inside a ReuseOutputsScope the one it already holds,
+// when nothing else holds that buffer, else a new one from MLX's allocator.
+void allocate_output(mx::array& out);
+// While an object of this class lives, allocate_output on this thread keeps an array's own
+// buffer (a kept walk's replay computes the same arrays again, of the same sizes). Why: a small
+// model's run is a few dozen steps of a few hundred bytes, and each step's allocation and the
+// release of the last run's buffer (each under the allocator's lock) cost more than its math.
+uint64_t cpu_reused_outputs();  // buffers kept so in this process
+class ReuseOutputsScope {
+ public:
+  ReuseOutputsScope();
+  ~ReuseOutputsScope();
+  ReuseOutputsScope(const ReuseOutputsScope&) = delete;
+  ReuseOutputsScope& operator=(const ReuseOutputsScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace ortmlx::ops

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/buffers.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/simd.h"
 
@@ -240,7 +241,7 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
     const auto& x = inputs[0];
     if (inputs.size() != 1 || !known_dtype(x.dtype()) || !known_dtype(out.dtype()) || x.shape() != out.shape())
       return false;
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     switch (x.dtype()) {
       case mx::float32: return convert_from<float>(x, out);
       case mx::int32: return convert_from<int32_t>(x, out);
@@ -253,7 +254,7 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
   if (inputs.size() == 2) {
     auto run = [&](auto op, auto type) {
       using T = decltype(type);
-      out.set_data(mx::allocator::malloc(out.nbytes()));
+      allocate_output(out);
       binary<T>(inputs[0], inputs[1], out.data<T>(), op);
       return true;
     };
@@ -280,7 +281,7 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
   const auto& x = inputs[0];
   if (out.dtype() == mx::int32 || out.dtype() == mx::int64) {  // index arithmetic
     if (name != "Negative" && name != "Abs") return false;
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     auto ints = [&](auto type) {
       using T = decltype(type);
       std::vector<T> scratch;
@@ -293,12 +294,12 @@ bool cpu_elementwise_on_caller(std::string_view name, const std::vector<mx::arra
   }
   if (out.dtype() != mx::float32) return false;
   auto run = [&](auto f) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     unary(x, out.data<float>(), f);
     return true;
   };
   auto run_map = [&](auto f) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     transcendental<decltype(f)::value>(x, out.data<float>());
     return true;
   };

@@ -15,6 +15,7 @@
 
 #include <mlx/primitives.h>
 
+#include "kernels/cpu/buffers.h"
 #include "kernels/cpu/kernels.h"
 
 namespace ortmlx::ops {
@@ -65,7 +66,7 @@ bool gather(const mx::Gather& g, const std::vector<mx::array>& inputs, mx::array
     }
     if (!ok) return false;
   }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  allocate_output(out);
   const size_t item = src.itemsize();
   const char* sp = src.data<char>();
   char* dp = out.data<char>();
@@ -122,7 +123,7 @@ bool matmul(const std::vector<mx::array>& inputs, mx::array& out) {
   Operand oa, ob;
   prepare(a, oa);
   prepare(b, ob);
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  allocate_output(out);
   float* y = out.data<float>();
   const size_t batches = a.size() / (static_cast<size_t>(M) * K);
   for (size_t i = 0; i < batches; ++i)
@@ -164,7 +165,7 @@ bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& ou
   if (is_comparison(n) && in.size() == 2 && out.dtype() == mx::bool_ && in[0].dtype() == in[1].dtype()) {
     const auto t = in[0].dtype();
     if (t != mx::float32 && t != mx::int32 && t != mx::int64 && t != mx::bool_) return false;
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     bool* y = out.data<bool>();
     if (t == mx::float32) return compare<float>(n, in[0], in[1], y);
     if (t == mx::int32) return compare<int32_t>(n, in[0], in[1], y);
@@ -173,13 +174,13 @@ bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& ou
   }
   const bool all_bool = out.dtype() == mx::bool_ && std::all_of(in.begin(), in.end(), [](const mx::array& x) { return x.dtype() == mx::bool_; });
   if (all_bool && in.size() == 2 && (n == "LogicalAnd" || n == "LogicalOr" || n == "BitwiseAnd" || n == "BitwiseOr")) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     const bool conj = n == "LogicalAnd" || n == "BitwiseAnd";
     map2<bool>(in[0], in[1], out.data<bool>(), [conj](bool u, bool v) { return conj ? (u && v) : (u || v); });
     return true;
   }
   if (all_bool && in.size() == 1 && n == "LogicalNot") {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     std::vector<uint8_t> s;
     const uint8_t* p = row_major(in[0], s);
     bool* y = out.data<bool>();
@@ -188,7 +189,7 @@ bool boolean(std::string_view n, const std::vector<mx::array>& in, mx::array& ou
   }
   if (n == "Select" && in.size() == 3 && in[0].dtype() == mx::bool_ && in[1].dtype() == out.dtype() &&
       in[2].dtype() == out.dtype() && (out.itemsize() == 4 || out.itemsize() == 8 || out.itemsize() == 1)) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_output(out);
     const size_t item = out.itemsize();
     std::vector<uint8_t> sc;
     std::vector<char> s1(in[1].flags().row_contiguous ? 0 : in[1].nbytes()), s2(in[2].flags().row_contiguous ? 0 : in[2].nbytes());
@@ -252,7 +253,7 @@ bool reduce(const mx::Reduce& r, const std::vector<mx::array>& in, mx::array& ou
   const auto [type, axes] = r.state();
   const auto& x = in[0];
   if (in.size() != 1 || x.dtype() != out.dtype() || x.size() == 0 || out.ndim() != x.ndim()) return false;
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  allocate_output(out);
   switch (x.dtype()) {
     case mx::int32: reduce_into(x, axes, type, out.data<int32_t>(), out.size()); return true;
     case mx::int64: reduce_into(x, axes, type, out.data<int64_t>(), out.size()); return true;
