@@ -607,8 +607,8 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
 
 
 @pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20),
-                                   (1, 600, 100), (1, 40, 5)])
-@pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm"])
+                                   (1, 600, 100), (1, 40, 5), (1, 600, 500)])
+@pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm", "GemmBias"])
 @pytest.mark.parametrize("avx512", [1, 0])
 def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
     """Float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
@@ -616,23 +616,27 @@ def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd
     and 6 x 16 register tiles, masked at the last panel's edge, K in blocks of 512 summed into
     the output): one primitive, no MLX Matmul. Rows not a multiple of the tile's, columns not a
     multiple of the panel's, K past one block, a batch of rows taken flat, one row (a decode
-    step's MatMul; a Gemm of one row stays the row kernel), and Gemm's transposed weight (read
-    through its strides), alpha and C. Outputs equal ORT's CPU EP (float32 sums in another
-    order)."""
+    step's MatMul; a Gemm of one row with alpha or beta stays the row kernel, and so does one of
+    a weight over 2^18 elements; a Gemm of one row with a bias C takes the kernel, the bias its
+    sums' start, no Add), and Gemm's transposed weight (read through its strides), alpha and C.
+    Outputs equal ORT's CPU EP (float32 sums in another order)."""
     rng = np.random.default_rng(m * 1000 + n)
     w = rng.standard_normal((k, n)).astype(np.float32) / np.sqrt(k)
-    if op == "Gemm":
+    if op.startswith("Gemm"):
         x = rng.standard_normal((m, k)).astype(np.float32)
         inits = [_init("w", w.T), _init("c", rng.standard_normal(n))]
-        nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+        scales = {} if op == "GemmBias" else {"alpha": 0.5, "beta": 2.0}
+        nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, **scales)]
     else:
         x = rng.standard_normal((2, m, k) if op == "MatMul3d" else (m, k)).astype(np.float32)
         inits, nodes = [_init("w", w)], [helper.make_node("MatMul", ["x", "w"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
-    if op == "Gemm" and m == 1:
+    if op.startswith("Gemm") and m == 1 and (op == "Gemm" or k * n > 1 << 18):
         assert prims.get("RowGemv") == 1 and "Matmul" not in prims, prims
     else:
         assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
+    if op == "GemmBias" and m == 1 and k * n <= 1 << 18:
+        assert "Add" not in prims, prims
 
 
 def test_products_by_an_activation_are_mlxs(capfd):

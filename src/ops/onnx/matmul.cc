@@ -21,6 +21,9 @@ namespace ortmlx::ops {
 
 namespace {
 
+// Gemm's one row takes the packed kernel for weights of at most this many elements (1 MiB).
+constexpr int64_t kPackedOneRowMaxWeights = int64_t{1} << 18;
+
 // ---- numpy matmul shape rules --------------------------------------------------------------
 
 // numpy treats a 1-D left operand as a row [1, K] and a 1-D right operand as a column [K, 1],
@@ -310,16 +313,23 @@ Outputs translate_gemm(OpContext& c) {
     a = mx::astype(a, mx::float32, c.s);
     b = mx::astype(b, mx::float32, c.s);
   }
+  // A C of [N] with alpha and beta 1 (ORT's MatMul+Add fusion writes a bias so) can be the
+  // packed kernel's start.
+  const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
   mx::array y = [&] {
+    // One row by a small constant matrix (a wake-word head's layers): the packed kernel with the
+    // bias, one primitive where gemv and the Add were two. Large ones (a classifier's head) keep
+    // gemv: the kernel's copy of the weight would double their memory for no faster product.
+    if (a.shape(0) == 1 && bias_first && c.is_constant(1) && !b32 && !f32 &&
+        static_cast<int64_t>(b.size()) <= kPackedOneRowMaxWeights)
+      if (auto m = packed_product(a, b, c.s, cc)) return *m;
     if (auto row = cpu_row_gemv(a, b, c.s)) {  // M == 1 on the CPU: gemv, then alpha and C
       auto m = alpha == 1.f ? *row : mx::multiply(*row, mx::array(alpha, row->dtype()), c.s);
       if (!cc) return m;
       auto bias = mx::astype(*cc, m.dtype(), c.s);
       return mx::add(m, beta == 1.f ? bias : mx::multiply(bias, mx::array(beta, m.dtype()), c.s), c.s);
     }
-    // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start, as ORT's
-    // MatMul+Add fusion writes a bias) or oneDNN.
-    const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
+    // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start) or oneDNN.
     // (b32, f32: a half-precision B converted per program, no graph constant whose buffer the
     // kernel's cached layout may be tied to)
     auto m = c.is_constant(1) && !b32 && !f32 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt) : std::nullopt;
