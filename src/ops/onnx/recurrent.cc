@@ -297,10 +297,12 @@ Outputs translate_recurrent(OpContext& c, Cell k) {
 
   const bool input_forget = k == Cell::LSTM && n.attr_int("input_forget", 0) != 0;
   // On the CPU, one direction of an LSTM with ONNX's default activations, no clip, peepholes or
-  // coupled gates, and constant weights: both products through the packed kernel (each weight
-  // laid out once) and a step's gate arithmetic as one kernel (cpu_lstm_cell).
-  const bool kernel_lstm = k == Cell::LSTM && s.device == mx::Device::cpu && ct == mx::float32 && D == 1 &&
-                           !L.clip && !input_forget && !c.has(7) && c.is_constant(1) && c.is_constant(2) &&
+  // coupled gates, and constant float32 weights (a converted half-precision one would be a new
+  // buffer each run, which the kernel would lay out again): both products through the packed
+  // kernel (each weight laid out once) and a step's gate arithmetic as one kernel (cpu_lstm_cell).
+  const bool kernel_lstm = k == Cell::LSTM && s.device == mx::Device::cpu && D == 1 && !L.clip && !input_forget &&
+                           !c.has(7) && c.is_constant(1) && c.is_constant(2) && c.in(0).dtype() == mx::float32 &&
+                           c.in(1).dtype() == mx::float32 && c.in(2).dtype() == mx::float32 &&
                            L.acts == std::vector<Act>{{Fn::Sigmoid}, {Fn::Tanh}, {Fn::Tanh}};
   // Input projection for every step at once: [1, T*B, I] @ [D, I, G*H] -> [D, T, B, G*H].
   std::optional<mx::array> xw_kernel;
