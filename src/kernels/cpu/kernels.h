@@ -385,8 +385,17 @@ int cpu_threads();
 // Runs fn(begin, end) over [0, n) cut into `parts` contiguous ranges (clamped to [1, n]): the
 // first on the calling thread (a stream thread takes a share itself), the rest on a pool of one
 // fewer worker than the cores (created on first use, shared by all programs); returns when all
-// are done.
-void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
+// are done. One part runs fn at once: a small kernel's call then makes no std::function (a heap
+// allocation for a lambda of a few captures, each run of each kernel).
+void cpu_parallel_split(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn);
+template <class F>
+void cpu_parallel_for(int64_t n, int parts, F&& fn) {
+  if (parts <= 1 || n <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  cpu_parallel_split(n, parts, std::function<void(int64_t, int64_t)>(std::forward<F>(fn)));
+}
 
 
 // An input of a CPU kernel, read in row-major order. Made in a primitive's eval_cpu: a

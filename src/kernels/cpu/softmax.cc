@@ -39,7 +39,7 @@ int cpu_threads() {
   return n;
 }
 
-void cpu_parallel_for(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
+void cpu_parallel_split(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
   parts = static_cast<int>(std::clamp<int64_t>(parts, 1, std::max<int64_t>(n, 1)));
   if (parts == 1) return fn(0, n);
   if (openmp_parallel_for(n, parts, fn)) return;
