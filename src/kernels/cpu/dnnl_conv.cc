@@ -439,7 +439,7 @@ __attribute__((target("avx512f"))) void copy_floats_avx512(float* y, const float
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_loadu_ps(x + i));
   if (i < n) {
-    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = first_lanes(n - i);
     _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_loadu_ps(m, x + i));
   }
 }
@@ -621,11 +621,6 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
     }
   }
 
-  // The lanes of the 16 channels from c0 that lie below B.
-  static __mmask16 lanes_below(int64_t c0, int64_t B) {
-    return B - c0 >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (B - c0)) - 1);
-  }
-
   // Max pooling of output rows [r0, r1) (any block): a position's window taps found once, then
   // all of its channels, 64 at a time, held in registers over them (the last ones masked).
   // Why: per 16 lanes, each tap's bounds tested again for every chunk of a position's channels,
@@ -644,7 +639,7 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
         for_each_tap(g, H, W, oh, ow, [&](int64_t pos) { off[n++] = pos * B; });
         int64_t c0 = 0;
         for (; c0 + 64 <= B; c0 += 64) window_max_avx512<4>(x + c0, off, n, y + c0);
-        for (; c0 < B; c0 += 16) window_max_avx512<1>(x + c0, off, n, y + c0, lanes_below(c0, B));
+        for (; c0 < B; c0 += 16) window_max_avx512<1>(x + c0, off, n, y + c0, first_lanes(B - c0));
       }
     }
   }
@@ -674,7 +669,7 @@ class DnnlBlockedPool : public PlanPrimitiveWith<BlockedPoolParams> {
         }
         const __m512 div = _mm512_set1_ps(g.count_h[static_cast<size_t>(oh)] * g.count_w[static_cast<size_t>(ow)]);
         for (int64_t c0 = 0; c0 < B; c0 += 16) {
-          const __mmask16 lanes = lanes_below(c0, B);
+          const __mmask16 lanes = first_lanes(B - c0);
           __m512 acc = _mm512_setzero_ps();
           for (int i = 0; i < nr; ++i) {
             __m512 row = _mm512_setzero_ps();

@@ -146,6 +146,8 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, 
 inline constexpr size_t kCpuUnaryMinElements = 256;
 enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
+// y = f(x) over n floats with cpu_unary's formulas, on the calling thread (for other kernels' steps).
+void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n);
 
 // One of MLX's own elementwise primitives (by its name) computed by the calling thread into a
 // new row-contiguous `out`, for the evaluation on the caller (engine/caller_eval.h): float32

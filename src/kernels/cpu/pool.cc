@@ -67,18 +67,15 @@ template <bool Max>
 __attribute__((target("avx512f"))) void fold_row_avx512(float* t, const float* r, int64_t o0, int64_t o1, int stride,
                                                         int64_t readable) {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  auto lanes = [](int64_t n) {
-    return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
-  };
   for (int64_t o = o0; o < o1; o += 16) {
-    const __mmask16 out = lanes(o1 - o);
+    const __mmask16 out = first_lanes(o1 - o);
     __m512 v;
     if (stride == 1) {
       v = _mm512_maskz_loadu_ps(out, r + o);
     } else {
       const int64_t avail = readable - 2 * o;  // floats readable from r + 2o
-      const __m512 a = _mm512_maskz_loadu_ps(lanes(avail), r + 2 * o);
-      const __m512 b = _mm512_maskz_loadu_ps(lanes(avail - 16), r + 2 * o + 16);
+      const __m512 a = _mm512_maskz_loadu_ps(first_lanes(avail), r + 2 * o);
+      const __m512 b = _mm512_maskz_loadu_ps(first_lanes(avail - 16), r + 2 * o + 16);
       v = _mm512_permutex2var_ps(a, even, b);
     }
     const __m512 acc = _mm512_maskz_loadu_ps(out, t + o);
@@ -133,7 +130,7 @@ __attribute__((target("avx512f"))) void pool_plane_narrow_avx512(const float* x,
   const int64_t OH = g.out_h, OW = g.out_w;
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512 init = _mm512_set1_ps(Max ? -std::numeric_limits<float>::infinity() : 0.f);
-  const __mmask16 out_lanes = static_cast<__mmask16>(OW >= 16 ? 0xffff : (1u << OW) - 1);
+  const __mmask16 out_lanes = first_lanes(OW);
   // Per tap j: the first input column it reads (the row's offset) and the lanes that lie inside.
   struct Tap {
     int64_t col;

@@ -3,15 +3,13 @@
 // Why: as MLX ops a step's gate arithmetic is a dozen primitives (column slices, sigmoids and
 // tanhs, products, sums) over a few hundred floats each, every one a task of the stream thread.
 #include <atomic>
-#include <cmath>
-#include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/buffers.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/simd.h"
 #include "kernels/cpu/task.h"
 
 namespace ortmlx::ops {
@@ -20,47 +18,15 @@ namespace {
 
 std::atomic<uint64_t> g_cells{0};
 
-enum class Lane { Sigmoid, Tanh };
-
-float scalar(Lane f, float x) { return f == Lane::Sigmoid ? 1.f / (1.f + std::exp(-x)) : std::tanh(x); }
-
-#ifdef ORTMLX_X86
-template <Lane F>
-__attribute__((target("avx2,fma"))) inline __m256 lanes(__m256 v) {
-  if constexpr (F == Lane::Sigmoid) return sigmoid_avx2(v);
-  return tanh_avx2(v);
-}
-
-// y = f(x) over n floats, the tail through the same lanes (no element depends on where it lies).
-template <Lane F>
-__attribute__((target("avx2,fma"))) void map_avx2(const float* x, float* y, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, lanes<F>(_mm256_loadu_ps(x + i)));
-  if (i < n) {
-    alignas(32) float buf[8] = {};
-    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    _mm256_store_ps(buf, lanes<F>(_mm256_load_ps(buf)));
-    std::memcpy(y + i, buf, static_cast<size_t>(n - i) * sizeof(float));
-  }
-}
-#endif
-
-void map(Lane f, const float* x, float* y, int n) {
-#ifdef ORTMLX_X86
-  if (cpu_has_avx2_fma()) return f == Lane::Sigmoid ? map_avx2<Lane::Sigmoid>(x, y, n) : map_avx2<Lane::Tanh>(x, y, n);
-#endif
-  for (int i = 0; i < n; ++i) y[i] = scalar(f, x[i]);
-}
-
 // One row: gates g = xw + hr in ONNX's order (i, o, f, c); c' = f c + i tanh(g_c),
 // h' = o tanh(c'), with i, o, f the sigmoids of theirs.
 void cell_row(const float* xw, const float* hr, const float* c, float* h_out, float* c_out, float* g, int H) {
   for (int j = 0; j < 4 * H; ++j) g[j] = xw[j] + hr[j];
-  map(Lane::Sigmoid, g, g, 3 * H);
-  map(Lane::Tanh, g + 3 * H, g + 3 * H, H);
+  cpu_unary_rows(CpuUnary::Sigmoid, g, g, 3 * H);
+  cpu_unary_rows(CpuUnary::Tanh, g + 3 * H, g + 3 * H, H);
   const float *i = g, *o = g + H, *f = g + 2 * H, *cc = g + 3 * H;
   for (int k = 0; k < H; ++k) c_out[k] = f[k] * c[k] + i[k] * cc[k];
-  map(Lane::Tanh, c_out, h_out, H);
+  cpu_unary_rows(CpuUnary::Tanh, c_out, h_out, H);
   for (int k = 0; k < H; ++k) h_out[k] *= o[k];
 }
 

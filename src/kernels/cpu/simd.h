@@ -56,26 +56,10 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_any_avx2(__m256 d) {
   return _mm256_blendv_ps(y, d, nan);
 }
 
-// Cephes' tanhf: x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)).
-__attribute__((target("avx2,fma"))) inline __m256 tanh_avx2(__m256 x) {
-  const __m256 sign_bit = _mm256_set1_ps(-0.f);
-  const __m256 ax = _mm256_andnot_ps(sign_bit, x);
-  const __m256 z = _mm256_mul_ps(x, x);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(-5.70498872745E-3f), z, _mm256_set1_ps(2.06390887954E-2f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531E-2f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036E-1f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422E-1f));
-  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
-  const __m256 e = exp_any_avx2(_mm256_add_ps(ax, ax));
-  const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.f), _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
-  const __m256 signed_big = _mm256_or_ps(big, _mm256_and_ps(x, sign_bit));  // NaN: exp gave NaN
-  return _mm256_blendv_ps(signed_big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
-}
-
-// The logistic sigmoid 1 / (1 + exp(-x)) over the whole float range.
-__attribute__((target("avx2,fma"))) inline __m256 sigmoid_avx2(__m256 x) {
-  const __m256 one = _mm256_set1_ps(1.f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp_any_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+// The first n of 16 lanes (none for n <= 0, all for n >= 16): an AVX-512 step's mask over a
+// row's last, partial block.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n > 0 ? n : 0)) - 1);
 }
 
 // sum a[i] * b[i] over n floats.

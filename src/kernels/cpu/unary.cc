@@ -66,6 +66,22 @@ __attribute__((target("avx2,fma"))) inline __m256 erf_avx2(__m256 x) {
   return _mm256_or_ps(y, sign);
 }
 
+// Cephes' tanhf: x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)).
+__attribute__((target("avx2,fma"))) inline __m256 tanh_avx2(__m256 x) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.f);
+  const __m256 ax = _mm256_andnot_ps(sign_bit, x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(-5.70498872745E-3f), z, _mm256_set1_ps(2.06390887954E-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531E-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036E-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422E-1f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+  const __m256 e = exp_any_avx2(_mm256_add_ps(ax, ax));
+  const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.f), _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
+  const __m256 signed_big = _mm256_or_ps(big, _mm256_and_ps(x, sign_bit));  // NaN: exp gave NaN
+  return _mm256_blendv_ps(signed_big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
 template <CpuUnary F>
 __attribute__((target("avx2,fma"))) inline __m256 lanes(__m256 v) {
   const __m256 one = _mm256_set1_ps(1.f);
@@ -75,7 +91,8 @@ __attribute__((target("avx2,fma"))) inline __m256 lanes(__m256 v) {
     return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.5f)), _mm256_add_ps(e, one));
   }
   if constexpr (F == CpuUnary::Exp) return exp_any_avx2(v);
-  if constexpr (F == CpuUnary::Sigmoid) return sigmoid_avx2(v);
+  if constexpr (F == CpuUnary::Sigmoid)
+    return _mm256_div_ps(one, _mm256_add_ps(one, exp_any_avx2(_mm256_sub_ps(_mm256_setzero_ps(), v))));
   if constexpr (F == CpuUnary::Tanh) return tanh_avx2(v);
   return v;
 }
@@ -157,6 +174,8 @@ class UnaryMap : public mx::UnaryPrimitive {
 };
 
 }  // namespace
+
+void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n) { map_of(f)(x, y, n); }
 
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
