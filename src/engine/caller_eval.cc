@@ -171,6 +171,18 @@ std::pair<uint64_t, uint64_t> run_walk(const std::function<std::pair<uint64_t, u
   return counts;
 }
 
+// The elements an array's primitive computes, for the walk's size rule: a decode step's attention
+// writes only its presents' new rows (over its pasts' buffers), so its size is its output's alone,
+// and a Contiguous of an EP kernel's (row-major) result shares its buffer.
+size_t work_elements(const mx::array& a) {
+  const std::string_view name = a.primitive().name();
+  if (name == "DecodeGqa") return a.outputs()[0].size();
+  if (name == "Contiguous" && a.inputs().size() == 1 && a.inputs()[0].has_primitive() &&
+      ops::is_cpu_kernel(a.inputs()[0].primitive().name()))
+    return 0;
+  return a.size();
+}
+
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
@@ -192,7 +204,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
     }
     if (!pending(a) || !seen.insert(a.id()).second) continue;
     for (const auto& sib : a.siblings()) seen.insert(sib.id());
-    total_elements += a.size();
+    total_elements += work_elements(a);
     on_caller = on_caller && a.size() <= kCallerMaxElements &&
                 std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
     stack.emplace_back(a, true);

@@ -189,6 +189,10 @@ bool last_run_compiled();
 // Whether it launched a kept CUDA graph (gpu_graph_replay): its outputs are held by the graph,
 // to be copied out by the driver, never adopted.
 bool last_run_replayed();
+// Whether it replayed a kept walk on the CPU: its outputs stay the walk's arrays, computed again
+// next run, so they are copied into ORT's buffers (by memcpy: an MLX evaluation reading them
+// would detach them from the walk), never adopted.
+bool last_run_walked();
 // The way the calling thread's last run() went (trace and profile events): "compiled",
 // "compiled (new trace)", "shape family", "eager (new signature)", "eager", ...
 const char* last_run_path();

@@ -74,6 +74,7 @@ namespace {
 // for the ABI layer's overhead figure; per thread because runs of a program may interleave).
 thread_local bool tl_last_run_compiled = false;
 thread_local bool tl_last_run_replayed = false;
+thread_local bool tl_last_run_walked = false;
 thread_local uint64_t tl_last_eval_ns = 0;
 thread_local const char* tl_last_run_path = "";
 
@@ -114,6 +115,7 @@ void evaluate(std::vector<mx::array>& arrays, bool poll, bool hold, std::chrono:
 bool Program::last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_compiled() { return tl_last_run_compiled; }
 bool last_run_replayed() { return tl_last_run_replayed; }
+bool last_run_walked() { return tl_last_run_walked; }
 
 bool copy_out_on_device(const mx::array& a, void* dst) {
   if (!a.is_available()) return false;
@@ -575,6 +577,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   ++stats_.runs;
   tl_last_run_compiled = false;
   tl_last_run_replayed = false;
+  tl_last_run_walked = false;
   tl_last_run_path = "eager";
   // MLX's default stream is per thread (0.31.2+): compiled functions are keyed by it too.
   mx::Stream s = mx::default_stream(device());
@@ -841,6 +844,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       ++stats_.compiled_runs;
       tl_last_run_compiled = true;
       tl_last_run_path = "replayed walk";
+      tl_last_run_walked = true;
       ++stats_.walk_replays;
       count_in_place(*outs, in_place);
       if (e.fn_unfused) tune_fusion(e, /*unfused=*/true, tl_last_eval_ns);
@@ -880,7 +884,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       // A warm signature's walk is kept for its later runs (while tuning, the unfused trace's:
       // its later turns replay it).
       const bool keep_walk = opt_.cpu_caller_eval && opt_.cpu_caller_replay && s.device == mx::Device::cpu &&
-                             !opt_.gpu && !device_memory() && (!tuning || use_unfused) && !e.walk && !kept &&
+                             !opt_.gpu && (!tuning || use_unfused) && !e.walk && !kept &&
                              e.compiled_calls >= kWalkAfterCalls;
       if (keep_walk) keep_next_walk();
       auto outs = eval_all(std::move(traced), kept.get());
@@ -890,6 +894,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
             std::all_of(tl_row_updates.begin(), tl_row_updates.end(), [](const RowUpdate& r) { return r.written; })) {
           e.walk = std::move(walk);
           e.walk_args = args;
+          tl_last_run_walked = true;  // its outputs are the kept walk's from now on
         }
       }
       if (kept) {
@@ -942,7 +947,7 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
     // ORT's buffer allocates it).
     const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
     if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) ||
-        (device_memory() && !gqa) || !seen.insert(a.id()).second)
+        (device_memory() && !gqa && !kept) || !seen.insert(a.id()).second)
       continue;
     size_t nbytes = 0;  // ORT's tensor, in its element type
     auto* dst = static_cast<char*>(const_cast<void*>(tl_output_buffer(i, a, &nbytes)));

@@ -78,7 +78,8 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
   std::vector<db::RowWrite> row_writes;
   std::vector<size_t> row_outputs;
   // A kept graph's outputs are its own buffers, launched again next run: copied, never adopted.
-  const bool kept = engine::last_run_replayed();
+  const bool walked = engine::last_run_walked();
+  const bool kept = engine::last_run_replayed() || walked;
   bool driver_copies = false;  // outputs copied into EP memory by the driver: waited for once, at the end
   auto copied_by_driver = [&] {
     driver_copies = true;
@@ -143,10 +144,11 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
       if (on_device) copied_by_driver();  // (a copy to the host has finished when the driver returns)
       continue;
     }
-    if (on_device && !ops::lowp::is_lowp(to_dtype(out_et))) {
+    if (on_device && !walked && !ops::lowp::is_lowp(to_dtype(out_et))) {
       device_writes.emplace_back(dst, a);
       continue;
     }
+    if (on_device && walked) counters.outputs_written_on_device++;  // by memcpy: CPU memory
     engine::copy_out(a, dst, to_dtype(out_et), device_copies);
   }
   if (!row_writes.empty()) {

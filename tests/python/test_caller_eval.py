@@ -171,3 +171,80 @@ def test_kept_walk_index_out_of_range_is_an_error():
     out = subprocess.run([sys.executable, "-c", _GATHER], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["error:", "True", "ok"], out.stdout
+
+
+_EP_MEMORY_DECODE = r"""
+import json, sys, numpy as np
+from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
+model, report, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+n = len(DEFAULT_PROMPT) + steps + 8
+want, _, _ = Decoder(model, "cpu", share_buffer=True, max_length=n).generate(DEFAULT_PROMPT, steps)
+dec = Decoder(model, "mlx", "cpu", device_memory=1, share_buffer=True, max_length=n, report_path=report)
+got, _, _ = dec.generate(DEFAULT_PROMPT, steps)
+del dec
+import gc; gc.collect()
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({"same": got == want, "replays": line["process_caller_replays"]}))
+"""
+
+
+@pytest.mark.parametrize("model", ["llama-fp32", "llama-int4"])
+def test_kept_walk_with_ep_memory(model, tmp_path):
+    """A decode step with its KV cache in EP memory (device_memory=1, genai's shared buffer) is
+    replayed as a kept walk like one in host memory: its outputs are copied or written into
+    ORT's buffers, never adopted nor written by an MLX evaluation, which would detach them from
+    the walk (the next replay then crashed). The tokens equal ORT's CPU EP's. Broken by keeping
+    walks off with EP memory (no replays) or by handing a walk's outputs to MLX."""
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "llm", model)
+    out = subprocess.run([sys.executable, "-c", _EP_MEMORY_DECODE, path, str(tmp_path / "r.jsonl"), "16"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["same"] and r["replays"] >= 5, r
+
+
+_LONG_BUFFER_STEP = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper
+report, P = sys.argv[1], int(sys.argv[2])
+N, Nkv, H = 8, 2, 64
+rng = np.random.default_rng(3)
+f = lambda *s: rng.standard_normal(s).astype(np.float32)
+inv = 1.0 / 10000 ** (np.arange(0, H, 2) / H)
+ang = np.arange(P + 4)[:, None] * inv[None]
+feeds = {"q": f(1, 1, (N + 2 * Nkv) * H), "pk": f(1, Nkv, P, H), "pv": f(1, Nkv, P, H),
+         "cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
+gqa = helper.make_node("GroupQueryAttention", ["q", "", "", "pk", "pv", "sk", "tl", "cos", "sin"], ["a", "k", "v"],
+                       domain="com.microsoft", num_heads=N, kv_num_heads=Nkv, do_rotary=1)
+nodes = [gqa, helper.make_node("Tanh", ["a"], ["y"])]
+ins = [helper.make_tensor_value_info(k, TP.FLOAT, list(v.shape)) for k, v in feeds.items()]
+ins += [helper.make_tensor_value_info("sk", TP.INT32, [1]), helper.make_tensor_value_info("tl", TP.INT32, [])]
+outs = [helper.make_tensor_value_info(n, TP.FLOAT, None) for n in ("y", "k", "v")]
+m = helper.make_model(helper.make_graph(nodes, "g", ins, outs),
+                      opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+m.ir_version = 9
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, report_path=report))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+pos = 100  # (seqlens_k is read on the host: one position keeps one compiled signature)
+for run in range(16):
+    feeds.update(sk=np.array([pos], np.int32), tl=np.array(pos + 1, np.int32), q=f(1, 1, (N + 2 * Nkv) * H))
+    got, want = s.run(None, feeds), cpu.run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+    for i in (1, 2):
+        np.testing.assert_allclose(got[i][:, :, :pos + 1], want[i][:, :, :pos + 1], rtol=1e-5, atol=1e-6)
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({k: line[k] for k in ("process_caller_stream_arrays", "process_caller_replays")}))
+"""
+
+
+def test_decode_step_over_a_long_buffer_is_walked(tmp_path):
+    """A decode step's attention over a shared buffer of 4096 rows writes its presents' new rows
+    alone: the walk's size rule counts its output row, not the presents' 2 x 512K elements, so
+    the step is walked (and its walk kept) as at a short context. Outputs equal ORT's CPU EP's.
+    Broken by counting the presents (or the Contiguous views of them) at their size."""
+    out = subprocess.run([sys.executable, "-c", _LONG_BUFFER_STEP, str(tmp_path / "r.jsonl"), "4096"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["process_caller_stream_arrays"] > 0 and r["process_caller_replays"] >= 3, r
