@@ -1,6 +1,8 @@
 #include "engine/device_buffers.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -33,8 +35,17 @@ struct Registry {
   std::mutex mu;
   std::unordered_map<const void*, Entry> entries;
   size_t bytes = 0;
+  // Freed buffers by their allocated size (set_pool_limit), and their bytes.
+  std::multimap<size_t, std::unique_ptr<mx::allocator::Data>> pool;
+  size_t pool_bytes = 0, pool_limit = 0;
   ~Registry() { g_registry_gone = true; }
 };
+
+// MLX's CPU allocator (the only one without a GPU backend) is the one whose cache falls short.
+bool pools() {
+  static const bool cpu_allocator = !mx::is_available(mx::Device::gpu);
+  return cpu_allocator;
+}
 
 Registry* registry() {
   static Registry r;
@@ -67,9 +78,21 @@ void* allocate(size_t nbytes) {
     t_armed.reset();
     t_taken = p;
   } else {
-    check_allocation(nbytes, "a buffer of the MLX EP's device allocator");
     // (rounded up: KV buffers one row longer each step reuse the buffers freed before)
-    e.data = std::make_unique<mx::allocator::Data>(mx::allocator::malloc(ops::allocation_size(nbytes)));
+    const size_t size = ops::allocation_size(nbytes);
+    if (auto* r = registry(); r && size >= kPoolMinBytes) {
+      std::lock_guard<std::mutex> lock(r->mu);
+      if (auto it = r->pool.find(size); it != r->pool.end()) {
+        e.data = std::move(it->second);
+        r->pool.erase(it);
+        r->pool_bytes -= size;
+        counters().allocations_pooled++;
+      }
+    }
+    if (!e.data) {
+      check_allocation(nbytes, "a buffer of the MLX EP's device allocator");
+      e.data = std::make_unique<mx::allocator::Data>(mx::allocator::malloc(size));
+    }
     p = e.data->buffer().raw_ptr();
     if (!p) throw std::bad_alloc();
   }
@@ -94,9 +117,36 @@ bool release(void* p) {
     e = std::move(it->second);
     r->bytes -= e.nbytes;
     r->entries.erase(it);
+    const size_t size = ops::allocation_size(e.nbytes);
+    if (e.data && pools() && size >= kPoolMinBytes && r->pool_bytes + size <= r->pool_limit) {
+      r->pool.emplace(size, std::move(e.data));
+      r->pool_bytes += size;
+    }
   }
   counters().frees++;
   return true;
+}
+
+void set_pool_limit(size_t bytes) {
+  auto* r = registry();
+  if (!r) return;
+  std::multimap<size_t, std::unique_ptr<mx::allocator::Data>> freed;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(r->mu);
+  r->pool_limit = bytes;
+  while (r->pool_bytes > r->pool_limit) {  // the largest first
+    auto it = std::prev(r->pool.end());
+    r->pool_bytes -= it->first;
+    freed.insert(r->pool.extract(it));
+  }
+}
+
+size_t drop_pool() {
+  auto* r = registry();
+  if (!r) return 0;
+  std::multimap<size_t, std::unique_ptr<mx::allocator::Data>> freed;
+  std::lock_guard<std::mutex> lock(r->mu);
+  freed.swap(r->pool);
+  return std::exchange(r->pool_bytes, 0);
 }
 
 bool owns(const void* p, size_t* nbytes) {

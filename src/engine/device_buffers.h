@@ -24,6 +24,15 @@ namespace mx = mlx::core;
 void* allocate(size_t nbytes);
 // Unregisters and frees `p` (its MLX buffer goes back to MLX). False if `p` is not registered.
 bool release(void* p);
+// Freed buffers of at least kPoolMinBytes kept for the next allocation of their (rounded) size,
+// up to set_pool_limit's bytes in all, where MLX's allocator is the CPU one: its cache holds only
+// what fits beside the run's freed intermediates, so an output ORT frees every run (a prompt's
+// logits) came back as fresh pages from the OS, each zeroed by a page fault, on every run (ORT's
+// own CPU arena keeps it). MLX's GPU allocators keep their own cache: no pool there.
+constexpr size_t kPoolMinBytes = size_t{1} << 20;
+void set_pool_limit(size_t bytes);
+// Frees the pooled buffers; returns their bytes (the memory guard's last resort).
+size_t drop_pool();
 // Whether `p` is the start of a registered buffer; its size in `*nbytes` if so.
 bool owns(const void* p, size_t* nbytes = nullptr);
 // Registered buffers and their bytes, now.
@@ -79,6 +88,7 @@ std::vector<bool> write_rows_in_place(const std::vector<RowWrite>& writes, mx::S
 // Process-wide counters (the report's "device_memory" line and the tests read them).
 struct Counters {
   std::atomic<uint64_t> allocations{0}, frees{0};
+  std::atomic<uint64_t> allocations_pooled{0};  // ... of the allocations, a pooled buffer reused
   std::atomic<uint64_t> inputs_borrowed{0};   // fused inputs in EP memory, used in place
   std::atomic<uint64_t> outputs_adopted{0};   // fused outputs handed to ORT without a copy
   std::atomic<uint64_t> outputs_copied{0};    // fused outputs copied into an EP-memory buffer

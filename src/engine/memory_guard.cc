@@ -5,6 +5,8 @@
 
 #include <mlx/memory.h>
 
+#include "engine/device_buffers.h"
+
 namespace ortmlx::engine {
 
 namespace mx = mlx::core;
@@ -27,8 +29,11 @@ long double bytes_of(const mx::array& a) {
 void check(long double needed, const std::string& what) {
   const size_t limit = mx::get_memory_limit();
   if (limit == 0) return;  // no limit known (a backend without memory accounting)
-  const size_t held = mx::get_active_memory();
-  if (static_cast<long double>(held) + needed > static_cast<long double>(limit))
+  size_t held = mx::get_active_memory();
+  auto over = [&] { return static_cast<long double>(held) + needed > static_cast<long double>(limit); };
+  // Freed buffers the EP's device allocator keeps for reuse count as held: given back first.
+  if (over() && device_buffers::drop_pool()) held = mx::get_active_memory();
+  if (over())
     throw MemoryLimitError(what + " needs " + mib(needed) + " with " + mib(held) +
                            " already held by MLX, above MLX's memory limit of " + mib(limit) +
                            " (the EP option memory_limit_mb sets it)");

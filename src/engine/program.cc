@@ -943,11 +943,13 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
       a = a.inputs()[0];
     if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
     // Only a decode step's attention writes a present over its own past (a shared buffer bound
-    // as both), whatever its size; with EP memory, other outputs are better adopted (asking for
-    // ORT's buffer allocates it).
+    // as both), whatever its size; with EP memory, other small outputs are better adopted
+    // (asking for ORT's buffer allocates it), large ones bound (their buffer from the device
+    // allocator's pool, device_buffers.h).
     const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
-    if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) ||
-        (device_memory() && !gqa && !kept) || !seen.insert(a.id()).second)
+    const bool adopt = device_memory() && !gqa && !kept && a.nbytes() < device_buffers::kPoolMinBytes;
+    if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) || adopt ||
+        !seen.insert(a.id()).second)
       continue;
     size_t nbytes = 0;  // ORT's tensor, in its element type
     auto* dst = static_cast<char*>(const_cast<void*>(tl_output_buffer(i, a, &nbytes)));

@@ -89,12 +89,13 @@ class Limits {
       const size_t floor = std::min(mx::get_memory_limit() / 4, kDefaultCacheBytes);
       const size_t before = mx::set_cache_limit(floor);
       if (before > floor) mx::set_cache_limit(before);
+      set_cache(std::max(before, floor));
     }
     if (o.cache_limit_mb != SIZE_MAX) {
       size_t before = mx::set_cache_limit(o.cache_limit_mb << 20);
       if (cache_.empty()) default_cache_ = before;
       cache_.insert(o.cache_limit_mb << 20);
-      mx::set_cache_limit(*cache_.begin());
+      set_cache(*cache_.begin());
     }
   }
   void release(const EpOptions& o) {
@@ -105,11 +106,17 @@ class Limits {
     }
     if (o.cache_limit_mb != SIZE_MAX) {
       if (auto it = cache_.find(o.cache_limit_mb << 20); it != cache_.end()) cache_.erase(it);
-      mx::set_cache_limit(cache_.empty() ? default_cache_ : *cache_.begin());
+      set_cache(cache_.empty() ? default_cache_ : *cache_.begin());
     }
   }
 
  private:
+  // MLX's cache limit, and as much for the freed buffers the EP's device allocator keeps.
+  static void set_cache(size_t bytes) {
+    mx::set_cache_limit(bytes);
+    engine::device_buffers::set_pool_limit(bytes);
+  }
+
   std::mutex mu_;
   std::multiset<size_t> memory_, cache_;
   size_t default_memory_ = 0, default_cache_ = 0;

@@ -94,6 +94,7 @@ std::string device_memory_line() {
   const auto& c = db::counters();
   std::ostringstream f;
   f << "{\"device_memory\":{\"allocations\":" << c.allocations << ",\"frees\":" << c.frees
+    << ",\"allocations_pooled\":" << c.allocations_pooled
     << ",\"live_buffers\":" << db::count() << ",\"live_bytes\":" << db::bytes()
     << ",\"inputs_borrowed\":" << c.inputs_borrowed << ",\"outputs_adopted\":"
     << c.outputs_adopted << ",\"outputs_copied\":" << c.outputs_copied

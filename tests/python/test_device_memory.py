@@ -186,6 +186,18 @@ def test_growing_buffers_reuse_memory(results):
     assert r["distinct_buffers"] <= 8, r
 
 
+def test_large_outputs_reuse_freed_buffers(results):
+    # A 2 MiB output ORT frees after each run (a prompt's logits) gets the buffer freed before
+    # on MLX's CPU allocator (device_buffers.h: the pool), whose own cache may be full of the
+    # run's intermediates; MLX's GPU allocators cache it themselves. Broken by no pool, or by
+    # adopting the kernel's own MLX buffer for large outputs instead of binding ORT's.
+    d = _ok(results, "large_outputs")["delta"]
+    if DEVICE == "gpu":
+        assert d["allocations_pooled"] == 0, d
+    else:
+        assert d["allocations_pooled"] >= 4, d
+
+
 def test_llm_shared_kv_buffer_written_in_place(results):
     # genai's shared past/present buffer in EP memory: every present written into its own buffer
     # on the device (the tool checks the tokens against ORT's CPU EP in the same mode and that
