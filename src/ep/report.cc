@@ -80,6 +80,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_caller_left\":" << engine::caller_eval_left()
     << ",\"process_caller_replays\":" << engine::caller_eval_replays()
     << ",\"process_pinned_workers\":" << ops::cpu_pinned_openmp_workers()
+    << ",\"process_pinned_stream\":" << (ops::cpu_pinned_stream_thread() ? "true" : "false")
     << ",\"process_device_copy_skips\":{";
   for (size_t i = 0; i < kernels::cuda::kCopySkipReasons; ++i) {
     auto why = static_cast<kernels::cuda::CopySkip>(i);

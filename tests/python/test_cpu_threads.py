@@ -35,15 +35,10 @@ x = rng.standard_normal((64, 256)).astype(np.float32)
 for _ in range(3):
     y = s.run(None, {"x": x})[0]
 assert np.allclose(y, np.maximum(x @ numpy_helper.to_array(w), 0), atol=1e-3)
-pinned = {}
-for tid in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{tid}/status") as f:
-        line = next(l for l in f if l.startswith("Cpus_allowed_list"))
-    cpus = line.split()[1]
-    if "," not in cpus and "-" not in cpus:
-        pinned[tid] = int(cpus)
+process = sorted(os.sched_getaffinity(0))
+allowed = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
 del s
-print(json.dumps({"pinned": sorted(pinned.values()), "process": sorted(os.sched_getaffinity(0))}))
+print(json.dumps({"allowed": [a for a in allowed if a != process], "process": process}))
 """
 
 
@@ -57,21 +52,24 @@ def _run(pin, tmp_path, **env_vars):
     threads = json.loads(out.stdout.strip().splitlines()[-1])
     with open(report) as f:
         lines = [json.loads(l) for l in f if "process_pinned_workers" in l]
+    assert lines[-1]["process_pinned_stream"] == (lines[-1]["process_pinned_workers"] > 0)
     return threads, lines[-1]["process_pinned_workers"]
 
 
 def test_workers_pinned_from_the_second_cpu(tmp_path):
     """On: one worker a CPU of the process's set after the first (the team is as large as the
-    machine's threads, at most the set's size), the report counting them; off, or with the user
-    placing OpenMP's threads (OMP_PROC_BIND), none. Broken by a pin that goes to the stream
-    thread or the first CPU, by workers left unpinned, or by the option or the user's placement
-    not being honoured."""
+    machine's threads, at most the set's size), the report counting them, and the stream thread
+    (the team's master) kept off the workers' CPUs (the first CPU and any the team leaves); off,
+    or with the user placing OpenMP's threads (OMP_PROC_BIND), every thread on the process's
+    set. Broken by a pin that goes to the first CPU, by workers left unpinned, by a stream thread
+    free to share a worker's CPU, or by the option or the user's placement not being honoured."""
     on, count = _run(1, tmp_path)
     cpus = on["process"]
     team = min(os.cpu_count(), len(cpus))
     assert count == team - 1
-    assert on["pinned"] == cpus[1:team]
+    stream = [cpus[0]] + cpus[team:]
+    assert sorted(on["allowed"]) == sorted([[c] for c in cpus[1:team]] + [stream]), on
     off, count = _run(0, tmp_path)
-    assert off["pinned"] == [] and count == 0
+    assert off["allowed"] == [] and count == 0
     user, count = _run(1, tmp_path, OMP_PROC_BIND="false")
-    assert user["pinned"] == [] and count == 0
+    assert user["allowed"] == [] and count == 0

@@ -148,6 +148,7 @@ uint64_t cpu_openmp_regions() { return g_regions.load(std::memory_order_relaxed)
 namespace {
 
 std::atomic<int> g_pinned_workers{0};
+std::atomic<bool> g_pinned_stream{false};
 
 void pin_worker(void* data) {
   const auto& cpus = *static_cast<const std::vector<int>*>(data);
@@ -185,6 +186,14 @@ void cpu_pin_openmp_workers(mx::Stream s) {
       mx::scheduler::enqueue(s, [cpus] {
         const int threads = std::min<int>(cpu_threads(), static_cast<int>(cpus->size()));
         dnnl_lib().gomp_parallel(&pin_worker, cpus.get(), static_cast<unsigned>(threads), 0);
+        // The stream thread (the team's master) keeps off its workers' CPUs: left free, the
+        // scheduler queued it on a worker's CPU, where the two took turns at each barrier while
+        // the other CPU idled.
+        cpu_set_t rest;
+        CPU_ZERO(&rest);
+        CPU_SET((*cpus)[0], &rest);
+        for (size_t i = static_cast<size_t>(threads); i < cpus->size(); ++i) CPU_SET((*cpus)[i], &rest);
+        if (threads > 1 && pthread_setaffinity_np(pthread_self(), sizeof rest, &rest) == 0) g_pinned_stream = true;
       });
     } catch (...) {
       // A stopped stream: its workers stay where the scheduler puts them.
@@ -193,6 +202,7 @@ void cpu_pin_openmp_workers(mx::Stream s) {
 }
 
 int cpu_pinned_openmp_workers() { return g_pinned_workers.load(); }
+bool cpu_pinned_stream_thread() { return g_pinned_stream.load(); }
 
 ThreadLimit::ThreadLimit(int threads) {
   const auto& l = dnnl_lib();
@@ -217,6 +227,7 @@ bool openmp_parallel_for(int64_t, int, const std::function<void(int64_t, int64_t
 uint64_t cpu_openmp_regions() { return 0; }
 void cpu_pin_openmp_workers(mx::Stream) {}
 int cpu_pinned_openmp_workers() { return 0; }
+bool cpu_pinned_stream_thread() { return false; }
 
 }  // namespace ortmlx::ops
 

@@ -322,13 +322,15 @@ uint64_t cpu_dnnl_conv_gemm_refusals();
 // The CPU kernels' parallel loops run on OpenMP's threads in this process (openmp_parallel_for).
 uint64_t cpu_openmp_regions();
 // Pins each OpenMP worker of the CPU stream's team (the threads the kernels above and oneDNN
-// share) to one CPU of the process's set, from the second on; the stream thread stays free. Once
+// share) to one CPU of the process's set, from the second on; the stream thread to the CPUs the
+// team leaves (the first, and any beyond the team), so it never shares a worker's CPU. Once
 // a process; nothing when the user places OpenMP's threads (OMP_PROC_BIND, OMP_PLACES,
 // GOMP_CPU_AFFINITY) or the process has one CPU. Why: a worker woken while the caller ran on
 // the other core was queued behind the stream thread, and the scheduler left the pair sharing one
 // core, each "cache hot", for milliseconds while the other core idled (docs/performance.md).
 void cpu_pin_openmp_workers(mx::Stream s);
 int cpu_pinned_openmp_workers();  // workers pinned in this process
+bool cpu_pinned_stream_thread();  // the pinned team's master kept off its workers' CPUs
 
 // x @ w for a float32 x [..., M, K] (its rows taken flat: M_total = x.size() / K) and a 2-D
 // float32 w [K, N], as one MLX primitive that calls oneDNN's sgemm (kernels/cpu/dnnl_matmul.cc)
