@@ -54,6 +54,20 @@ elif case == "chain":
              N("MatMul", ["c", "w2"], ["d"]), N("Tanh", ["d"], ["e"]), N("Mul", ["e", "k"], ["f"]),
              N("Sigmoid", ["f"], ["g"]), N("Softmax", ["g"], ["y"], axis=-1)]
     outs, types = ["y"], {"x": TP.FLOAT}
+elif case == "gathers":
+    # Gathers whose slices are whole rows of the source (an embedding's: one run of memory each)
+    # and ones whose slices are not (a middle axis, a strided source), and transposed heads made
+    # row-major (rows of contiguous runs, and of strided elements).
+    feeds = {"x": f32(2, 16, 48), "i": rng.integers(-30, 30, (3, 5)).astype(np.int64)}
+    inits = [init("emb", f32(30, 4, 12)), init("j", np.array([1, 0, 3], np.int64)), init("m", f32(12))]
+    nodes = [N("Gather", ["emb", "i"], ["e"], axis=0), N("Gather", ["emb", "j"], ["g1"], axis=1),
+             N("Transpose", ["emb"], ["et"], perm=[2, 0, 1]), N("Gather", ["et", "j"], ["g2"], axis=1),
+             N("Reshape", ["x", "shp"], ["xh"]), N("Transpose", ["xh"], ["xt"], perm=[0, 2, 1, 3]),
+             N("Mul", ["xt", "m"], ["y1"]), N("Transpose", ["xh"], ["xu"], perm=[0, 3, 2, 1]), N("Neg", ["xu"], ["y2"]),
+             N("Mul", ["e", "m"], ["y3"]), N("Tanh", ["g1"], ["y4"]), N("Abs", ["g2"], ["y5"])]
+    inits.append(init("shp", np.array([2, 16, 4, 12], np.int64)))
+    feeds["i"] = feeds["i"] % 30
+    outs, types = ["y1", "y2", "y3", "y4", "y5", "xt", "xu"], {"x": TP.FLOAT, "i": TP.INT64}
 else:  # a convolution: the stream thread walks it ("conv"), unless its arrays are large ("large")
     feeds = {"x": f32(1, 8, 64, 64) if case == "large" else f32(1, 8, 12, 12)}
     inits = [init("w", f32(16, 8, 3, 3) * 0.1), init("s", f32(16, 1, 1))]
@@ -99,6 +113,7 @@ def _run(case, walk, tmp_path, runs=3, **env_vars):
 
 @pytest.mark.parametrize("case,where", [("elementwise", "process_caller_arrays"),
                                         ("chain", "process_caller_arrays"),
+                                        ("gathers", "process_caller_arrays"),
                                         ("conv", "process_caller_stream_arrays"),
                                         ("large", None)])
 def test_walk_equals_mlxs_evaluation(case, where, tmp_path):

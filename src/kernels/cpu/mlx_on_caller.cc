@@ -70,9 +70,21 @@ bool gather(const mx::Gather& g, const std::vector<mx::array>& inputs, mx::array
   const size_t item = src.itemsize();
   const char* sp = src.data<char>();
   char* dp = out.data<char>();
+  // A slice of whole trailing rows of a row-contiguous source (an embedding's rows) is one run
+  // of memory: copied at once, not element by element.
+  bool runs = src.flags().row_contiguous;
+  for (int d = static_cast<int>(src.ndim()) - 1, partial = 0; runs && d >= 0; --d) {
+    if (partial && slice_sizes[d] != 1) runs = false;
+    if (slice_sizes[d] != src.shape(d)) partial = 1;
+  }
   for (size_t i = 0; i < count; ++i) {
     int64_t base = 0;
     for (size_t k = 0; k < axes.size(); ++k) base += idx[k][i] * src.strides()[axes[k]];
+    if (runs) {
+      std::memcpy(dp, sp + base * item, slice * item);
+      dp += slice * item;
+      continue;
+    }
     for (size_t j = 0; j < slice; ++j, dp += item)
       std::memcpy(dp, sp + (base + element_offset(static_cast<int64_t>(j), slice_sizes, src.strides())) * item, item);
   }

@@ -188,7 +188,10 @@ void gather_rows(const T* src, const mx::Shape& shape, const mx::Strides& stride
     int64_t off = 0;
     for (int k = 0; k + 1 < nd; ++k) off += idx[k] * strides[k];
     const T* p = src + off;
-    for (int64_t j = 0; j < inner; ++j) dst[j] = p[j * step];
+    if (step == 1)
+      std::memcpy(dst, p, static_cast<size_t>(inner) * sizeof(T));
+    else
+      for (int64_t j = 0; j < inner; ++j) dst[j] = p[j * step];
     for (int k = nd - 2; k >= 0; --k) {
       if (++idx[k] < shape[k]) break;
       idx[k] = 0;
