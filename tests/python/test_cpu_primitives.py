@@ -607,7 +607,7 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
 
 
 @pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20),
-                                   (1, 600, 100), (1, 40, 5), (1, 600, 500)])
+                                   (1, 600, 100), (1, 40, 5), (1, 600, 500), (1, 1100, 1000)])
 @pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm", "GemmBias"])
 @pytest.mark.parametrize("avx512", [1, 0])
 def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
@@ -617,7 +617,7 @@ def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd
     the output): one primitive, no MLX Matmul. Rows not a multiple of the tile's, columns not a
     multiple of the panel's, K past one block, a batch of rows taken flat, one row (a decode
     step's MatMul; a Gemm of one row with alpha or beta stays the row kernel, and so does one of
-    a weight over 2^18 elements; a Gemm of one row with a bias C takes the kernel, the bias its
+    a weight over 2^20 elements; a Gemm of one row with a bias C takes the kernel, the bias its
     sums' start, no Add), and Gemm's transposed weight (read through its strides), alpha and C.
     Outputs equal ORT's CPU EP (float32 sums in another order)."""
     rng = np.random.default_rng(m * 1000 + n)
@@ -631,11 +631,11 @@ def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd
         x = rng.standard_normal((2, m, k) if op == "MatMul3d" else (m, k)).astype(np.float32)
         inits, nodes = [_init("w", w)], [helper.make_node("MatMul", ["x", "w"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
-    if op.startswith("Gemm") and m == 1 and (op == "Gemm" or k * n > 1 << 18):
+    if op.startswith("Gemm") and m == 1 and (op == "Gemm" or k * n > 1 << 20):
         assert prims.get("RowGemv") == 1 and "Matmul" not in prims, prims
     else:
         assert prims.get("PackedMatmul") == 1 and "Matmul" not in prims, prims
-    if op == "GemmBias" and m == 1 and k * n <= 1 << 18:
+    if op == "GemmBias" and m == 1 and k * n <= 1 << 20:
         assert "Add" not in prims, prims
 
 

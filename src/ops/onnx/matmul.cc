@@ -21,8 +21,8 @@ namespace ortmlx::ops {
 
 namespace {
 
-// Gemm's one row takes the packed kernel for weights of at most this many elements (1 MiB).
-constexpr int64_t kPackedOneRowMaxWeights = int64_t{1} << 18;
+// Gemm's one row takes the packed kernel for weights of at most this many elements (4 MiB).
+constexpr int64_t kPackedOneRowMaxWeights = int64_t{1} << 20;
 
 // ---- numpy matmul shape rules --------------------------------------------------------------
 
@@ -317,9 +317,10 @@ Outputs translate_gemm(OpContext& c) {
   // packed kernel's start.
   const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
   mx::array y = [&] {
-    // One row by a small constant matrix (a wake-word head's layers): the packed kernel with the
-    // bias, one primitive where gemv and the Add were two. Large ones (a classifier's head) keep
-    // gemv: the kernel's copy of the weight would double their memory for no faster product.
+    // One row by a small constant matrix (a wake-word head's layers, a small CNN's classifier):
+    // the packed kernel with the bias, one primitive on the EP's threads where BLAS's gemv, with
+    // its own worker beside them, and the Add were two. Larger ones keep gemv: the kernel's copy
+    // of the weight would double their memory.
     if (a.shape(0) == 1 && bias_first && c.is_constant(1) && !b32 && !f32 &&
         static_cast<int64_t>(b.size()) <= kPackedOneRowMaxWeights)
       if (auto m = packed_product(a, b, c.s, cc)) return *m;
