@@ -67,6 +67,12 @@ thread_local bool work_split = false;
 thread_local bool work_one_thread = false;
 }  // namespace
 
+std::optional<mx::array> blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s) {
+  if (s.device != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() != 4) return std::nullopt;
+  const bool split = parallel_work(static_cast<double>(x.size()) * static_cast<double>(steps.size()));
+  return cpu_dnnl_blocked_steps(x, steps, split, current_switches.cpu_avx512, s);
+}
+
 bool parallel_work(double flops) {
   work_flops += flops;
   const bool split = !work_one_thread && flops >= static_cast<double>(current_switches.cpu_conv_parallel_min_flops);

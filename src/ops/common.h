@@ -72,6 +72,11 @@ std::optional<std::vector<mx::array>> same_rows(std::initializer_list<mx::array>
 // `y` ([rows, N]) reshaped to `like`'s leading dimensions and N (y itself when that is its shape).
 mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s);
 
+// `steps` on x, a convolution's blocked output (kernels.h, cpu_dnnl_blocked_steps: one kernel a
+// chain), split over the threads when the work is worth it; std::nullopt where they do not apply.
+struct CpuBlockedStep;
+std::optional<mx::array> blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s);
+
 
 // exp / logsumexp / softmax that stay accurate for float64: MLX's CPU exp evaluates float64 with
 // a float32-accurate approximation (relative error ~3e-7, also inside logsumexp, softmax,

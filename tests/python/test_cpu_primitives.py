@@ -340,7 +340,8 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     """With cpu_dnnl_blocked=1 a oneDNN convolution leaves its output in its blocked layout
     (DnnlConvBlocked) behind an unblocking (DnnlUnblock); the next convolution takes the blocked
     buffer, and a residual Add of two blocked outputs in one layout adds the blocked buffers
-    (kernels.h, cpu_dnnl_blocked_map), so the one unblocking evaluated is the pool's input. With
+    (kernels.h, cpu_dnnl_blocked_steps: the EP's kernel), so the one unblocking evaluated is the
+    pool's input. With
     0 every convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
     rng = np.random.default_rng(17)
     x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
@@ -355,7 +356,7 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_blocked=blocked)
     if blocked:
         assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1 and "DnnlConv" not in prims, prims
-        assert prims.get("Add") == 1, prims  # (a flat add of the two blocked buffers)
+        assert prims.get("BlockedSteps") == 1 and "Add" not in prims, prims  # (the two blocked buffers added)
     else:
         assert prims.get("DnnlConv") == 3 and "DnnlUnblock" not in prims and "DnnlConvBlocked" not in prims, prims
 
@@ -376,6 +377,42 @@ def test_residual_sum_and_relu_stay_blocked(capfd):
              helper.make_node("Conv", ["r", "w2"], ["y"])]
     prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_fuse=1)
     assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1, prims
+    assert prims.get("BlockedSteps") == 1 and not [k for k in prims if k.startswith(("Add", "Maximum", "Compiled"))]
+
+
+@pytest.mark.parametrize("channels,hw", [(32, (12, 12)), (48, (7, 9)), (64, (3, 70))])
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_blocked_chains_are_one_kernel(channels, hw, avx512, capfd):
+    """Elementwise steps between convolutions on their blocked outputs (a DenseNet's
+    BatchNormalization -> Relu pre-activation after a concatenation, a per-channel Mul and Add, a
+    residual Add -> Relu) run as the EP's kernel (kernels/cpu/blocked_steps.cc), each chain one
+    BlockedSteps primitive over the blocked buffer (split over the threads, tiles of positions
+    with the channel block's lanes), no MLX Multiply, Add, Maximum or generated kernel. Positions
+    not a multiple of the tile's, channels of two and more blocks; NaN kept through the Relu.
+    Outputs equal ORT's CPU EP. Broken by a step reading the wrong channel's parameter, a tile
+    left out, or a chain computed as two kernels."""
+    rng = np.random.default_rng(channels + hw[1])
+    C, (H, W) = channels, hw
+    x = rng.standard_normal((1, 16, H, W)).astype(np.float32)
+    x[0, 3, 1, 2] = np.nan
+    inits = [_init("w1", rng.standard_normal((C // 2, 16, 3, 3)) * 0.2),
+             _init("w2", rng.standard_normal((C // 2, 16, 1, 1)) * 0.2),
+             _init("w3", rng.standard_normal((C, C, 1, 1)) * 0.2), _init("w4", rng.standard_normal((C, C, 1, 1)) * 0.2),
+             _init("s", rng.uniform(0.5, 2, C)), _init("bb", rng.standard_normal(C)), _init("mu", rng.standard_normal(C)),
+             _init("var", rng.uniform(0.5, 2, C)), _init("m", rng.uniform(0.5, 1.5, (C, 1, 1))),
+             _init("a", rng.standard_normal((1, C, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["c2"]),
+             helper.make_node("Concat", ["c1", "c2"], ["cat"], axis=1),
+             helper.make_node("BatchNormalization", ["cat", "s", "bb", "mu", "var"], ["n"], epsilon=1e-3),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["c3"]),
+             helper.make_node("Mul", ["c3", "m"], ["p"]), helper.make_node("Add", ["a", "p"], ["q"]),
+             helper.make_node("Conv", ["q", "w4"], ["c4"]),
+             helper.make_node("Add", ["c4", "c3"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, unoptimized=True, cpu_avx512=avx512, cpu_fuse=1)
+    assert prims.get("BlockedSteps") == 3, prims
+    assert not [k for k in prims if k.startswith(("Add", "Multiply", "Maximum", "Compiled"))], prims
 
 
 @pytest.mark.parametrize("kernel,stride,pads,dil,act", [

@@ -89,14 +89,28 @@ size_t allocation_size(size_t nbytes) {
   return (nbytes + step - 1) / step * step;
 }
 
-void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
+namespace {
+bool take_binding(mx::array& out) {
   auto& b = bindings();
-  if (b.live.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(b.mu);
-    if (auto it = b.views.find(out.id()); it != b.views.end()) {
-      out.copy_shared_buffer(it->second);
-      return;
-    }
+  if (!b.live.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(b.mu);
+  auto it = b.views.find(out.id());
+  if (it == b.views.end()) return false;
+  out.copy_shared_buffer(it->second);
+  return true;
+}
+}  // namespace
+
+void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
+  if (!take_binding(out)) allocate_output(out);
+}
+
+void begin_output_over(const mx::array& donor, mx::array& out) {
+  if (take_binding(out)) return;
+  if (donor.is_donatable() && donor.flags().row_contiguous && donor.dtype() == out.dtype() &&
+      donor.data_size() == out.size() && donor.data<void>() == donor.buffer().raw_ptr()) {
+    out.copy_shared_buffer(donor);
+    return;
   }
   allocate_output(out);
 }

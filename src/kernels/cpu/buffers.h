@@ -64,6 +64,10 @@ size_t allocation_size(size_t nbytes);
 // What every CPU kernel's eval_cpu does first: allocates `out`, or points it at the buffer it is
 // bound to (then dispatch_task, task.h).
 void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream s);
+// The same for an elementwise kernel that reads `donor` at the positions it writes: unbound,
+// `out` takes donor's buffer when nothing else holds it (as MLX's elementwise kernels donate
+// theirs), so a chain over a large activation writes no new buffer.
+void begin_output_over(const mx::array& donor, mx::array& out);
 
 // Gives `out` a buffer for out.nbytes(): inside a ReuseOutputsScope the one it already holds,
 // when nothing else holds that buffer, else a new one from MLX's allocator.

@@ -978,6 +978,45 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
   return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
 }
 
+std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps,
+                                                bool split, bool avx512, mx::Stream s) {
+  auto bb = blocked_buffer(x, s);
+  if (!bb || steps.empty()) return std::nullopt;
+  const int C = x.shape(1), b = bb->block;
+  const DnnlUnblock* u = bb->unblock;
+  const mx::array& buffer = x.inputs()[0];
+  std::vector<CpuBlockedStep> laid;
+  for (const auto& step : steps) {
+    if (step.kind == CpuBlockedStep::Kind::Relu) {
+      laid.push_back(step);
+      continue;
+    }
+    const mx::array& p = *step.operand;
+    if (p.dtype() != mx::float32) return std::nullopt;
+    if (step.kind == CpuBlockedStep::Kind::AddBuffer) {  // another blocked output of this layout
+      const DnnlUnblock* v = unblocking(p);
+      if (!v || p.shape() != x.shape() || !lib().memory_desc_equal(&v->plan().dst_md, &u->plan().dst_md) ||
+          p.inputs()[0].size() != buffer.size())
+        return std::nullopt;
+      laid.push_back({step.kind, p.inputs()[0]});
+      continue;
+    }
+    if (p.size() == 1) {
+      laid.push_back({step.kind, mx::broadcast_to(mx::reshape(p, {1}, s), {C}, s)});
+      continue;
+    }
+    if (p.size() != static_cast<size_t>(C) || p.ndim() > 4) return std::nullopt;
+    for (int d = 0; d < static_cast<int>(p.ndim()); ++d)  // the channel is axis 1 of 4 (ndim - 3)
+      if (p.shape(d) != (d == static_cast<int>(p.ndim()) - 3 ? C : 1)) return std::nullopt;
+    auto flat = mx::reshape(p, {C}, s);
+    if (p.is_available() && !p.is_tracer()) mx::eval(flat);  // a constant's view, made once
+    laid.push_back({step.kind, flat});
+  }
+  const int64_t positions = static_cast<int64_t>(x.shape(2)) * x.shape(3);
+  auto y = cpu_blocked_steps(buffer, laid, C, b, positions, split, avx512, s);
+  return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
+}
+
 std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::Stream s) {
   auto bb = blocked_buffer(x, s);
   if (!bb) return std::nullopt;
@@ -1117,6 +1156,10 @@ std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array&, mx::Stre
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,
                                                       const std::function<mx::array(const std::vector<mx::array>&)>&,
                                                       mx::Stream) {
+  return std::nullopt;
+}
+std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array&, const std::vector<CpuBlockedStep>&, bool, bool,
+                                                mx::Stream) {
   return std::nullopt;
 }
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,

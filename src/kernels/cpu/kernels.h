@@ -309,6 +309,25 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const std::vector<mx::array>& params,
                                                       const std::function<mx::array(const std::vector<mx::array>&)>& f,
                                                       mx::Stream s);
+// One step of an elementwise chain over a convolution's channel-blocked output: times or plus a
+// per-channel parameter ([C] values, as ONNX broadcasts [C, 1, 1] over NCHW, or one value),
+// plus another such output of the same layout (a residual), or Relu.
+struct CpuBlockedStep {
+  enum class Kind { MulChannel, AddChannel, AddBuffer, Relu };
+  Kind kind;
+  std::optional<mx::array> operand;  // none for Relu
+};
+// The steps in order on x's blocked buffer, one kernel (kernels/cpu/blocked_steps.cc) split
+// over the threads with `split`, under a new unblocking; a chain of such calls is one kernel
+// (a BatchNormalization's steps and the Relu after it). std::nullopt where the blocked map
+// above would not apply, or an operand is not such a parameter or buffer.
+std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps,
+                                                bool split, bool avx512, mx::Stream s);
+// The kernel itself over a blocked `buffer` of `channels` in blocks of `block` lanes, `positions`
+// a block (operands already laid out: [C] parameters, buffers of buffer's size).
+mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlockedStep>& steps, int channels, int block,
+                            int64_t positions, bool split, bool avx512, mx::Stream s);
+uint64_t cpu_blocked_steps_runs();  // the kernel's runs in this process
 bool cpu_dnnl_available();
 // Convolutions run through oneDNN in this process, and runs that failed inside oneDNN (their
 // outputs are NaN).

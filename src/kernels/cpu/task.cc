@@ -17,7 +17,7 @@ bool is_cpu_kernel(std::string_view name) {
       "RowGemv", "Int4RowGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
       "DnnlConv", "DnnlConvBlocked", "DnnlUnblock", "DnnlBlockedConcat", "DnnlBlock",
       "DnnlBlockedPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
-      "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap", "FusedAttention", "Int4GemmVnni", "DecodeGqa", "PatchDeconv", "NearestUpsample", "LstmCell"};
+      "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap", "FusedAttention", "Int4GemmVnni", "DecodeGqa", "PatchDeconv", "NearestUpsample", "LstmCell", "BlockedSteps"};
   return kNames.count(name) != 0;
 }
 

@@ -21,7 +21,9 @@ Outputs binary(OpContext& c) {
 // A convolution's blocked output times or plus a per-channel parameter stays blocked on the CPU
 // (kernels.h, cpu_dnnl_blocked_channel_map), either operand order.
 template <BinaryFn F>
-std::optional<mx::array> blocked_by_channel(OpContext& c) {
+std::optional<mx::array> blocked_by_channel(OpContext& c, CpuBlockedStep::Kind kind) {
+  for (int x : {0, 1})
+    if (auto y = blocked_steps(c.in(x), {{kind, c.in(1 - x)}}, c.s)) return y;
   for (int x : {0, 1}) {
     auto f = [&](const std::vector<mx::array>& a) { return F(x == 0 ? a[0] : a[1], x == 0 ? a[1] : a[0], c.s); };
     if (auto y = cpu_dnnl_blocked_channel_map(c.in(x), {c.in(1 - x)}, f, c.s)) return y;
@@ -32,14 +34,15 @@ std::optional<mx::array> blocked_by_channel(OpContext& c) {
 // Add of two convolutions' blocked outputs (a residual) stays blocked on the CPU (kernels.h,
 // cpu_dnnl_blocked_map), as does a per-channel shift of one; anything else as binary<mx::add>.
 Outputs translate_add(OpContext& c) {
+  if (auto y = blocked_steps(c.in(0), {{CpuBlockedStep::Kind::AddBuffer, c.in(1)}}, c.s)) return {*y};
   auto f = [&](const std::vector<mx::array>& b) { return mx::add(b[0], b[1], c.s); };
   if (auto y = cpu_dnnl_blocked_map({c.in(0), c.in(1)}, f, c.s)) return {*y};
-  if (auto y = blocked_by_channel<mx::add>(c)) return {*y};
+  if (auto y = blocked_by_channel<mx::add>(c, CpuBlockedStep::Kind::AddChannel)) return {*y};
   return binary<mx::add>(c);
 }
 
 Outputs translate_mul(OpContext& c) {
-  if (auto y = blocked_by_channel<mx::multiply>(c)) return {*y};
+  if (auto y = blocked_by_channel<mx::multiply>(c, CpuBlockedStep::Kind::MulChannel)) return {*y};
   return binary<mx::multiply>(c);
 }
 
@@ -68,6 +71,10 @@ Outputs translate_sum(OpContext& c) {
     for (size_t i = 1; i < b.size(); ++i) acc = mx::add(acc, b[i], c.s);
     return acc;
   };
+  std::vector<CpuBlockedStep> rest;
+  for (size_t i = 1; i < xs.size(); ++i) rest.push_back({CpuBlockedStep::Kind::AddBuffer, xs[i]});
+  if (xs.size() > 1)
+    if (auto y = blocked_steps(xs[0], rest, c.s)) return {*y};
   if (xs.size() > 1)
     if (auto y = cpu_dnnl_blocked_map(xs, f, c.s)) return {*y};
   return variadic<mx::add>(c);

@@ -133,7 +133,10 @@ Outputs translate_batch_norm(OpContext& c) {
     auto scale = c.prepared("batch_norm_scale", {1, 4}, inv);
     auto shift = c.prepared("batch_norm_shift", {1, 2, 3, 4},
                             [&] { return mx::subtract(param(2), mx::multiply(param(3), inv(), c.s), c.s); });
+    using Step = CpuBlockedStep::Kind;
     if (x.dtype() == mx::float32 && t == mx::float32)  // a convolution's blocked output stays blocked
+      if (auto y = blocked_steps(x, {{Step::MulChannel, scale}, {Step::AddChannel, shift}}, c.s)) return {*y};
+    if (x.dtype() == mx::float32 && t == mx::float32)
       if (auto y = cpu_dnnl_blocked_channel_map(x, {scale, shift}, [&](const std::vector<mx::array>& a) {
             return mx::add(mx::multiply(a[0], a[1], c.s), a[2], c.s);
           }, c.s))
