@@ -73,6 +73,17 @@ std::optional<mx::array> blocked_steps(const mx::array& x, const std::vector<Cpu
   return cpu_dnnl_blocked_steps(x, steps, split, current_switches.cpu_avx512, s);
 }
 
+std::optional<mx::array> channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s,
+                                       bool continuing) {
+  // Smaller activations stay MLX's (fused into their neighbours' generated kernels).
+  constexpr size_t kMinElements = size_t{1} << 16;
+  if (s.device != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() != 4 || x.size() < kMinElements ||
+      (continuing && !cpu_is_channel_steps(x)))
+    return std::nullopt;
+  const bool split = parallel_work(static_cast<double>(x.size()) * static_cast<double>(steps.size()));
+  return cpu_channel_steps(x, steps, split, current_switches.cpu_avx512, s);
+}
+
 bool parallel_work(double flops) {
   work_flops += flops;
   const bool split = !work_one_thread && flops >= static_cast<double>(current_switches.cpu_conv_parallel_min_flops);

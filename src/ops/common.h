@@ -76,6 +76,10 @@ mx::array rows_to(const mx::array& y, const mx::array& like, mx::Stream s);
 // chain), split over the threads when the work is worth it; std::nullopt where they do not apply.
 struct CpuBlockedStep;
 std::optional<mx::array> blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s);
+// The same over a large NCHW float32 activation (kernels.h, cpu_channel_steps), or, with
+// `continuing`, only where x is such a chain's output (a Relu after it).
+std::optional<mx::array> channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s,
+                                       bool continuing = false);
 
 
 // exp / logsumexp / softmax that stay accurate for float64: MLX's CPU exp evaluates float64 with

@@ -980,3 +980,35 @@ def test_int4_few_rows_take_the_cpu_kernels(rows, acc4, capfd):
         assert prims.get("Int4GemmVnni") == 1, prims
     else:
         assert prims.get("Int4RowGemv") == rows, prims
+
+
+@pytest.mark.parametrize("hw", [(64, 64), (45, 77)])
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_nchw_channel_chains_are_one_kernel(hw, avx512, capfd):
+    """A large NCHW activation (64K elements and more) through a per-channel Add (a DB head's
+    ConvTranspose bias, exported as its own node), BatchNormalization and Relu runs as one
+    BlockedSteps kernel over its channels' planes (kernels.h, cpu_channel_steps: a row a channel,
+    its parameters broadcast; planes not a multiple of the 16-float step), split over the
+    threads, instead of MLX's generated kernel on one thread; a NaN stays NaN through the Relu.
+    A [C] operand broadcasts over W, not the channels, and is left to MLX. Outputs equal ORT's
+    CPU EP. Broken by a plane given another channel's parameters or a tail left out."""
+    rng = np.random.default_rng(hw[1])
+    C, (H, W) = 24, hw
+    x = rng.standard_normal((1, 48, H // 2, W // 2)).astype(np.float32)
+    x[0, 5, 3, 4] = np.nan
+    inits = [_init("w", rng.standard_normal((48, C, 2, 2)) * 0.2), _init("b", rng.standard_normal((C, 1, 1))),
+             _init("s", rng.uniform(0.5, 2, C)), _init("bb", rng.standard_normal(C)),
+             _init("mu", rng.standard_normal(C)), _init("var", rng.uniform(0.5, 2, C))]
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["t", "b"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "s", "bb", "mu", "var"], ["n"], epsilon=1e-5),
+             helper.make_node("Relu", ["n"], ["y"])]
+    x2 = x[:, :, : H // 2, : W // 2]
+    prims = _run(nodes, {"x": x2}, inits, capfd, 1e-5, 1e-5, unoptimized=True, cpu_avx512=avx512, cpu_fuse=1)
+    assert prims.get("BlockedSteps") == 1, prims
+    assert not [k for k in prims if k.startswith(("Add", "Multiply", "Maximum", "Compiled"))], prims
+    w_row = [_init("r", rng.standard_normal(W // 2 * 2))]  # [W]: broadcast over the last axis
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["t", "r"], ["y"])]
+    prims = _run(nodes, {"x": x2}, inits[:1] + w_row, capfd, 1e-5, 1e-5, unoptimized=True, cpu_avx512=avx512)
+    assert "BlockedSteps" not in prims, prims

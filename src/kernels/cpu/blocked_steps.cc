@@ -84,6 +84,18 @@ __attribute__((target("avx512f"))) void run_tile_avx512(const std::vector<CpuBlo
   if (steps > kMaxSteps) return run_tile_plain(kinds, operands, x, y, at, n, b, c0);
   Kind kind[kMaxSteps];
   for (size_t k = 0; k < steps; ++k) kind[k] = kinds[k];
+  __m512 param[kMaxSteps];
+  if (b == 1) {  // planar (NCHW): a row of one channel, its parameters broadcast
+    for (size_t k = 0; k < steps; ++k)
+      if (kind[k] == Kind::MulChannel || kind[k] == Kind::AddChannel) param[k] = _mm512_set1_ps(operands[k][c0]);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      const int64_t e = at + i;
+      const __m512 v = _mm512_maskz_loadu_ps(m, x + e);
+      _mm512_mask_storeu_ps(y + e, m, apply_avx512(kind, steps, operands, v, m, e, param, c0));
+    }
+    return;
+  }
   if (b > 64) {  // channels last: position by position, in order (the parameters stay in L1)
     for (int64_t i = 0; i < n; ++i)
       for (int j = 0; j < b; j += 16) {
@@ -94,7 +106,6 @@ __attribute__((target("avx512f"))) void run_tile_avx512(const std::vector<CpuBlo
       }
     return;
   }
-  __m512 param[kMaxSteps];
   for (int j = 0; j < b; j += 16) {
     const __mmask16 m = first_lanes(b - j);
     for (size_t k = 0; k < steps; ++k)
@@ -142,18 +153,20 @@ class BlockedSteps : public mx::UnaryPrimitive {
       operand_of.push_back(kinds_[k] == Kind::Relu ? -1 : static_cast<int>(next++));
     dispatch_task(stream(), [x = RowMajorInput(inputs[0]), ops = std::move(ops), operand_of, kinds = kinds_,
                              y = out.data<float>(), n = static_cast<int64_t>(out.size()), C = C_, b = b_, hw = hw_,
-                             split = split_, tile = tile_fn(avx512_)] {
+                             split = split_, run = tile_fn(avx512_)] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const float* xp = x.rows();
       std::vector<const float*> operands;
       for (int i : operand_of) operands.push_back(i < 0 ? nullptr : ops[static_cast<size_t>(i - 1)].rows());
-      const int64_t blocks = C / b, rows = n / (hw * b), tiles = (hw + kTilePositions - 1) / kTilePositions;
+      // A planar row's positions are single floats: tiles of as many floats as a blocked one's.
+      const int64_t tile = b == 1 ? kTilePositions * 16 : kTilePositions;
+      const int64_t blocks = C / b, rows = n / (hw * b), tiles = (hw + tile - 1) / tile;
       auto work = [&](int64_t begin, int64_t end) {
         for (int64_t item = begin; item < end; ++item) {
-          const int64_t r = item / tiles, p0 = item % tiles * kTilePositions;
-          const int64_t count = std::min(kTilePositions, hw - p0);
+          const int64_t r = item / tiles, p0 = item % tiles * tile;
+          const int64_t count = std::min(tile, hw - p0);
           const int64_t at = (r * hw + p0) * b, c0 = r % blocks * b;
-          tile(kinds, operands, xp, y, at, count, b, c0);
+          run(kinds, operands, xp, y, at, count, b, c0);
         }
       };
       // Chunks of >= 32K elements (~10 us of work each, the price of a hand-off).
@@ -173,6 +186,9 @@ class BlockedSteps : public mx::UnaryPrimitive {
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
   const std::vector<Kind>& kinds() const { return kinds_; }
+  bool same_layout(int channels, int block, int64_t positions) const {
+    return channels == C_ && block == b_ && positions == hw_;
+  }
 
  private:
   std::vector<Kind> kinds_;
@@ -192,8 +208,12 @@ mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlocke
   std::vector<mx::array> inputs;
   // A chain continued (a Relu after a BatchNormalization): one kernel for both, from the first's
   // input (the first stays for any other reader of its output).
-  if (buffer.has_primitive() && !buffer.is_available() && buffer.primitive().name() == std::string_view("BlockedSteps")) {
-    kinds = static_cast<const BlockedSteps&>(buffer.primitive()).kinds();
+  const auto* prev = buffer.has_primitive() && !buffer.is_available() &&
+                            buffer.primitive().name() == std::string_view("BlockedSteps")
+                        ? static_cast<const BlockedSteps*>(&buffer.primitive())
+                        : nullptr;
+  if (prev && prev->same_layout(channels, block, positions)) {
+    kinds = prev->kinds();
     inputs = buffer.inputs();
     src = inputs[0];
   } else {
@@ -206,6 +226,44 @@ mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlocke
   return mx::array(src.shape(), mx::float32,
                    std::make_shared<BlockedSteps>(s, std::move(kinds), channels, block, positions, split, avx512),
                    std::move(inputs));
+}
+
+std::optional<mx::array> cpu_channel_vector(const mx::array& p, int channels, mx::Stream s) {
+  if (p.dtype() != mx::float32) return std::nullopt;
+  if (p.size() == 1) return mx::broadcast_to(mx::reshape(p, {1}, s), {channels}, s);
+  if (p.size() != static_cast<size_t>(channels) || p.ndim() > 4) return std::nullopt;
+  for (int d = 0; d < static_cast<int>(p.ndim()); ++d)  // the channel is axis 1 of 4 (ndim - 3)
+    if (p.shape(d) != (d == static_cast<int>(p.ndim()) - 3 ? channels : 1)) return std::nullopt;
+  auto flat = mx::reshape(p, {channels}, s);
+  if (p.is_available() && !p.is_tracer()) mx::eval(flat);  // a constant's view, made once
+  return flat;
+}
+
+std::optional<mx::array> cpu_channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, bool split,
+                                           bool avx512, mx::Stream s) {
+  if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || steps.empty() || x.size() == 0)
+    return std::nullopt;
+  const int C = x.shape(1);
+  std::vector<CpuBlockedStep> laid;
+  for (const auto& step : steps) {
+    if (step.kind == Kind::Relu) {
+      laid.push_back(step);
+      continue;
+    }
+    if (step.kind == Kind::AddBuffer) {
+      if (step.operand->shape() != x.shape() || step.operand->dtype() != mx::float32) return std::nullopt;
+      laid.push_back(step);
+      continue;
+    }
+    auto v = cpu_channel_vector(*step.operand, C, s);
+    if (!v) return std::nullopt;
+    laid.push_back({step.kind, *v});
+  }
+  return cpu_blocked_steps(x, laid, C, 1, static_cast<int64_t>(x.shape(2)) * x.shape(3), split, avx512, s);
+}
+
+bool cpu_is_channel_steps(const mx::array& x) {
+  return x.has_primitive() && !x.is_available() && x.primitive().name() == std::string_view("BlockedSteps");
 }
 
 }  // namespace ortmlx::ops

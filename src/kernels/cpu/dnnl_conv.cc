@@ -1001,16 +1001,9 @@ std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::v
       laid.push_back({step.kind, p.inputs()[0]});
       continue;
     }
-    if (p.size() == 1) {
-      laid.push_back({step.kind, mx::broadcast_to(mx::reshape(p, {1}, s), {C}, s)});
-      continue;
-    }
-    if (p.size() != static_cast<size_t>(C) || p.ndim() > 4) return std::nullopt;
-    for (int d = 0; d < static_cast<int>(p.ndim()); ++d)  // the channel is axis 1 of 4 (ndim - 3)
-      if (p.shape(d) != (d == static_cast<int>(p.ndim()) - 3 ? C : 1)) return std::nullopt;
-    auto flat = mx::reshape(p, {C}, s);
-    if (p.is_available() && !p.is_tracer()) mx::eval(flat);  // a constant's view, made once
-    laid.push_back({step.kind, flat});
+    auto v = cpu_channel_vector(p, C, s);
+    if (!v) return std::nullopt;
+    laid.push_back({step.kind, *v});
   }
   const int64_t positions = static_cast<int64_t>(x.shape(2)) * x.shape(3);
   auto y = cpu_blocked_steps(buffer, laid, C, b, positions, split, avx512, s);

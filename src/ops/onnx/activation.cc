@@ -28,6 +28,7 @@ float attr(const OpContext& c, const char* name, float def) { return c.node.attr
 mx::array relu(const OpContext& c, const mx::array& x) {
   // a convolution's blocked output stays blocked through it (kernels.h, cpu_dnnl_blocked_map)
   if (auto y = blocked_steps(x, {{CpuBlockedStep::Kind::Relu, std::nullopt}}, c.s)) return *y;
+  if (auto y = channel_steps(x, {{CpuBlockedStep::Kind::Relu, std::nullopt}}, c.s, /*continuing=*/true)) return *y;
   auto f = [&](const std::vector<mx::array>& b) { return mx::maximum(b[0], sc(0, b[0]), c.s); };
   if (auto y = cpu_dnnl_blocked_map({x}, f, c.s)) return *y;
   return mx::maximum(x, sc(0, x), c.s);

@@ -24,6 +24,10 @@ template <BinaryFn F>
 std::optional<mx::array> blocked_by_channel(OpContext& c, CpuBlockedStep::Kind kind) {
   for (int x : {0, 1})
     if (auto y = blocked_steps(c.in(x), {{kind, c.in(1 - x)}}, c.s)) return y;
+  // (a large NCHW activation by a per-channel parameter: a ConvTranspose's bias, a BN's affine)
+  for (int x : {0, 1})
+    if (c.in(x).ndim() == 4 && c.in(1 - x).size() < c.in(x).size())
+      if (auto y = channel_steps(c.in(x), {{kind, c.in(1 - x)}}, c.s)) return y;
   for (int x : {0, 1}) {
     auto f = [&](const std::vector<mx::array>& a) { return F(x == 0 ? a[0] : a[1], x == 0 ? a[1] : a[0], c.s); };
     if (auto y = cpu_dnnl_blocked_channel_map(c.in(x), {c.in(1 - x)}, f, c.s)) return y;

@@ -141,6 +141,8 @@ Outputs translate_batch_norm(OpContext& c) {
             return mx::add(mx::multiply(a[0], a[1], c.s), a[2], c.s);
           }, c.s))
         return {*y};
+    if (x.dtype() == mx::float32 && t == mx::float32)  // a large NCHW activation: the same kernel
+      if (auto y = channel_steps(x, {{Step::MulChannel, scale}, {Step::AddChannel, shift}}, c.s)) return {*y};
     auto y = mx::add(mx::multiply(mx::astype(x, t, c.s), scale, c.s), shift, c.s);
     return {mx::astype(y, x.dtype(), c.s)};
   }
