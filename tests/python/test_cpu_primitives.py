@@ -2,7 +2,11 @@
 (several microseconds), more than the arithmetic of a small tensor. These tests hold the
 translators and the EP's CPU kernels to the forms that keep the count down, and compare every
 output with ORT's CPU EP."""
+import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -1012,3 +1016,44 @@ def test_nchw_channel_chains_are_one_kernel(hw, avx512, capfd):
              helper.make_node("Add", ["t", "r"], ["y"])]
     prims = _run(nodes, {"x": x2}, inits[:1] + w_row, capfd, 1e-5, 1e-5, unoptimized=True, cpu_avx512=avx512)
     assert "BlockedSteps" not in prims, prims
+
+
+_HUGE_PANELS = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+report = sys.argv[1]
+rng = np.random.default_rng(4)
+x = rng.standard_normal((4, 1024)).astype(np.float32)
+nodes, inits = [], []
+for name, n in (("big", 1536), ("small", 64)):
+    inits.append(numpy_helper.from_array(rng.standard_normal((1024, n)).astype(np.float32) / 32, "w_" + name))
+    nodes.append(helper.make_node("MatMul", ["x", "w_" + name], ["y_" + name]))
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [4, 1024])],
+                      [helper.make_tensor_value_info("y_" + n, TP.FLOAT, None) for n in ("big", "small")], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, report_path=report))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+for _ in range(3):
+    for a, b in zip(s.run(None, {"x": x}), cpu.run(None, {"x": x})):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_huge_page_bytes")}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="no transparent huge pages in this kernel")
+def test_large_packed_weights_ask_for_huge_pages(tmp_path):
+    """A constant weight's panels of 4 MiB and more (a 1024 x 1536 product's: 6 MiB) are
+    allocated 2 MiB-aligned and advised into transparent huge pages before they are written
+    (kernels/cpu/packed_gemm.cc: a one-row product streams the whole weight each call, and in
+    4 KiB pages each page of it was a TLB miss). Outputs equal ORT's CPU EP (a small sibling
+    product shares the kernel). Broken by the panels allocated as before (no bytes counted)."""
+    out = subprocess.run([sys.executable, "-c", _HUGE_PANELS, str(tmp_path / "r.jsonl")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["process_packed_matmuls"] >= 3, r
+    assert r["process_packed_huge_page_bytes"] >= 1024 * 1536 * 4, r

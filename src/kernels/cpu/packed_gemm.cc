@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <map>
@@ -10,6 +11,8 @@
 #include <optional>
 #include <stdexcept>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
@@ -37,11 +40,44 @@ constexpr Geometry kAvx2{6, 16};
 // K is cut into blocks this deep, so that a panel's block stays in L2 while every row tile reads it.
 constexpr int64_t kDepthBlock = 512;
 
+std::atomic<uint64_t> g_huge_bytes{0};
+
+// Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
+// transparent huge pages are granted on request): a one-row product streams its whole weight
+// once a call, and in 4 KiB pages every page of it was a TLB miss.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(size_t n) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t bytes = n * sizeof(T);
+    if (bytes < 2 * kHuge) return std::allocator<T>().allocate(n);
+    void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+    if (!p) throw std::bad_alloc();
+    if (::madvise(p, bytes, MADV_HUGEPAGE) == 0) g_huge_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n * sizeof(T) < 2 * (size_t{2} << 20))
+      std::allocator<T>().deallocate(p, n);
+    else
+      std::free(p);
+  }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const { return false; }
+};
+using PanelBuffer = std::vector<float, HugePageAllocator<float>>;
+
 // w [K, N] (element (k, n) at w[k * sk + n * sn]) as panels of `cols` columns, each its K rows of
 // `cols` floats side by side ([N / cols][K][cols], the last panel's missing columns zero).
-std::vector<float> pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
+PanelBuffer pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
   const int64_t panels = (N + cols - 1) / cols;
-  std::vector<float> out(static_cast<size_t>(panels * K * cols), 0.f);
+  PanelBuffer out(static_cast<size_t>(panels * K * cols), 0.f);
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * cols, width = std::min<int64_t>(cols, N - n0);
     float* o = out.data() + p * K * cols;
@@ -204,19 +240,19 @@ class PackedMatmul : public mx::UnaryPrimitive {
   // prompt's product and a decode step's read one copy): found by the buffer's address while
   // any primitive holds them (a graph constant's buffer lives as long as the programs that read
   // it), made anew otherwise.
-  static std::shared_ptr<const std::vector<float>> shared_panels(const float* w, int64_t sk, int64_t sn,
+  static std::shared_ptr<const PanelBuffer> shared_panels(const float* w, int64_t sk, int64_t sn,
                                                                  const GemmShape& g, int cols) {
     using Key = std::tuple<const float*, int64_t, int64_t, int64_t, int64_t, int>;
     static std::mutex mu;
-    static std::map<Key, std::weak_ptr<const std::vector<float>>> held;
+    static std::map<Key, std::weak_ptr<const PanelBuffer>> held;
     const Key key{w, sk, sn, g.k, g.n, cols};
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = held.find(key); it != held.end())
       if (auto p = it->second.lock()) return p;
     for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
-    std::shared_ptr<const std::vector<float>> p;
+    std::shared_ptr<const PanelBuffer> p;
 #ifdef ORTMLX_X86
-    p = std::make_shared<const std::vector<float>>(pack_panels(w, g.k, g.n, sk, sn, cols));
+    p = std::make_shared<const PanelBuffer>(pack_panels(w, g.k, g.n, sk, sn, cols));
 #endif
     held[key] = p;
     return p;
@@ -225,7 +261,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   // The constant weight's panels, taken on the first run for its buffer (on the stream thread).
   // Held by the tasks too: an eager run's primitive may go before its task runs.
   struct Packed {
-    std::shared_ptr<const std::vector<float>> panels_for(const float* w, int64_t sk, int64_t sn, const GemmShape& g,
+    std::shared_ptr<const PanelBuffer> panels_for(const float* w, int64_t sk, int64_t sn, const GemmShape& g,
                                                          int cols) {
       std::lock_guard<std::mutex> lock(mu);
       if (src != w || sk_ != sk || sn_ != sn || !panels) {
@@ -237,7 +273,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
     std::mutex mu;
     const float* src = nullptr;
     int64_t sk_ = 0, sn_ = 0;
-    std::shared_ptr<const std::vector<float>> panels;
+    std::shared_ptr<const PanelBuffer> panels;
   };
 
   GemmShape g_;
@@ -249,6 +285,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
 }  // namespace
 
 uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_order_relaxed); }
 
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
                                            const std::optional<mx::array>& bias) {
