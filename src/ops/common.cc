@@ -67,17 +67,13 @@ thread_local bool work_split = false;
 thread_local bool work_one_thread = false;
 }  // namespace
 
-namespace {
-// The chain kernel's loop is AVX-512's; elsewhere MLX's generated kernel (vectorized for the
-// machine) stays.
-bool chain_kernel_here() { return current_switches.cpu_avx512 && cpu_has_avx512f(); }
-}  // namespace
-
 std::optional<mx::array> blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s) {
-  if (s.device != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() != 4 || !chain_kernel_here())
+  // (the chain kernel's loop is AVX-512's; elsewhere MLX's generated kernel, vectorized for the
+  // machine, stays)
+  if (s.device != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() != 4 || !cpu_avx512_kernels())
     return std::nullopt;
   const bool split = parallel_work(static_cast<double>(x.size()) * static_cast<double>(steps.size()));
-  return cpu_dnnl_blocked_steps(x, steps, split, current_switches.cpu_avx512, s);
+  return cpu_dnnl_blocked_steps(x, steps, split, s);
 }
 
 std::optional<mx::array> channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, mx::Stream s,
@@ -85,10 +81,10 @@ std::optional<mx::array> channel_steps(const mx::array& x, const std::vector<Cpu
   // Smaller activations stay MLX's (fused into their neighbours' generated kernels).
   constexpr size_t kMinElements = size_t{1} << 16;
   if (s.device != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() != 4 || x.size() < kMinElements ||
-      (continuing && !cpu_is_channel_steps(x)) || !chain_kernel_here())
+      (continuing && !cpu_is_channel_steps(x)) || !cpu_avx512_kernels())
     return std::nullopt;
   const bool split = parallel_work(static_cast<double>(x.size()) * static_cast<double>(steps.size()));
-  return cpu_channel_steps(x, steps, split, current_switches.cpu_avx512, s);
+  return cpu_channel_steps(x, steps, split, s);
 }
 
 bool parallel_work(double flops) {

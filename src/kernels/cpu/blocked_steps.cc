@@ -122,11 +122,10 @@ __attribute__((target("avx512f"))) void run_tile_avx512(const std::vector<CpuBlo
 
 using TileFn = void (*)(const std::vector<CpuBlockedStep::Kind>&, const std::vector<const float*>&, const float*,
                         float*, int64_t, int64_t, int, int64_t);
-TileFn tile_fn(bool avx512) {
+TileFn tile_fn() {
 #ifdef ORTMLX_X86
-  if (avx512 && cpu_has_avx512f()) return run_tile_avx512;
+  if (cpu_has_avx512f()) return run_tile_avx512;
 #endif
-  (void)avx512;
   return run_tile_plain;
 }
 
@@ -134,15 +133,8 @@ TileFn tile_fn(bool avx512) {
 // step's operand ([C] for a channel's, the buffer's size for another buffer).
 class BlockedSteps : public mx::UnaryPrimitive {
  public:
-  BlockedSteps(mx::Stream s, std::vector<Kind> kinds, int channels, int block, int64_t positions, bool split,
-               bool avx512)
-      : mx::UnaryPrimitive(s),
-        kinds_(std::move(kinds)),
-        C_(channels),
-        b_(block),
-        hw_(positions),
-        split_(split),
-        avx512_(avx512) {}
+  BlockedSteps(mx::Stream s, std::vector<Kind> kinds, int channels, int block, int64_t positions, bool split)
+      : mx::UnaryPrimitive(s), kinds_(std::move(kinds)), C_(channels), b_(block), hw_(positions), split_(split) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     begin_output_over(inputs[0], out);
@@ -153,7 +145,7 @@ class BlockedSteps : public mx::UnaryPrimitive {
       operand_of.push_back(kinds_[k] == Kind::Relu ? -1 : static_cast<int>(next++));
     dispatch_task(stream(), [x = RowMajorInput(inputs[0]), ops = std::move(ops), operand_of, kinds = kinds_,
                              y = out.data<float>(), n = static_cast<int64_t>(out.size()), C = C_, b = b_, hw = hw_,
-                             split = split_, run = tile_fn(avx512_)] {
+                             split = split_, run = tile_fn()] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const float* xp = x.rows();
       std::vector<const float*> operands;
@@ -181,8 +173,7 @@ class BlockedSteps : public mx::UnaryPrimitive {
   const char* name() const override { return "BlockedSteps"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const BlockedSteps*>(&other);
-    return o && o->kinds_ == kinds_ && o->C_ == C_ && o->b_ == b_ && o->hw_ == hw_ && o->split_ == split_ &&
-           o->avx512_ == avx512_;
+    return o && o->kinds_ == kinds_ && o->C_ == C_ && o->b_ == b_ && o->hw_ == hw_ && o->split_ == split_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
   const std::vector<Kind>& kinds() const { return kinds_; }
@@ -194,7 +185,7 @@ class BlockedSteps : public mx::UnaryPrimitive {
   std::vector<Kind> kinds_;
   int C_, b_;
   int64_t hw_;
-  bool split_, avx512_;
+  bool split_;
 };
 
 }  // namespace
@@ -202,7 +193,7 @@ class BlockedSteps : public mx::UnaryPrimitive {
 uint64_t cpu_blocked_steps_runs() { return g_runs.load(std::memory_order_relaxed); }
 
 mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlockedStep>& steps, int channels, int block,
-                            int64_t positions, bool split, bool avx512, mx::Stream s) {
+                            int64_t positions, bool split, mx::Stream s) {
   mx::array src = buffer;
   std::vector<Kind> kinds;
   std::vector<mx::array> inputs;
@@ -224,7 +215,7 @@ mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlocke
     if (step.kind != Kind::Relu) inputs.push_back(*step.operand);
   }
   return mx::array(src.shape(), mx::float32,
-                   std::make_shared<BlockedSteps>(s, std::move(kinds), channels, block, positions, split, avx512),
+                   std::make_shared<BlockedSteps>(s, std::move(kinds), channels, block, positions, split),
                    std::move(inputs));
 }
 
@@ -240,7 +231,7 @@ std::optional<mx::array> cpu_channel_vector(const mx::array& p, int channels, mx
 }
 
 std::optional<mx::array> cpu_channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, bool split,
-                                           bool avx512, mx::Stream s) {
+                                           mx::Stream s) {
   if (s.device != mx::Device::cpu || x.ndim() != 4 || x.dtype() != mx::float32 || steps.empty() || x.size() == 0)
     return std::nullopt;
   const int C = x.shape(1);
@@ -259,7 +250,7 @@ std::optional<mx::array> cpu_channel_steps(const mx::array& x, const std::vector
     if (!v) return std::nullopt;
     laid.push_back({step.kind, *v});
   }
-  return cpu_blocked_steps(x, laid, C, 1, static_cast<int64_t>(x.shape(2)) * x.shape(3), split, avx512, s);
+  return cpu_blocked_steps(x, laid, C, 1, static_cast<int64_t>(x.shape(2)) * x.shape(3), split, s);
 }
 
 bool cpu_is_channel_steps(const mx::array& x) {

@@ -979,7 +979,7 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array& x, const 
 }
 
 std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps,
-                                                bool split, bool avx512, mx::Stream s) {
+                                                bool split, mx::Stream s) {
   auto bb = blocked_buffer(x, s);
   if (!bb || steps.empty()) return std::nullopt;
   const int C = x.shape(1), b = bb->block;
@@ -1006,7 +1006,7 @@ std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::v
     laid.push_back({step.kind, *v});
   }
   const int64_t positions = static_cast<int64_t>(x.shape(2)) * x.shape(3);
-  auto y = cpu_blocked_steps(buffer, laid, C, b, positions, split, avx512, s);
+  auto y = cpu_blocked_steps(buffer, laid, C, b, positions, split, s);
   return mx::array(x.shape(), mx::float32, std::make_shared<DnnlUnblock>(s, u->plan_ptr()), {y});
 }
 
@@ -1151,7 +1151,7 @@ std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const st
                                                       mx::Stream) {
   return std::nullopt;
 }
-std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array&, const std::vector<CpuBlockedStep>&, bool, bool,
+std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array&, const std::vector<CpuBlockedStep>&, bool,
                                                 mx::Stream) {
   return std::nullopt;
 }

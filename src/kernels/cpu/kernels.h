@@ -323,17 +323,17 @@ struct CpuBlockedStep {
 // (a BatchNormalization's steps and the Relu after it). std::nullopt where the blocked map
 // above would not apply, or an operand is not such a parameter or buffer.
 std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps,
-                                                bool split, bool avx512, mx::Stream s);
+                                                bool split, mx::Stream s);
 // The kernel itself over a blocked `buffer` of `channels` in blocks of `block` lanes, `positions`
 // a block (operands already laid out: [C] parameters, buffers of buffer's size).
 mx::array cpu_blocked_steps(const mx::array& buffer, const std::vector<CpuBlockedStep>& steps, int channels, int block,
-                            int64_t positions, bool split, bool avx512, mx::Stream s);
+                            int64_t positions, bool split, mx::Stream s);
 uint64_t cpu_blocked_steps_runs();  // the kernel's runs in this process
 // The same kernel over a 4-D float32 NCHW x (each channel's plane a row, its parameters
 // broadcast; another operand of x's shape for AddBuffer), x's shape out; a chain of such calls
 // is one kernel. std::nullopt for other shapes or operands.
 std::optional<mx::array> cpu_channel_steps(const mx::array& x, const std::vector<CpuBlockedStep>& steps, bool split,
-                                           bool avx512, mx::Stream s);
+                                           mx::Stream s);
 // Whether x is such a kernel's output, not evaluated yet (a chain to continue).
 bool cpu_is_channel_steps(const mx::array& x);
 // A per-channel parameter of NCHW (C values as [C, 1, 1] or [1, C, 1, 1], or one value) as [C].
