@@ -80,7 +80,7 @@ void* allocate(size_t nbytes) {
   } else {
     // (rounded up: KV buffers one row longer each step reuse the buffers freed before)
     const size_t size = ops::allocation_size(nbytes);
-    if (auto* r = registry(); r && size >= kPoolMinBytes) {
+    if (auto* r = registry(); r && pools() && size >= kPoolMinBytes) {
       std::lock_guard<std::mutex> lock(r->mu);
       if (auto it = r->pool.find(size); it != r->pool.end()) {
         e.data = std::move(it->second);

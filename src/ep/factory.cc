@@ -87,9 +87,7 @@ class Limits {
       // reuses, and a larger cache holds them instead of handing the memory back to malloc.
       constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
       const size_t floor = std::min(mx::get_memory_limit() / 4, kDefaultCacheBytes);
-      const size_t before = mx::set_cache_limit(floor);
-      if (before > floor) mx::set_cache_limit(before);
-      set_cache(std::max(before, floor));
+      set_cache(std::max(mx::set_cache_limit(floor), floor));
     }
     if (o.cache_limit_mb != SIZE_MAX) {
       size_t before = mx::set_cache_limit(o.cache_limit_mb << 20);
