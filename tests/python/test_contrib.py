@@ -1,6 +1,7 @@
 """com.microsoft transformer ops (and ai.onnx Attention/RotaryEmbedding) against ORT's CPU EP,
 which implements every one of them, with the node forced onto MLX (no CPU fallback)."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -1108,6 +1109,51 @@ def test_gqa_decode_step_is_one_kernel(packed, rotary, interleaved, rot_dim, win
         gqa_check(B=1, S=1, N=8, Nkv=2, H=H, past=past, seqlens=[past], packed=packed, rotary=rotary,
                   interleaved=interleaved, rot_dim=rot_dim, window=window, log_level=3, cpu_avx512=avx512, **opts)
         assert _decode_kernel_ran(capfd.readouterr().err) == kernel, opts
+
+
+_SHORT_CONTEXT_STEPS = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper
+report = sys.argv[1]
+N, Nkv, H, P, pos = 8, 4, 64, 256, 127
+rng = np.random.default_rng(3)
+node = helper.make_node("GroupQueryAttention", ["q", "", "", "pk", "pv", "seqlens", "total"], ["o", "k", "v"],
+                        domain="com.microsoft", num_heads=N, kv_num_heads=Nkv)
+f = lambda name, shape, t=TP.FLOAT: helper.make_tensor_value_info(name, t, shape)
+g = helper.make_graph([node], "g", [f("q", [1, 1, (N + 2 * Nkv) * H]), f("pk", [1, Nkv, P, H]), f("pv", [1, Nkv, P, H]),
+                                    f("seqlens", [1], TP.INT32), f("total", [], TP.INT32)],
+                      [f("o", None), f("k", None), f("v", None)])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+m.ir_version = 9
+feeds = {"q": rng.standard_normal((1, 1, (N + 2 * Nkv) * H)).astype(np.float32),
+         "pk": rng.standard_normal((1, Nkv, P, H)).astype(np.float32),
+         "pv": rng.standard_normal((1, Nkv, P, H)).astype(np.float32),
+         "seqlens": np.array([pos], np.int32), "total": np.array(pos + 1, np.int32)}
+want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False,
+                                                                               report_path=report, log_level=3))
+for _ in range(10):
+    np.testing.assert_allclose(s.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({"regions": line["process_openmp_regions"]}))
+"""
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
+def test_gqa_decode_step_at_a_short_context_splits_its_heads(tmp_path):
+    """A decode step at position 127 of a 256-row shared buffer (8 query heads, 4 KV heads of 64:
+    the bench's 60M Llama at a 128-token context) splits its KV heads over two threads: its
+    products over 128 rows are worth the hand-off to a waiting worker, though the buffer's rows
+    are not. Outputs equal ORT's CPU EP. Broken by a size rule that counts the buffer's rows
+    (the step then runs on one thread: no parallel region)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _SHORT_CONTEXT_STEPS, str(tmp_path / "r.jsonl")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _decode_kernel_ran(out.stderr), out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["regions"] >= 10, out.stdout
 
 
 @pytest.mark.parametrize("pos", [0, 17, 39])

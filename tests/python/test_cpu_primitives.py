@@ -812,11 +812,13 @@ def test_int4_prompt_products_are_the_packed_kernel(capfd):
 @pytest.mark.parametrize("avx512", ["1", "0"])
 def test_int4_decode_rows_with_vnni(k, avx512, capfd):
     """A decode row's MatMulNBits in ORT's int8 form (accuracy_level 4, blocks of 32): with
-    AVX-512 VNNI (cpu_avx512=1 on a CPU that has it) four blocks a step through vpdpbusd, the
-    blocks after the last whole group of four (K = 224: one group and three, K = 96: none) through
-    the AVX2 kernel; with cpu_avx512=0 the AVX2 kernel alone. Outputs equal ORT's CPU EP within
-    1e-5 relative to the outputs' scale. Broken by a code laid out against the wrong nibble,
-    block or scale (each moved outputs by far more)."""
+    AVX-512 VNNI (cpu_avx512=1 on a CPU that has it) the panel kernel (Int4PanelGemv: the weight
+    laid out once as panels of 16 outputs, the prompt kernel's copy; N = 40: a masked panel); with
+    cpu_int4_gemm=0 the row kernel on ORT's bytes, four blocks a step through vpdpbusd, the blocks
+    after the last whole group of four (K = 224: one group and three, K = 96: none) through the
+    AVX2 kernel; with cpu_avx512=0 the AVX2 kernel alone. Outputs equal ORT's CPU EP within 1e-5
+    relative to their scale. Broken by a code laid out against the wrong nibble, block or scale
+    (each moved outputs by far more)."""
     from onnxruntime_mlx.doctor import cpu_flags
     if avx512 == "1" and not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
         pytest.skip("no AVX-512 VNNI here")
@@ -832,7 +834,10 @@ def test_int4_decode_rows_with_vnni(k, avx512, capfd):
                               block_size=block, accuracy_level=4)]
     scale = 30.0  # the outputs' magnitude for these inputs (|y| up to ~27 at K = 512)
     prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_avx512=avx512)
-    assert prims.get("Int4RowGemv") == 1, prims
+    assert prims.get("Int4PanelGemv" if avx512 == "1" else "Int4RowGemv") == 1, prims
+    if avx512 == "1":
+        prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_int4_gemm=0)
+        assert prims.get("Int4RowGemv") == 1 and "Int4PanelGemv" not in prims, prims
 
 
 def _attention_graph(case, rng):
@@ -947,6 +952,49 @@ def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):
     assert prims.get("Int4GemmVnni") == 1 and "PackedMatmul" not in prims, prims
     prims = _run(nodes, {"x": x}, inits, capfd, 0, 1e-5 * scale, cpu_int4_gemm=0)
     assert "Int4GemmVnni" not in prims, prims
+
+
+_PROMPT_THEN_STEPS = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+report = sys.argv[1]
+rng = np.random.default_rng(9)
+k, n, block = 256, 72, 32
+b = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+s = (rng.random(n * (k // block)) * 0.1).astype(np.float32)
+node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                        block_size=block, accuracy_level=4)
+g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["rows", k])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                      [numpy_helper.from_array(b, "b"), numpy_helper.from_array(s, "s")])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+m.ir_version = 9
+sess = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
+    "cpu", fallback=False, report_path=report, log_level=3))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+for rows in (9, 1, 1, 9, 1, 1, 1, 9):  # a prompt, decode steps, the next prompt
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=0, atol=3e-4)
+del sess
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({"layouts": line["process_int4_panel_layouts"]}))
+"""
+
+
+def test_int4_prompts_and_steps_share_one_panel_copy(tmp_path):
+    """A MatMulNBits (int8 blocks, AVX-512 VNNI) run as prompts of 9 rows and decode steps of one
+    row, in one session: both signatures read the one panel layout of the weight the node
+    prepared (Int4GemmVnni and Int4PanelGemv; after a prompt the steps' weights are the prompt's,
+    still in the caches), made once for the node. Outputs equal ORT's CPU EP. Broken by a layout
+    per signature or per kernel (two or more made)."""
+    from onnxruntime_mlx.doctor import cpu_flags
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("no AVX-512 VNNI here")
+    out = subprocess.run([sys.executable, "-c", _PROMPT_THEN_STEPS, str(tmp_path / "r.jsonl")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Int4GemmVnni=" in out.stderr and "Int4PanelGemv=" in out.stderr, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["layouts"] == 1, out.stdout
 
 
 @pytest.mark.parametrize("case", ["add_relu", "sum", "add_only", "broadcast"])

@@ -159,9 +159,11 @@ class DecodeGqa : public mx::Primitive {
           }
         }
       };
-      // Two threads when the copies and products are worth a hand-off.
-      const int64_t work = static_cast<int64_t>(Nkv) * T * H;
-      cpu_parallel_for(Nkv, work >= (int64_t{1} << 17) ? std::min(cpu_threads(), Nkv) : 1, heads);
+      // Two threads when the copies and products are worth a hand-off: each query head's two
+      // products over the attended rows, and the past's rows copied where present is not its buffer.
+      const bool copies = ok != past_kp || ov != past_vp;
+      const int64_t work = static_cast<int64_t>(N) * (hi - lo) * H + (copies ? int64_t{2} * Nkv * std::min(P, T) * H : 0);
+      cpu_parallel_for(Nkv, work >= (int64_t{1} << 15) ? std::min(cpu_threads(), Nkv) : 1, heads);
     });
   }
 

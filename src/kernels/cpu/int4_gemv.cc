@@ -1,5 +1,6 @@
 // The 4-bit row kernel of kernels/cpu/kernels.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -403,36 +404,14 @@ bool cpu_has_avx512_vnni() {
 }
 
 
-// ---- Prompt rows: many rows by the 4-bit weight, int8 activations, AVX-512 VNNI ----------------
-
-// The weight laid out for the tiles: per panel of 16 outputs, per 4 values of K, the 16 outputs'
-// 4 codes side by side (64 bytes: one vpdpbusd operand, lane n holding output n's 4 codes); the
-// scales and zero biases per panel and block as 16 lanes. Outputs past N are zero (codes,
-// scales and biases), so the last panel computes zeros there.
-struct GemmWeight {
-  std::vector<uint8_t> codes;   // [panels][Kp / 4][16][4]
-  std::vector<float> sc, zb;    // [panels][nb][16]
-};
-
-GemmWeight pack_gemm_weight(const uint8_t* q, const float* sc, const float* zb, int N, int nb, int block) {
-  const int64_t Kp = static_cast<int64_t>(nb) * block, panels = (N + 15) / 16, row_bytes = Kp / 2;
-  GemmWeight w;
-  w.codes.assign(static_cast<size_t>(panels * Kp * 16), 0);
-  w.sc.assign(static_cast<size_t>(panels * nb * 16), 0.f);
-  w.zb.assign(static_cast<size_t>(panels * nb * 16), 0.f);
-  for (int n = 0; n < N; ++n) {
-    const int64_t p = n / 16, lane = n % 16;
-    for (int64_t k = 0; k < Kp; ++k) {
-      const uint8_t byte = q[n * row_bytes + k / 2];
-      w.codes[static_cast<size_t>(((p * (Kp / 4) + k / 4) * 16 + lane) * 4 + k % 4)] = k % 2 ? byte >> 4 : byte & 15;
-    }
-    for (int b = 0; b < nb; ++b) {
-      w.sc[static_cast<size_t>((p * nb + b) * 16 + lane)] = sc[static_cast<int64_t>(n) * nb + b];
-      w.zb[static_cast<size_t>((p * nb + b) * 16 + lane)] = zb[static_cast<int64_t>(n) * nb + b];
-    }
-  }
-  return w;
-}
+// ---- The panel layout: prompt rows and decode rows of one copy of the weight, AVX-512 VNNI ----
+//
+// The weight laid out once (cpu_int4_panels) as panels of 16 outputs: per panel and group of 8
+// values of K, 64 bytes, lane n's 4 bytes holding output n's codes k..k+3 in their low nibbles
+// and k+4..k+7 in their high ones (a vpdpbusd operand each, after a mask or a shift and mask);
+// scales and zero biases per panel and block as 16 lanes. Outputs past N are zero. Prompt rows
+// and decode rows read this one copy, the size of ORT's bytes: a prompt leaves in the caches the
+// weights the next decode steps read.
 
 // The rows quantized as MLAS does (quantize_block): codes [M][Kp] (zero past K), and per row and
 // block the scale and the sum of the dequantized values.
@@ -463,163 +442,198 @@ __attribute__((target("avx512f,avx512bw"))) float quantize_block_avx512(const fl
   return scale;
 }
 
-// R rows x NP panels of 16 outputs: per block, int32 sums by vpdpbusd (the weights' unsigned
+// M rows of K floats (row-major) quantized per block; split over the threads when large.
+QuantRows quantize_rows(const float* xp, int64_t M, int K, int nb, int block) {
+  const int64_t Kp = static_cast<int64_t>(nb) * block;
+  QuantRows q;
+  q.codes.assign(static_cast<size_t>(M * Kp), 0);
+  q.scale.assign(static_cast<size_t>(M * nb), 0.f);
+  q.sum.assign(static_cast<size_t>(M * nb), 0.f);
+  cpu_parallel_for(M, M * K >= (int64_t{1} << 16) ? cpu_threads() : 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int b = 0; b < nb; ++b) {
+        const int k0 = b * block, k1 = std::min(K, k0 + block);
+        if (k0 >= k1) continue;
+        int32_t codes = 0;
+        int8_t* c = q.codes.data() + m * Kp;
+        const float scale = k1 - k0 == block ? quantize_block_avx512(xp + m * K + k0, block, c + k0, codes)
+                                             : quantize_block(xp + m * K, 1, k0, k1, [&](int k, float v) {
+                                                 c[k] = static_cast<int8_t>(v);
+                                                 codes += static_cast<int32_t>(v);
+                                               });
+        q.scale[static_cast<size_t>(m * nb + b)] = scale;
+        q.sum[static_cast<size_t>(m * nb + b)] = static_cast<float>(codes) * scale;
+      }
+  });
+  return q;
+}
+
+// The panel weight's pointers (cpu_int4_panels' arrays). mid: every zero point is 8, and `zb`
+// is not read: the zero-point term is scale x (-8 x the row's block sum), the same products.
+struct PanelWeight {
+  const uint8_t* codes;
+  const float *sc, *zb;
+  int64_t Kp;
+  int nb, block, N;
+  bool mid;
+};
+
+// R rows x NP panels of 16 outputs: per block, int32 sums by vpdpbusd (the weight's unsigned
 // codes against the rows' signed ones), then scaled into float accumulators with the zero
-// biases times the rows' block sums. Fixed R and NP keep the accumulators in registers.
+// biases times the rows' block sums. Fixed R and NP keep the accumulators in registers; one row
+// (a decode step) keeps the low and high nibbles' sums apart, two dependency chains a panel.
 template <int R, int NP>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void int4_gemm_tile(
-    const QuantRows& x, const GemmWeight& w, int64_t r0, int64_t p0, int64_t Kp, int nb, int block, int N,
-    float* y) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void int4_panel_tile(const QuantRows& x, const PanelWeight& w,
+                                                                            int64_t r0, int64_t p0, float* y) {
+  constexpr int H = R == 1 ? 2 : 1;  // separate sums for the two nibbles
+  const __m512i mask = _mm512_set1_epi8(15);
   __m512 acc[R][NP];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
-  const int64_t kq_per_block = block / 4, panel_bytes = Kp * 16;
-  for (int b = 0; b < nb; ++b) {
-    __m512i dot[R][NP];
+  const int64_t groups_per_block = w.block / 8, panel_bytes = w.Kp * 8;
+  const uint8_t* panel = w.codes + p0 * panel_bytes;
+  for (int b = 0; b < w.nb; ++b) {
+    __m512i dot[R][NP][H];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p)
 #pragma GCC unroll 2
-      for (int p = 0; p < NP; ++p) dot[r][p] = _mm512_setzero_si512();
-    const int64_t kq0 = b * kq_per_block;
-    for (int64_t kq = kq0; kq < kq0 + kq_per_block; ++kq) {
-      __m512i wv[NP];
-#pragma GCC unroll 2
-      for (int p = 0; p < NP; ++p) wv[p] = _mm512_loadu_si512(w.codes.data() + (p0 + p) * panel_bytes + kq * 64);
+        for (int h = 0; h < H; ++h) dot[r][p][h] = _mm512_setzero_si512();
+    const int64_t g0 = b * groups_per_block;
+    for (int64_t g = g0; g < g0 + groups_per_block; ++g) {
+      __m512i lo[NP], hi[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) {
+        const __m512i v = _mm512_loadu_si512(panel + p * panel_bytes + g * 64);
+        lo[p] = _mm512_and_si512(v, mask);
+        hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        int32_t four;
-        std::memcpy(&four, x.codes.data() + (r0 + r) * Kp + kq * 4, 4);
-        const __m512i xv = _mm512_set1_epi32(four);
-#pragma GCC unroll 2
-        for (int p = 0; p < NP; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wv[p], xv);
+        int32_t eight[2];
+        std::memcpy(eight, x.codes.data() + (r0 + r) * w.Kp + g * 8, 8);
+        const __m512i xlo = _mm512_set1_epi32(eight[0]), xhi = _mm512_set1_epi32(eight[1]);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) {
+          dot[r][p][0] = _mm512_dpbusd_epi32(dot[r][p][0], lo[p], xlo);
+          dot[r][p][H - 1] = _mm512_dpbusd_epi32(dot[r][p][H - 1], hi[p], xhi);
+        }
       }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) {
-      const __m512 ws = _mm512_loadu_ps(w.sc.data() + ((p0 + p) * nb + b) * 16);
-      const __m512 zb = _mm512_loadu_ps(w.zb.data() + ((p0 + p) * nb + b) * 16);
+      const int64_t at = ((p0 + p) * w.nb + b) * 16;
+      const __m512 ws = _mm512_loadu_ps(w.sc + at);
+      const __m512 zb = w.mid ? ws : _mm512_loadu_ps(w.zb + at);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const float xs = x.scale[static_cast<size_t>((r0 + r) * nb + b)];
-        const float xsum = x.sum[static_cast<size_t>((r0 + r) * nb + b)];
-        acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][p]), _mm512_mul_ps(ws, _mm512_set1_ps(xs)), acc[r][p]);
-        acc[r][p] = _mm512_fmadd_ps(zb, _mm512_set1_ps(xsum), acc[r][p]);
+        const size_t rb = static_cast<size_t>((r0 + r) * w.nb + b);
+        const __m512i d = H == 2 ? _mm512_add_epi32(dot[r][p][0], dot[r][p][H - 1]) : dot[r][p][0];
+        acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws, _mm512_set1_ps(x.scale[rb])), acc[r][p]);
+        acc[r][p] = _mm512_fmadd_ps(zb, _mm512_set1_ps(w.mid ? -8.f * x.sum[rb] : x.sum[rb]), acc[r][p]);
       }
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) {
     const int64_t n0 = (p0 + p) * 16;
-    const __mmask16 m = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+    const __mmask16 m = w.N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (w.N - n0)) - 1);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, m, acc[r][p]);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * w.N + n0, m, acc[r][p]);
   }
 }
 
 template <int R>
-void int4_gemm_rows(const QuantRows& x, const GemmWeight& w, int64_t r0, int64_t p0, int64_t np, int64_t Kp, int nb,
-                    int block, int N, float* y) {
-  if (np == 2) int4_gemm_tile<R, 2>(x, w, r0, p0, Kp, nb, block, N, y);
-  else int4_gemm_tile<R, 1>(x, w, r0, p0, Kp, nb, block, N, y);
+void int4_panel_rows(const QuantRows& x, const PanelWeight& w, int64_t r0, int64_t p0, int64_t np, float* y) {
+  if (np == 2) int4_panel_tile<R, 2>(x, w, r0, p0, y);
+  else int4_panel_tile<R, 1>(x, w, r0, p0, y);
 }
 #endif
 
-class Int4GemmVnni : public mx::UnaryPrimitive {
+// x [M, K] times the panel weight: inputs x, codes, scales and (unless mid) zero biases.
+class Int4PanelProduct : public mx::UnaryPrimitive {
  public:
-  Int4GemmVnni(mx::Stream s, int K, int block) : mx::UnaryPrimitive(s), K_(K), block_(block),
-                                                  cache_(std::make_shared<Cache>()) {}
+  Int4PanelProduct(mx::Stream s, int K, int N, int block, bool mid, bool one_row)
+      : mx::UnaryPrimitive(s), K_(K), N_(N), block_(block), mid_(mid), one_row_(one_row) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto& packed = inputs[1];
-    for (size_t i = 1; i < 4; ++i)
+    for (size_t i = 1; i < inputs.size(); ++i)
       if (!inputs[i].flags().row_contiguous)
-        throw std::runtime_error("[Int4GemmVnni] weights, scales and zero biases must be row-contiguous");
+        throw std::runtime_error(std::string("[") + name() + "] the panel weight must be row-contiguous");
     begin_output(inputs, out, stream());
-    const int N = packed.shape(0), nb = inputs[2].shape(1);
-    dispatch_task(stream(), [x = RowMajorInput(inputs[0]), qp = packed.data<uint8_t>(), sp = inputs[2].data<float>(),
-                             zp = inputs[3].data<float>(), yp = out.data<float>(), N, nb, K = K_, block = block_,
-                             M = static_cast<int64_t>(inputs[0].size() / K_), cache = cache_] {
+    const int nb = inputs[2].shape(1) / 16;
+    dispatch_task(stream(), [x = RowMajorInput(inputs[0]),
+                             w = PanelWeightRef{inputs[1].data<uint8_t>(), inputs[2].data<float>(),
+                                                mid_ ? nullptr : inputs[3].data<float>(), nb},
+                             yp = out.data<float>(), K = K_, N = N_, block = block_, mid = mid_,
+                             M = static_cast<int64_t>(inputs[0].size() / K_)] {
 #ifdef ORTMLX_X86
-      const auto w = cache->weight_for(qp, sp, zp, N, nb, block);
-      const int64_t Kp = static_cast<int64_t>(nb) * block;
-      const float* xp = x.rows();
-      QuantRows q;
-      q.codes.assign(static_cast<size_t>(M * Kp), 0);
-      q.scale.assign(static_cast<size_t>(M * nb), 0.f);
-      q.sum.assign(static_cast<size_t>(M * nb), 0.f);
-      cpu_parallel_for(M, M * K >= (int64_t{1} << 16) ? cpu_threads() : 1, [&](int64_t m0, int64_t m1) {
-        for (int64_t m = m0; m < m1; ++m)
-          for (int b = 0; b < nb; ++b) {
-            const int k0 = b * block, k1 = std::min(K, k0 + block);
-            if (k0 >= k1) continue;
-            int32_t codes = 0;
-            int8_t* c = q.codes.data() + m * Kp;
-            const float scale = k1 - k0 == block ? quantize_block_avx512(xp + m * K + k0, block, c + k0, codes)
-                                                 : quantize_block(xp + m * K, 1, k0, k1, [&](int k, float v) {
-                                                     c[k] = static_cast<int8_t>(v);
-                                                     codes += static_cast<int32_t>(v);
-                                                   });
-            q.scale[static_cast<size_t>(m * nb + b)] = scale;
-            q.sum[static_cast<size_t>(m * nb + b)] = static_cast<float>(codes) * scale;
+      const PanelWeight pw{w.codes, w.sc, w.zb, static_cast<int64_t>(w.nb) * block, w.nb, block, N, mid};
+      const QuantRows q = quantize_rows(x.rows(), M, K, w.nb, block);
+      const int64_t panels = (N + 15) / 16;
+      if (M == 1) {
+        // One row: four panels (64 outputs) a step, split over the threads when the weight is
+        // large enough to pay for a hand-off.
+        const int64_t quads = (panels + 3) / 4;
+        const int64_t work = static_cast<int64_t>(N) * pw.Kp;
+        const int parts = work >= (int64_t{1} << 18) ? std::max<int>(1, std::min<int64_t>(cpu_threads(), quads)) : 1;
+        cpu_parallel_for(quads, parts, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t p0 = 4 * i;
+            if (p0 + 4 <= panels)
+              int4_panel_tile<1, 4>(q, pw, 0, p0, yp);
+            else
+              for (int64_t p = p0; p < panels; ++p) int4_panel_tile<1, 1>(q, pw, 0, p, yp);
           }
-      });
+        });
+        return;
+      }
       // Tiles of 4 rows x 2 panels (32 outputs), split over the threads.
-      const int64_t panels = (N + 15) / 16, row_tiles = (M + 3) / 4, panel_pairs = (panels + 1) / 2;
+      const int64_t row_tiles = (M + 3) / 4, panel_pairs = (panels + 1) / 2;
       cpu_parallel_for(row_tiles * panel_pairs, cpu_threads(), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t r0 = (i / panel_pairs) * 4, p0 = (i % panel_pairs) * 2;
           const int64_t rows = std::min<int64_t>(4, M - r0), np = std::min<int64_t>(2, panels - p0);
           switch (rows) {
-            case 4: int4_gemm_rows<4>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
-            case 3: int4_gemm_rows<3>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
-            case 2: int4_gemm_rows<2>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
-            default: int4_gemm_rows<1>(q, *w, r0, p0, np, Kp, nb, block, N, yp); break;
+            case 4: int4_panel_rows<4>(q, pw, r0, p0, np, yp); break;
+            case 3: int4_panel_rows<3>(q, pw, r0, p0, np, yp); break;
+            case 2: int4_panel_rows<2>(q, pw, r0, p0, np, yp); break;
+            default: int4_panel_rows<1>(q, pw, r0, p0, np, yp); break;
           }
         }
       });
 #else
-      throw std::logic_error("[Int4GemmVnni] needs an x86-64 CPU with AVX-512 VNNI");
+      throw std::logic_error("[Int4PanelProduct] needs an x86-64 CPU with AVX-512 VNNI");
 #endif
     });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::logic_error("[Int4GemmVnni] runs on the CPU stream only");
+    throw std::logic_error(std::string("[") + name() + "] runs on the CPU stream only");
   }
-  const char* name() const override { return "Int4GemmVnni"; }
+  // A decode row and a prompt's rows are told apart by name (reports, tests).
+  const char* name() const override { return one_row_ ? "Int4PanelGemv" : "Int4GemmVnni"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const Int4GemmVnni*>(&other);
-    return o && o->K_ == K_ && o->block_ == block_;
+    const auto* o = dynamic_cast<const Int4PanelProduct*>(&other);
+    return o && o->K_ == K_ && o->N_ == N_ && o->block_ == block_ && o->mid_ == mid_ && o->one_row_ == one_row_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
-    out.back() = inputs[1].shape(0);
+    out.back() = N_;
     return {out};
   }
-
  private:
-  // The tiles' layout of a constant weight, made on the first run for its buffers (a compiled
-  // function's runs share this primitive). Held by the tasks too.
-  struct Cache {
-    std::shared_ptr<const GemmWeight> weight_for(const uint8_t* q, const float* sc, const float* zb, int N, int nb,
-                                                 int block) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (q != src || sc != src_sc || zb != src_zb || !weight) {
-        weight = std::make_shared<const GemmWeight>(pack_gemm_weight(q, sc, zb, N, nb, block));
-        src = q, src_sc = sc, src_zb = zb;
-      }
-      return weight;
-    }
-    std::mutex mu;
-    const uint8_t* src = nullptr;
-    const float *src_sc = nullptr, *src_zb = nullptr;
-    std::shared_ptr<const GemmWeight> weight;
+  struct PanelWeightRef {
+    const uint8_t* codes;
+    const float *sc, *zb;
+    int nb;
   };
-
-  int K_, block_;
-  std::shared_ptr<Cache> cache_;
+  int K_, N_, block_;
+  bool mid_;
+  bool one_row_;  // named for a decode row (the kernel takes any row count)
 };
 }  // namespace
 
@@ -645,20 +659,57 @@ std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& pack
                    {x, packed, scales, zbias});
 }
 
-std::optional<mx::array> cpu_int4_gemm(const mx::array& x, const mx::array& packed, const mx::array& scales,
-                                       const mx::array& zbias, int K, int block, mx::Stream s) {
-  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_avx512_kernels() || !cpu_has_avx512_vnni() ||
-      x.dtype() != mx::float32 || x.ndim() < 1 || x.shape(-1) != K || K == 0 || x.size() < 2 * static_cast<size_t>(K))
+bool cpu_int4_panels_apply(int block) {
+  return cpu_row_kernels_enabled() && cpu_avx512_kernels() && cpu_has_avx512_vnni() && block >= 32 &&
+         block % 32 == 0 && block <= 256;
+}
+
+namespace {
+std::atomic<uint64_t> g_panel_layouts{0};
+}  // namespace
+
+uint64_t cpu_int4_panel_layouts() { return g_panel_layouts.load(std::memory_order_relaxed); }
+
+mx::array cpu_int4_panel_codes(const mx::array& packed, mx::Stream s) {
+  g_panel_layouts.fetch_add(1, std::memory_order_relaxed);
+  const int N = packed.shape(0), Kp = 2 * packed.shape(1), P = (N + 15) / 16;
+  const auto u8 = [](int v) { return mx::array(static_cast<uint8_t>(v), mx::uint8); };
+  // Codes in K's order: [N, Kp].
+  auto c = mx::reshape(mx::stack({mx::bitwise_and(packed, u8(15), s), mx::right_shift(packed, u8(4), s)}, -1, s),
+                       {N, Kp}, s);
+  if (P * 16 != N) c = mx::pad(c, {0}, {0}, {P * 16 - N}, u8(0), "constant", s);
+  // k = 8 g + 4 h + j -> [h][P][g][lane][j]: h = 0 the low nibbles, h = 1 the high ones.
+  c = mx::transpose(mx::reshape(c, {P, 16, Kp / 8, 2, 4}, s), {3, 0, 2, 1, 4}, s);
+  const mx::Shape quad{1, P, Kp / 8, 16, 4};
+  const auto low = mx::slice(c, {0, 0, 0, 0, 0}, quad, s);
+  const auto high = mx::slice(c, {1, 0, 0, 0, 0}, {2, P, Kp / 8, 16, 4}, s);
+  return mx::reshape(mx::bitwise_or(low, mx::left_shift(high, u8(4), s), s), {P, Kp * 8}, s);
+}
+
+mx::array cpu_int4_panel_floats(const mx::array& per_block, mx::Stream s) {
+  const int N = per_block.shape(0), nb = per_block.shape(1), P = (N + 15) / 16;
+  auto f = mx::astype(per_block, mx::float32, s);
+  if (P * 16 != N) f = mx::pad(f, {0}, {0}, {P * 16 - N}, mx::array(0.f), "constant", s);
+  return mx::reshape(mx::transpose(mx::reshape(f, {P, 16, nb}, s), {0, 2, 1}, s), {P, nb * 16}, s);
+}
+
+std::optional<mx::array> cpu_int4_panel_product(const mx::array& x, const mx::array& codes, const mx::array& scales,
+                                                const std::optional<mx::array>& zbias, int K, int N, int block,
+                                                mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_int4_panels_apply(block) || x.dtype() != mx::float32 || x.ndim() < 1 ||
+      x.shape(-1) != K || K == 0 || x.size() == 0 || N <= 0)
     return std::nullopt;
-  if (block < 32 || block % 32 != 0 || block > 256 || packed.dtype() != mx::uint8 || packed.ndim() != 2 ||
-      scales.dtype() != mx::float32 || zbias.dtype() != mx::float32 || scales.ndim() != 2 || zbias.shape() != scales.shape())
-    return std::nullopt;
-  const int N = packed.shape(0), nb = scales.shape(1);
-  if (scales.shape(0) != N || static_cast<int64_t>(nb) * block < K || packed.shape(1) != nb * block / 2 || N == 0)
+  const int P = (N + 15) / 16, nb = (K + block - 1) / block;
+  if (codes.dtype() != mx::uint8 || codes.shape() != mx::Shape{P, nb * block * 8} || scales.dtype() != mx::float32 ||
+      scales.shape() != mx::Shape{P, nb * 16} || (zbias && (zbias->dtype() != mx::float32 || zbias->shape() != scales.shape())))
     return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = N;
-  return mx::array(std::move(out), mx::float32, std::make_shared<Int4GemmVnni>(s, K, block), {x, packed, scales, zbias});
+  std::vector<mx::array> inputs{x, codes, scales};
+  if (zbias) inputs.push_back(*zbias);
+  const bool one_row = static_cast<int64_t>(x.size()) == K;
+  return mx::array(std::move(out), mx::float32,
+                   std::make_shared<Int4PanelProduct>(s, K, N, block, /*mid=*/!zbias, one_row), std::move(inputs));
 }
 
 }  // namespace ortmlx::ops

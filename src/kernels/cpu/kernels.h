@@ -70,14 +70,28 @@ class RowKernelsScope {
 std::optional<mx::array> cpu_int4_gemv(const mx::array& x, const mx::array& packed,
                                        const mx::array& scales, const mx::array& zbias, int K,
                                        int block, mx::Stream s, bool int8_blocks = false, bool mid_zero = false);
-// The same product for two or more rows (a prompt, a batch of decode rows) with int8 blocks (accuracy_level 4) on a CPU
-// with AVX-512 VNNI, in blocks of 32 to 256: the rows quantized per block as MLAS does, integer
-// sums per block by vpdpbusd (the weight's codes, laid out once for the tiles, against the rows'),
-// scaled per block as ORT's CPU EP scales them; tiles of 4 rows x 32 outputs split over the
-// threads. Why: the float form (the weight dequantized once, the rows fake-quantized, a float
-// product) does 4x the multiply-adds an instruction that the integer form does, and ORT's CPU EP
-// takes the integer one. The weight, scales and zero biases must be constants (laid out on the
-// first run for their buffers). std::nullopt where it does not apply.
+// The same product with int8 blocks (accuracy_level 4) on a CPU with AVX-512 VNNI, blocks of 32
+// to 256, from one copy of the weight laid out as panels of 16 outputs (cpu_int4_panel_codes and
+// cpu_int4_panel_floats, made once from constant weights): the rows quantized per block as MLAS
+// does, integer sums per block by vpdpbusd, scaled per block as ORT's CPU EP scales them. A
+// decode row ("Int4PanelGemv") takes four panels a step, prompt rows ("Int4GemmVnni") tiles of 4
+// rows x 32 outputs, split over the threads. Why: the float form does 4x the multiply-adds an
+// instruction, and one layout for prompts and decode steps leaves in the caches, after a prompt,
+// the weights the next steps read (two layouts: the steps after a prompt read theirs from memory).
+bool cpu_int4_panels_apply(int block);
+// ORT's bytes [N, n_blocks * block / 2] -> uint8 [panels, Kp * 8]: per panel and group of 8
+// values of K, 64 bytes, lane n's 4 bytes holding output n's codes k..k+3 (low nibbles) and
+// k+4..k+7 (high); outputs past N zero. MLX ops (prepared once by the translator).
+mx::array cpu_int4_panel_codes(const mx::array& packed, mx::Stream s);
+// Panel layouts made in this process (cpu_int4_panel_codes calls): one per weight when its
+// prompts and decode steps share it.
+uint64_t cpu_int4_panel_layouts();
+// Per-block floats [N, n_blocks] (scales, zero biases) -> float32 [panels, n_blocks * 16].
+mx::array cpu_int4_panel_floats(const mx::array& per_block, mx::Stream s);
+// x [..., K] float32 times the panel weight; zbias absent: every zero point is 8 (not read).
+std::optional<mx::array> cpu_int4_panel_product(const mx::array& x, const mx::array& codes, const mx::array& scales,
+                                                const std::optional<mx::array>& zbias, int K, int N, int block,
+                                                mx::Stream s);
 // A decode step's GroupQueryAttention (one sequence, one new token, float32) as one kernel: the
 // step's query and key rotated at its position (ORT's rotary, halves or interleaved, when
 // rotary_dim > 0), the present caches (a growing cache: the past's rows and the new one; a shared
@@ -105,8 +119,6 @@ std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const m
                                                      mx::Stream s);
 // exp(x - max) / sum over one row of n floats (vectorized where the CPU allows).
 void softmax_row(const float* x, float* y, int n);
-std::optional<mx::array> cpu_int4_gemm(const mx::array& x, const mx::array& packed, const mx::array& scales,
-                                       const mx::array& zbias, int K, int block, mx::Stream s);
 
 // Softmax over the last axis of a float32 array on MLX's CPU stream, rows split over threads,
 // with an AVX2 exp where the CPU has it. Why: MLX's CPU softmax evaluates exp one lane at a time

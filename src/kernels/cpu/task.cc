@@ -14,7 +14,7 @@ CallerTasksScope::~CallerTasksScope() { tl_on_caller = prev_; }
 bool is_cpu_kernel(std::string_view name) {
   // The name() of every primitive class under kernels/cpu.
   static const std::unordered_set<std::string_view> kNames = {
-      "RowGemv", "Int4RowGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
+      "RowGemv", "Int4RowGemv", "Int4PanelGemv", "RowSoftmax", "ChunkConcat", "DepthwiseConv", "DnnlConvWeights",
       "DnnlConv", "DnnlConvBlocked", "DnnlUnblock", "DnnlBlockedConcat", "DnnlBlock",
       "DnnlBlockedPool", "DnnlGemm", "RowLayerNorm", "RowRmsNorm", "PackedMatmul",
       "PointwiseConv", "MaxPool2d", "AvgPool2d", "ErfMap", "ErfGelu", "ExpMap", "SigmoidMap", "TanhMap", "FusedAttention", "Int4GemmVnni", "DecodeGqa", "PatchDeconv", "NearestUpsample", "LstmCell", "BlockedSteps"};

@@ -207,17 +207,27 @@ Outputs translate_matmul_nbits(OpContext& c) {
     });
   };
   const bool cpu_int4 = c.s.device == mx::Device::cpu && p.bits == 4 && !g_idx && ct == mx::float32;
-  if (cpu_int4 && rows == 1)  // a decode step: the 4-bit row kernel on ORT's bytes
-    row_kernel = cpu_int4_gemv(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s,
-                               int8_activations, !c.has(3));
   bool constant_weights = true;
   for (size_t i : weight_inputs) constant_weights = constant_weights && c.is_constant(i);
-  if (!row_kernel && cpu_int4 && rows >= 2 && int8_activations && constant_weights &&
-      translation_switches().cpu_int4_gemm) {
-    // Two or more rows with int8 blocks (a prompt, a batch of decode rows): integer products per
-    // block (AVX-512 VNNI), as ORT's CPU EP computes them, from ORT's bytes laid out once.
-    row_kernel = cpu_int4_gemm(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s);
+  if (cpu_int4 && int8_activations && constant_weights && translation_switches().cpu_int4_gemm &&
+      cpu_int4_panels_apply(static_cast<int>(p.block))) {
+    // Decode rows and prompts (int8 blocks, AVX-512 VNNI): integer products per block, as ORT's
+    // CPU EP computes them, from one panel copy of the weight laid out once.
+    const auto codes = c.prepared("int4_panel_codes", {1}, [&] { return cpu_int4_panel_codes(packed, c.s); });
+    const auto panel_scales = c.prepared("int4_panel_scales", weight_inputs, [&] {
+      return cpu_int4_panel_floats(scales, c.s);
+    });
+    std::optional<mx::array> panel_zbias;
+    if (c.has(3))
+      panel_zbias = c.prepared("int4_panel_zbias", weight_inputs, [&] {
+        return cpu_int4_panel_floats(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
+                                     c.s);
+      });
+    row_kernel = cpu_int4_panel_product(x, codes, panel_scales, panel_zbias, K, N, static_cast<int>(p.block), c.s);
   }
+  if (!row_kernel && cpu_int4 && rows == 1)  // a decode step: the 4-bit row kernel on ORT's bytes
+    row_kernel = cpu_int4_gemv(x, packed, kernel_scales(), kernel_zbias(), K, static_cast<int>(p.block), c.s,
+                               int8_activations, !c.has(3));
   if (!row_kernel && cpu_int4 && rows >= 2 && !cpu_many_rows) {
     // A few rows otherwise (a batch of decode rows): the row kernel a row at a time. MLX's
     // quantized matmul on the CPU is a scalar loop (~100x the time at 4 x 2048 x 2048).
