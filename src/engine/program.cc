@@ -809,17 +809,15 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       return translate(a, layout, Mode::Replay, record.get(), nullptr, s);
     };
     e.fn = mx::compile(traced_fn, /*shapeless=*/false);
-    e.unfused = s.device == mx::Device::cpu && opt_.cpu_fuse == 0;
-    if (s.device == mx::Device::cpu && opt_.cpu_fuse == 2) {
-      e.fn_unfused = mx::compile(traced_fn, /*shapeless=*/false);  // its own cache entry
-      e.tuning_calls = 0;
-    }
+    e.unfused = s.device == mx::Device::cpu && opt_.cpu_fuse != 1;
+    if (s.device == mx::Device::cpu && opt_.cpu_fuse == 2)
+      e.fn_fused = mx::compile(traced_fn, /*shapeless=*/false);  // its own cache entry
     ++stats_.traces;
     tl_last_run_path = "compiled (new trace)";
   }
-  // While cpu_fuse=auto tunes, the unfused trace's turns replay its kept walk (its steady
-  // state), the fused trace's turns call it.
-  if (e.fn && !compile_broken_ && e.walk && (!e.fn_unfused || e.tuning_calls % 2 == 1)) {
+  // The fused trace's trial calls (cpu_fuse=auto) call it; the unfused trace's runs replay its
+  // kept walk.
+  if (e.fn && !compile_broken_ && e.walk && !fusion_trial(e)) {
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<std::vector<mx::array>> outs;
     ops::OutputBinding bound;
@@ -847,7 +845,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       tl_last_run_walked = true;
       ++stats_.walk_replays;
       count_in_place(*outs, in_place);
-      if (e.fn_unfused) tune_fusion(e, /*unfused=*/true, tl_last_eval_ns);
+      if (e.fn_fused) tune_fusion(e, /*unfused=*/true, tl_last_eval_ns);
       if (index_check::take_flag(*outs, num_outputs(), opt_.device_copies == 2)) diagnose_index(args, layout, s);
       return std::move(*outs);
     }
@@ -857,15 +855,15 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   if (e.fn && !compile_broken_) {
     if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
     try {
-      // cpu_fuse=2: calls alternate between the fused and the unfused trace while tuning.
-      const bool tuning = static_cast<bool>(e.fn_unfused);
-      const bool use_unfused = tuning ? e.tuning_calls % 2 == 1 : e.unfused;
+      // cpu_fuse=2: the unfused trace, but for the fused trace's trial calls.
+      const bool trial = fusion_trial(e);
+      const bool use_unfused = e.unfused && !trial;
       // A warm compiled signature is kept as one CUDA graph (gpu_graph_replay): its later runs
       // launch that graph (run_kept, above) instead of calling the compiled function.
       ++e.compiled_calls;
       std::shared_ptr<KeptGraph> kept;
       std::vector<mx::array> kept_args;
-      if (opt_.gpu && opt_.gpu_graph_replay && !tuning && !e.kept && e.kept_tries < kKeptMaxTries &&
+      if (opt_.gpu && opt_.gpu_graph_replay && !trial && !e.kept && e.kept_tries < kKeptMaxTries &&
           e.compiled_calls > kKeptAfterCalls && graph_replay_here(s) && keepable(raw)) {
         kept = std::make_shared<KeptGraph>();
         kept_args = capture_arguments(e, raw, args, use_unfused, *kept);
@@ -878,13 +876,12 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       const auto t_call = std::chrono::steady_clock::now();
       auto traced = [&] {
         CompiledCallScope call(use_unfused);
-        return (tuning && use_unfused ? e.fn_unfused : e.fn)(kept ? kept_args : args);
+        return (trial ? e.fn_fused : e.fn)(kept ? kept_args : args);
       }();
       const auto call_ns = elapsed_ns(t_call);
-      // A warm signature's walk is kept for its later runs (while tuning, the unfused trace's:
-      // its later turns replay it).
+      // A warm signature's walk is kept for its later runs (never a fusion trial's).
       const bool keep_walk = opt_.cpu_caller_eval && opt_.cpu_caller_replay && s.device == mx::Device::cpu &&
-                             !opt_.gpu && (!tuning || use_unfused) && !e.walk && !kept &&
+                             !opt_.gpu && !trial && !e.walk && !kept &&
                              e.compiled_calls >= kWalkAfterCalls;
       if (keep_walk) keep_next_walk();
       auto outs = eval_all(std::move(traced), kept.get());
@@ -904,7 +901,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         else
           ++e.kept_tries;
       }
-      if (tuning) tune_fusion(e, use_unfused, elapsed_ns(t_call));
+      if (e.fn_fused) tune_fusion(e, use_unfused, elapsed_ns(t_call));
       stats_.call_ns_compiled += call_ns;
       ++stats_.compiled_runs;
       stats_.eval_ns_compiled += tl_last_eval_ns;
@@ -977,33 +974,41 @@ void Program::count_in_place(const std::vector<mx::array>& outs, const std::vect
   }
 }
 
+namespace {
+// The fused trace is tried after this many runs of the unfused one (whose walk is kept by
+// then: a signature's early runs are its steady state), for one untimed call and these timed.
+constexpr int kFusionTrialAfter = 8;
+constexpr int kFusionTrialRuns = 2;
+}  // namespace
+
+bool Program::fusion_trial(const Entry& e) { return e.fn_fused && e.unfused_runs >= kFusionTrialAfter; }
+
 void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {
-  // The first call of each trace compiles it (untimed); then kFusionTimedRuns each, alternating
-  // (the unfused trace's from its kept walk once it has one).
-  constexpr int kFusionTimedRuns = 3;
-  const int call = e.tuning_calls++;
-  if (call >= 2) {
-    double& best = unfused ? e.best_unfused_ns : e.best_fused_ns;
-    best = best == 0 ? static_cast<double>(ns) : std::min(best, static_cast<double>(ns));
+  if (unfused) {  // the first run traces (untimed)
+    if (e.unfused_runs++ > 0)
+      e.best_unfused_ns = e.best_unfused_ns == 0 ? static_cast<double>(ns) : std::min(e.best_unfused_ns, static_cast<double>(ns));
+    return;
   }
-  if (e.tuning_calls < 2 + 2 * kFusionTimedRuns) return;
-  // Unfused only when clearly faster: the fused trace is MLX's own way and fewer kernels.
-  e.unfused = e.best_unfused_ns < 0.95 * e.best_fused_ns;
-  if (e.unfused) {
-    e.fn = std::move(e.fn_unfused);
-    ++stats_.fusion_kept_unfused;
-  } else {
-    ++stats_.fusion_kept_fused;
-  }
-  e.fn_unfused = nullptr;  // releases the other trace (MLX drops its cache entry with it)
-  if (!e.unfused) {  // a kept walk is the unfused trace's
-    e.walk.reset();
+  if (e.trial_calls++ > 0)
+    e.best_fused_ns = e.best_fused_ns == 0 ? static_cast<double>(ns) : std::min(e.best_fused_ns, static_cast<double>(ns));
+  if (e.trial_calls < 1 + kFusionTrialRuns) return;
+  // Fused only when clearly faster: the unfused trace's runs are walked, and MLX's generated
+  // kernels win only over large elementwise chains.
+  const bool fused = e.best_fused_ns < 0.95 * e.best_unfused_ns;
+  if (fused) {
+    e.fn = std::move(e.fn_fused);
+    e.unfused = false;
+    e.walk.reset();  // a kept walk is the unfused trace's
     e.walk_args.clear();
+    ++stats_.fusion_kept_fused;
+  } else {
+    ++stats_.fusion_kept_unfused;
   }
+  e.fn_fused = nullptr;  // releases the other trace (MLX drops its cache entry with it)
   if (opt_.log_level >= 1)
-    std::cerr << "[MLX EP] fused node '" << name_ << "': kept the " << (e.unfused ? "unfused" : "fused")
-              << " trace (best run " << (e.unfused ? e.best_unfused_ns : e.best_fused_ns) / 1e6 << " ms against "
-              << (e.unfused ? e.best_fused_ns : e.best_unfused_ns) / 1e6 << " ms)\n";
+    std::cerr << "[MLX EP] fused node '" << name_ << "': kept the " << (fused ? "fused" : "unfused")
+              << " trace (best run " << (fused ? e.best_fused_ns : e.best_unfused_ns) / 1e6 << " ms against "
+              << (fused ? e.best_unfused_ns : e.best_fused_ns) / 1e6 << " ms)\n";
 }
 
 }  // namespace ortmlx::engine

@@ -93,12 +93,13 @@ class Program final : public FusedProgram {
     // cpu_program_parallel_min_flops the compiled trace splits none of them.
     double work_flops = 0;
     std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;
-    // cpu_fuse=2 on the CPU device: the same function traced without fusion, and the tuning
-    // state. Calls alternate between the two (the first of each traces, untimed) until each
-    // has run kFusionTimedRuns times more; the faster by the best run is kept in `fn`.
-    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn_unfused;
     bool unfused = false;  // `fn` was traced without fusion
-    int tuning_calls = 0;
+    // cpu_fuse=2 on the CPU device: `fn` is traced without fusion, and `fn_fused` is the same
+    // function with MLX's fusion, tried once the unfused one has run kFusionTrialAfter times
+    // (its first call traces it, untimed, then kFusionTrialRuns timed calls); it replaces `fn`
+    // only when clearly faster than the unfused runs' best.
+    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn_fused;
+    int unfused_runs = 0, trial_calls = 0;
     double best_fused_ns = 0, best_unfused_ns = 0;
     // gpu_graph_replay: compiled calls so far, the kept graph, and captures tried or dropped
     // (a few, then this signature stays with the compiled call).
@@ -132,7 +133,10 @@ class Program final : public FusedProgram {
   bool one_thread_program(const Entry& e, mx::Stream s) const {
     return s.device == mx::Device::cpu && e.work_flops < static_cast<double>(opt_.cpu_program_parallel_min_flops);
   }
-  // cpu_fuse=2: one timed call of a tuning entry; after enough of both, keeps the faster trace.
+  // cpu_fuse=2: whether this run of `e` is one of the fused trace's trial calls.
+  static bool fusion_trial(const Entry& e);
+  // cpu_fuse=2: one timed run of `e` (unfused: its steady state; fused: a trial call); after the
+  // trial, keeps the fused trace only when clearly faster.
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);
   // cpu_in_place_io: binds the outputs the EP's CPU kernels compute to ORT's output tensors
   // (`kept`: a kept walk's outputs, computed again by its replay); returns which, and where.

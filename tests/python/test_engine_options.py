@@ -199,10 +199,11 @@ def test_cpu_fuse(capfd, switch):
 
 
 def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
-    """cpu_fuse=auto (the default): a signature's first compiled calls alternate between the fused
-    and the unfused trace (the first of each traces it, then two timed runs each); then one is
-    kept, counted in the report, and every later run uses it. Outputs equal ORT's CPU EP in every
-    run, whichever trace ran."""
+    """cpu_fuse=auto (the default): a signature's compiled calls start with the unfused trace (its
+    walk kept from the third, replayed after); its ninth run tries the fused trace (the first call
+    traces it, then two timed calls), and the fused trace replaces the unfused one only when its
+    best run is 5% faster than theirs. One is kept, counted in the report, and every later run
+    uses it. Outputs equal ORT's CPU EP in every run, whichever trace ran."""
     import gc
     import json
     model, feeds = _hard_swish_model()
@@ -210,7 +211,7 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     report = tmp_path / "report.jsonl"
     sess = _session(model, log_level=3, report_path=str(report))
     kernels = []
-    for _ in range(12):  # 1 probe, 8 tuning calls, 3 with the kept trace
+    for _ in range(15):  # 1 probe, 8 unfused runs, 3 fused trial calls, 3 with the kept trace
         capfd.readouterr()
         (y,) = sess.run(None, feeds)
         np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
@@ -219,13 +220,13 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     gc.collect()
     st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
     assert st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 1, st
-    assert kernels[1] >= 1 and kernels[2] == 0, kernels  # the fused trace's first call, then the unfused one's
-    assert kernels[3:9] == [kernels[1], 0] * 3, kernels  # the timed calls alternate
-    kept = kernels[1] if st["fusion_kept_fused"] else 0
-    assert kernels[9:] == [kept] * 3, (kernels, st)
-    # the unfused trace's walk kept at its second call, replayed at its last two turns, and at
-    # the three later runs if that trace is kept (the fused one's generated kernels: no walk)
-    assert st["walk_replays"] == (2 if st["fusion_kept_fused"] else 5), st
+    assert kernels[1:9] == [0] * 8, kernels  # the unfused trace first
+    assert kernels[9] >= 1 and kernels[10:12] == [kernels[9]] * 2, kernels  # the fused trial
+    kept = kernels[9] if st["fusion_kept_fused"] else 0
+    assert kernels[12:] == [kept] * 3, (kernels, st)
+    # the unfused trace's walk kept at its third call, replayed at its next five, and at the
+    # three later runs if that trace is kept (the fused one's generated kernels: no walk)
+    assert st["walk_replays"] == (5 if st["fusion_kept_fused"] else 8), st
 
 
 @pytest.mark.parametrize("value", [1, 0])
