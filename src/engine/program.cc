@@ -1,6 +1,7 @@
 #include "engine/program.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -390,14 +391,26 @@ std::string Program::signature_of(const std::vector<HostTensor>& raw, std::strin
   return sig;
 }
 
+namespace {
+// Decimal digits appended in place (a run's signature is built every run: no temporaries).
+void append_int(std::string& s, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  s.append(buf, r.ptr);
+}
+}  // namespace
+
 std::string Program::signature_with(const std::vector<HostTensor>& raw,
                                     const std::vector<bool>* keyed_inputs) const {
   std::string sig;
+  sig.reserve(16 * raw.size() + 16);
   auto tensor = [&](const HostTensor& t, bool keyed) {
-    sig += std::to_string(static_cast<int>(t.dtype)) + ":";
+    append_int(sig, static_cast<int>(t.dtype));
+    sig += ':';
     size_t numel = 1;
     for (auto d : t.shape) {
-      sig += std::to_string(d) + ",";
+      append_int(sig, d);
+      sig += ',';
       numel *= static_cast<size_t>(d);
     }
     if (keyed && t.data) {
@@ -584,7 +597,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   if (!opt_.gpu && opt_.cpu_pin_workers) ops::cpu_pin_openmp_workers(s);
   tl_row_updates.clear();
   std::string shapes;  // the run's signature without input data (signature_of)
-  std::string sig = signature_of(raw, &shapes) + "#" + std::to_string(s.index);
+  std::string sig = signature_of(raw, &shapes);
+  sig += '#';
+  append_int(sig, s.index);
   Entry* found = cache_.find(sig);
   if (found && found->kept && opt_.gpu && opt_.gpu_graph_replay)
     if (auto outs = run_kept(*found, raw, s)) return std::move(*outs);

@@ -59,7 +59,7 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
                                                       OrtKernelContext* ctx) noexcept {
   auto* self = static_cast<FusedNodeCompute*>(state);
   auto* program = self->program.get();
-  return guard("Compute of fused node '" + program->name() + "'", [&] {
+  return guard([program] { return "Compute of fused node '" + program->name() + "'"; }, [&] {
     const auto t_start = std::chrono::steady_clock::now();
     const trace::ScopedOwner owner(self->owner);
     trace::Span span("fused_node", program->name().c_str());
@@ -82,7 +82,7 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     // Which buffer an output goes to, asked before the evaluation (rows of a bound KV buffer
     // are then written by it); ORT hands back the same buffer when write_outputs asks again.
     const engine::OutputBufferScope bound([ctx](size_t i, const mlx::core::array& v, size_t* nbytes) -> const void* {
-      std::vector<int64_t> dims(v.shape().begin(), v.shape().end());
+      const auto& dims = ort_dims(v.shape());
       OrtValue* out = nullptr;
       check(g_ort->KernelContext_GetOutput(ctx, i, dims.data(), dims.size(), &out));
       void* dst = nullptr;

@@ -14,6 +14,16 @@ namespace ortmlx::ep {
 namespace {
 
 void read_tensor(const OrtValue* v, engine::HostTensor& t) {
+  if (g_api_version >= 24) {  // the OrtValue's own shape, no info object allocated
+    ONNXTensorElementDataType et;
+    const int64_t* dims = nullptr;
+    size_t rank = 0;
+    check(g_ort->GetTensorElementTypeAndShapeDataReference(v, &et, &dims, &rank));
+    t.shape.assign(dims, dims + rank);
+    t.dtype = to_dtype(et);
+    check(g_ort->GetTensorData(v, &t.data));
+    return;
+  }
   OrtTensorTypeAndShapeInfo* raw = nullptr;
   check(g_ort->GetTensorTypeAndShape(v, &raw));
   TypeShapePtr info(raw);
@@ -27,7 +37,28 @@ void read_tensor(const OrtValue* v, engine::HostTensor& t) {
   check(g_ort->GetTensorData(v, &t.data));
 }
 
+ONNXTensorElementDataType element_type(const OrtValue* v) {
+  ONNXTensorElementDataType et;
+  if (g_api_version >= 24) {
+    const int64_t* dims = nullptr;
+    size_t rank = 0;
+    check(g_ort->GetTensorElementTypeAndShapeDataReference(v, &et, &dims, &rank));
+    return et;
+  }
+  OrtTensorTypeAndShapeInfo* raw = nullptr;
+  check(g_ort->GetTensorTypeAndShape(v, &raw));
+  TypeShapePtr info(raw);
+  check(g_ort->GetTensorElementType(info.get(), &et));
+  return et;
+}
+
 }  // namespace
+
+const std::vector<int64_t>& ort_dims(const mlx::core::Shape& shape) {
+  thread_local std::vector<int64_t> dims;
+  dims.assign(shape.begin(), shape.end());
+  return dims;
+}
 
 std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
                                             std::vector<ValuePtr>& items) {
@@ -88,7 +119,7 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
   };
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& a = outputs[i];
-    std::vector<int64_t> dims(a.shape().begin(), a.shape().end());
+    const auto& dims = ort_dims(a.shape());
     const engine::RowUpdate* row = nullptr;
     for (const auto& r : rows)
       if (r.output == i) row = &r;
@@ -125,11 +156,7 @@ void write_outputs(OrtKernelContext* ctx, std::vector<mlx::core::array>& outputs
     void* dst = nullptr;
     check(g_ort->GetTensorMutableData(out, &dst));
     // The element type ORT allocated: 4-bit types are packed two per byte in its buffer.
-    OrtTensorTypeAndShapeInfo* out_raw = nullptr;
-    check(g_ort->GetTensorTypeAndShape(out, &out_raw));
-    TypeShapePtr out_info(out_raw);
-    ONNXTensorElementDataType out_et;
-    check(g_ort->GetTensorElementType(out_info.get(), &out_et));
+    const ONNXTensorElementDataType out_et = element_type(out);
     auto& counters = db::counters();
     if (taken && dst == taken && !ops::lowp::is_lowp(to_dtype(out_et))) {
       counters.outputs_adopted++;

@@ -13,6 +13,10 @@
 
 namespace ortmlx::ep {
 
+// `shape` as the dims ORT's output calls take, in a buffer of the calling thread's (valid until
+// its next call there: a run asks for one output at a time).
+const std::vector<int64_t>& ort_dims(const mlx::core::Shape& shape);
+
 // The fused node's inputs. `items` keeps a sequence's tensors (copied out by ORT) alive: the
 // HostTensors point into them until the run is over.
 std::vector<engine::HostTensor> read_inputs(OrtKernelContext* ctx, size_t n_in,
