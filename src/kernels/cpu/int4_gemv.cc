@@ -420,6 +420,16 @@ struct QuantRows {
   std::vector<float> scale, sum;
 };
 
+// The panel weight's pointers (cpu_int4_panels' arrays). mid: every zero point is 8, and `zb`
+// is not read: the zero-point term is scale x (-8 x the row's block sum), the same products.
+struct PanelWeight {
+  const uint8_t* codes;
+  const float *sc, *zb;
+  int64_t Kp;
+  int nb, block, N;
+  bool mid;
+};
+
 #ifdef ORTMLX_X86
 // quantize_block's arithmetic on a whole block (a multiple of 16 values), 16 lanes a step: the
 // same scale and codes (x * (127 / max) rounded half to even by the conversion, as nearbyint
@@ -467,16 +477,6 @@ QuantRows quantize_rows(const float* xp, int64_t M, int K, int nb, int block) {
   });
   return q;
 }
-
-// The panel weight's pointers (cpu_int4_panels' arrays). mid: every zero point is 8, and `zb`
-// is not read: the zero-point term is scale x (-8 x the row's block sum), the same products.
-struct PanelWeight {
-  const uint8_t* codes;
-  const float *sc, *zb;
-  int64_t Kp;
-  int nb, block, N;
-  bool mid;
-};
 
 // R rows x NP panels of 16 outputs: per block, int32 sums by vpdpbusd (the weight's unsigned
 // codes against the rows' signed ones), then scaled into float accumulators with the zero
@@ -565,14 +565,12 @@ class Int4PanelProduct : public mx::UnaryPrimitive {
         throw std::runtime_error(std::string("[") + name() + "] the panel weight must be row-contiguous");
     begin_output(inputs, out, stream());
     const int nb = inputs[2].shape(1) / 16;
-    dispatch_task(stream(), [x = RowMajorInput(inputs[0]),
-                             w = PanelWeightRef{inputs[1].data<uint8_t>(), inputs[2].data<float>(),
-                                                mid_ ? nullptr : inputs[3].data<float>(), nb},
-                             yp = out.data<float>(), K = K_, N = N_, block = block_, mid = mid_,
+    const PanelWeight pw{inputs[1].data<uint8_t>(), inputs[2].data<float>(), mid_ ? nullptr : inputs[3].data<float>(),
+                         static_cast<int64_t>(nb) * block_, nb, block_, N_, mid_};
+    dispatch_task(stream(), [x = RowMajorInput(inputs[0]), pw, yp = out.data<float>(), K = K_, N = N_,
                              M = static_cast<int64_t>(inputs[0].size() / K_)] {
 #ifdef ORTMLX_X86
-      const PanelWeight pw{w.codes, w.sc, w.zb, static_cast<int64_t>(w.nb) * block, w.nb, block, N, mid};
-      const QuantRows q = quantize_rows(x.rows(), M, K, w.nb, block);
+      const QuantRows q = quantize_rows(x.rows(), M, K, pw.nb, pw.block);
       const int64_t panels = (N + 15) / 16;
       if (M == 1) {
         // One row: four panels (64 outputs) a step, split over the threads when the weight is
@@ -626,11 +624,6 @@ class Int4PanelProduct : public mx::UnaryPrimitive {
     return {out};
   }
  private:
-  struct PanelWeightRef {
-    const uint8_t* codes;
-    const float *sc, *zb;
-    int nb;
-  };
   int K_, N_, block_;
   bool mid_;
   bool one_row_;  // named for a decode row (the kernel takes any row count)
