@@ -869,9 +869,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   }
   if (e.fn && !compile_broken_) {
     if (tl_last_run_path == std::string_view("eager")) tl_last_run_path = "compiled";
+    // cpu_fuse=2: the unfused trace, but for the fused trace's trial calls.
+    const bool trial = fusion_trial(e);
     try {
-      // cpu_fuse=2: the unfused trace, but for the fused trace's trial calls.
-      const bool trial = fusion_trial(e);
       const bool use_unfused = e.unfused && !trial;
       // A warm compiled signature is kept as one CUDA graph (gpu_graph_replay): its later runs
       // launch that graph (run_kept, above) instead of calling the compiled function.
@@ -927,6 +927,16 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     } catch (const index_check::IndexError&) {
       throw;  // the data, not the graph
     } catch (const std::exception& ex) {
+      if (trial) {
+        // The fused trace failed where the unfused one runs: keep that one (this run eager).
+        e.fn_fused = nullptr;
+        ++stats_.fusion_kept_unfused;
+        if (opt_.log_level >= 1)
+          std::cerr << "[MLX EP] fused node '" << name_ << "': fused trace failed, kept the unfused one: "
+                    << ex.what() << "\n";
+        ++stats_.eager_runs;
+        return eval_all(translate(args, layout, Mode::Eager, nullptr, nullptr, s));
+      }
       // Some graphs cannot be traced (an op that reads data while tracing, an MLX primitive
       // without compile support): fall back to eager for this program, and say so once.
       compile_broken_ = true;
