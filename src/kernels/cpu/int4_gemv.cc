@@ -420,8 +420,9 @@ struct QuantRows {
   std::vector<float> scale, sum;
 };
 
-// The panel weight's pointers (cpu_int4_panels' arrays). mid: every zero point is 8, and `zb`
-// is not read: the zero-point term is scale x (-8 x the row's block sum), the same products.
+// The panel weight's pointers (the arrays of cpu_int4_panel_codes and cpu_int4_panel_floats).
+// mid: every zero point is 8, and `zb` is not read: the zero-point term is scale x (-8 x the
+// row's block sum), the same products.
 struct PanelWeight {
   const uint8_t* codes;
   const float *sc, *zb;
