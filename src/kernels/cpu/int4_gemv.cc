@@ -1,21 +1,17 @@
-// The 4-bit row kernel of kernels/cpu/kernels.h (cpu_int4_gemv): MatMulNBits decode steps on the CPU.
+// The 4-bit kernels of kernels/cpu/kernels.h: the row kernel on ORT's bytes (cpu_int4_gemv) and the
+// panel kernels for prompts and decode rows (cpu_int4_panel_product), MatMulNBits on the CPU.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <thread>
-#include <typeinfo>
 #include <vector>
 
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
-#include <mlx/threadpool.h>
 
 
 #include "kernels/cpu/kernels.h"
@@ -406,7 +402,7 @@ bool cpu_has_avx512_vnni() {
 
 // ---- The panel layout: prompt rows and decode rows of one copy of the weight, AVX-512 VNNI ----
 //
-// The weight laid out once (cpu_int4_panels) as panels of 16 outputs: per panel and group of 8
+// The weight laid out once (cpu_int4_panel_codes, cpu_int4_panel_floats) as panels of 16 outputs: per panel and group of 8
 // values of K, 64 bytes, lane n's 4 bytes holding output n's codes k..k+3 in their low nibbles
 // and k+4..k+7 in their high ones (a vpdpbusd operand each, after a mask or a shift and mask);
 // scales and zero biases per panel and block as 16 lanes. Outputs past N are zero. Prompt rows
@@ -674,8 +670,7 @@ mx::array cpu_int4_panel_codes(const mx::array& packed, mx::Stream s) {
   if (P * 16 != N) c = mx::pad(c, {0}, {0}, {P * 16 - N}, u8(0), "constant", s);
   // k = 8 g + 4 h + j -> [h][P][g][lane][j]: h = 0 the low nibbles, h = 1 the high ones.
   c = mx::transpose(mx::reshape(c, {P, 16, Kp / 8, 2, 4}, s), {3, 0, 2, 1, 4}, s);
-  const mx::Shape quad{1, P, Kp / 8, 16, 4};
-  const auto low = mx::slice(c, {0, 0, 0, 0, 0}, quad, s);
+  const auto low = mx::slice(c, {0, 0, 0, 0, 0}, {1, P, Kp / 8, 16, 4}, s);
   const auto high = mx::slice(c, {1, 0, 0, 0, 0}, {2, P, Kp / 8, 16, 4}, s);
   return mx::reshape(mx::bitwise_or(low, mx::left_shift(high, u8(4), s), s), {P, Kp * 8}, s);
 }

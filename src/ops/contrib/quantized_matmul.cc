@@ -200,11 +200,10 @@ Outputs translate_matmul_nbits(OpContext& c) {
       return mx::contiguous(mx::astype(scales, mx::float32, c.s), false, c.s);
     });
   };
+  // -scale * zero_point per block, [N, nb].
+  auto zbias = [&] { return mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s); };
   auto kernel_zbias = [&] {
-    return c.prepared("row_zbias", weight_inputs, [&] {
-      return mx::contiguous(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
-                            false, c.s);
-    });
+    return c.prepared("row_zbias", weight_inputs, [&] { return mx::contiguous(zbias(), false, c.s); });
   };
   const bool cpu_int4 = c.s.device == mx::Device::cpu && p.bits == 4 && !g_idx && ct == mx::float32;
   bool constant_weights = true;
@@ -219,10 +218,7 @@ Outputs translate_matmul_nbits(OpContext& c) {
     });
     std::optional<mx::array> panel_zbias;
     if (c.has(3))
-      panel_zbias = c.prepared("int4_panel_zbias", weight_inputs, [&] {
-        return cpu_int4_panel_floats(mx::broadcast_to(mx::negative(mx::multiply(zp, scales, c.s), c.s), {N, nb}, c.s),
-                                     c.s);
-      });
+      panel_zbias = c.prepared("int4_panel_zbias", weight_inputs, [&] { return cpu_int4_panel_floats(zbias(), c.s); });
     row_kernel = cpu_int4_panel_product(x, codes, panel_scales, panel_zbias, K, N, static_cast<int>(p.block), c.s);
   }
   if (!row_kernel && cpu_int4 && rows == 1)  // a decode step: the 4-bit row kernel on ORT's bytes
