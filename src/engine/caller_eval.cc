@@ -33,6 +33,11 @@ thread_local std::shared_ptr<KeptWalk> tl_kept;
 bool pending(const mx::array& a) { return a.status() == mx::array::Status::unscheduled && a.has_primitive(); }
 bool ready(const mx::array& a) { return a.status() == mx::array::Status::available || a.is_available(); }
 
+// The outputs of the step a walk computes, in a vector of the thread's (a.outputs() builds a new
+// one: a heap allocation a step), emptied again after the step so that it holds no array
+// between steps. A kept segment's walk (inside a step) sets it aside while it runs.
+thread_local std::vector<mx::array> tl_step_outputs;
+
 // What the walk does with a primitive, by its name (one lookup).
 enum class Kind {
   View,        // MLX's eval_cpu only points the output at the input's buffer (no task)
@@ -40,7 +45,10 @@ enum class Kind {
   Contiguous,  // ... likewise, under MLX's own size test
   Kernel,      // one of the EP's CPU kernels: its eval_cpu runs the task at once
   Mlx,         // one of MLX's computing primitives: kernels/cpu (cpu_mlx_primitive_on_caller)
+  Segment,     // a kept segment (KeptSegment, below): its kept walk, computed again here
 };
+
+constexpr std::string_view kKeptSegment = "KeptSegment";
 
 Kind kind_of(std::string_view n) {
   static const std::unordered_map<std::string_view, Kind> kinds = [] {
@@ -50,20 +58,21 @@ Kind kind_of(std::string_view n) {
       m.emplace(v, Kind::View);
     for (auto v : {"Reshape", "Flatten", "Unflatten"}) m.emplace(v, Kind::Reshape);
     m.emplace("Contiguous", Kind::Contiguous);
+    m.emplace(kKeptSegment, Kind::Segment);
     return m;
   }();
   if (auto it = kinds.find(n); it != kinds.end()) return it->second;
   return ops::is_cpu_kernel(n) ? Kind::Kernel : Kind::Mlx;
 }
 
+bool compute_segment(mx::Primitive& prim, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
+
 bool compute(mx::array& a, Kind kind) {
   auto& prim = a.primitive();
   auto& inputs = a.inputs();
-  // The outputs in a vector of the thread's (a.outputs() builds a new one: a heap allocation a
-  // step), emptied again after the step so that it holds no array between steps.
-  thread_local std::vector<mx::array> outputs;
+  auto& outputs = tl_step_outputs;
   struct Emptied {
-    ~Emptied() { outputs.clear(); }
+    ~Emptied() { tl_step_outputs.clear(); }
   } emptied;
   if (a.siblings().empty())
     outputs.push_back(a);
@@ -89,6 +98,7 @@ bool compute(mx::array& a, Kind kind) {
     prim.eval_cpu(inputs, outputs);
     return true;
   }
+  if (kind == Kind::Segment) return compute_segment(prim, inputs, outputs);
   return ops::cpu_mlx_primitive_on_caller(prim, inputs, outputs);
 }
 
@@ -171,12 +181,53 @@ std::pair<uint64_t, uint64_t> run_walk(const std::function<std::pair<uint64_t, u
   return counts;
 }
 
+// A kept segment: its inputs, then its kept walk's outputs (shared buffers: a kept walk computes
+// its arrays again in place where nothing else holds them, so a run's results outlive the next).
+class KeptSegment : public mx::Primitive {
+ public:
+  KeptSegment(mx::Stream s, std::shared_ptr<SegmentWalk> walk) : mx::Primitive(s), walk_(std::move(walk)) {}
+  void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    // (MLX's evaluation would run it out of order with its inputs: the engine never lets it.)
+    throw KeptSegmentMiss("a kept segment reached MLX's evaluation");
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw KeptSegmentMiss("a kept segment on the GPU");
+  }
+  const char* name() const override { return kKeptSegment.data(); }
+  bool compute(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+    // The step's outputs vector is the thread's: set aside while the segment's own steps use it.
+    std::vector<mx::array> mine = std::move(outputs);
+    outputs.clear();
+    struct Restore {
+      std::vector<mx::array>& to;
+      std::vector<mx::array>& from;
+      ~Restore() { to = std::move(from); }
+    } restore{outputs, mine};
+    if (!walk_->walk->compute_here(walk_->args, inputs)) return false;
+    const auto& kept = walk_->walk->outputs();
+    if (kept.size() != mine.size()) return false;
+    for (size_t i = 0; i < kept.size(); ++i) mine[i].copy_shared_buffer(kept[i]);
+    return true;
+  }
+  bool on_caller() const { return walk_->walk->on_caller(); }
+
+ private:
+  std::shared_ptr<SegmentWalk> walk_;
+};
+
+bool compute_segment(mx::Primitive& prim, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  return static_cast<KeptSegment&>(prim).compute(inputs, outputs);
+}
+
+bool is_kept_segment(const mx::array& a) { return a.has_primitive() && a.primitive().name() == kKeptSegment; }
+
 // The elements an array's primitive computes, for the walk's size rule: a decode step's attention
 // writes only its presents' new rows (over its pasts' buffers), so its size is its output's alone,
 // and a Contiguous of an EP kernel's (row-major) result shares its buffer.
 size_t work_elements(const mx::array& a) {
   const std::string_view name = a.primitive().name();
   if (name == "DecodeGqa") return a.outputs()[0].size();
+  if (name == kKeptSegment) return 0;  // its own walk was one the rule allowed
   if (name == "Contiguous" && a.inputs().size() == 1 && a.inputs()[0].has_primitive() &&
       ops::is_cpu_kernel(a.inputs()[0].primitive().name()))
     return 0;
@@ -186,7 +237,7 @@ size_t work_elements(const mx::array& a) {
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
-                        std::chrono::microseconds poll_for) {
+                        std::chrono::microseconds poll_for, bool stream_thread) {
   // The arrays still to compute, inputs before the arrays that read them (siblings, the other
   // outputs of one primitive, once).
   std::vector<mx::array> tape;
@@ -205,8 +256,11 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
     if (!pending(a) || !seen.insert(a.id()).second) continue;
     for (const auto& sib : a.siblings()) seen.insert(sib.id());
     total_elements += work_elements(a);
-    on_caller = on_caller && a.size() <= kCallerMaxElements &&
-                std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
+    if (is_kept_segment(a))
+      on_caller = on_caller && static_cast<const KeptSegment&>(a.primitive()).on_caller();
+    else
+      on_caller = on_caller && a.size() <= kCallerMaxElements &&
+                  std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
     stack.emplace_back(a, true);
     for (const auto& in : a.inputs())
       if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
@@ -216,7 +270,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
   // queueing the next primitive while the stream thread computes one.
   if (!on_caller && total_elements > kWalkMaxMeanElements * tape.size()) return false;
   const bool keep = std::exchange(tl_keep_next, false);
-  const auto counts = run_walk([&] { return walk(tape, !keep); }, on_caller, s, hold, poll_for);
+  const auto counts = run_walk([&] { return walk(tape, !keep); }, on_caller && !stream_thread, s, hold, poll_for);
   g_left.fetch_add(counts.second, std::memory_order_relaxed);
   if (keep && !counts.second) tl_kept = std::shared_ptr<KeptWalk>(new KeptWalk(std::move(tape), outs, on_caller, s));
   if (counts.second) return false;
@@ -243,12 +297,7 @@ KeptWalk::KeptWalk(std::vector<mx::array> tape, std::vector<mx::array> outs, boo
 std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& kept_args,
                                                        const std::vector<mx::array>& args, bool hold,
                                                        std::chrono::microseconds poll_for) {
-  if (kept_args.size() != args.size()) return std::nullopt;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (kept_args[i].id() == args[i].id()) continue;  // a constant: the same array every run
-    if (kept_args[i].shape() != args[i].shape() || kept_args[i].dtype() != args[i].dtype()) return std::nullopt;
-    kept_args[i].copy_shared_buffer(args[i]);
-  }
+  if (!repoint(kept_args, args)) return std::nullopt;
   // The kept arrays stay available and attached: the same walk, over the new data.
   const auto counts = run_walk(
       [this] {
@@ -260,6 +309,10 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
   g_replays.fetch_add(1, std::memory_order_relaxed);
   // Arrays of their own over this run's buffers: the next replay points the kept ones at new
   // buffers, while ORT may still be reading these.
+  return shared_outputs();
+}
+
+std::vector<mx::array> KeptWalk::shared_outputs() const {
   std::vector<mx::array> outs;
   outs.reserve(outs_.size());
   for (const auto& o : outs_) {
@@ -269,6 +322,79 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
     outs.push_back(std::move(r));
   }
   return outs;
+}
+
+bool KeptWalk::repoint(std::vector<mx::array>& kept_args, const std::vector<mx::array>& args) {
+  if (kept_args.size() != args.size()) return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (kept_args[i].id() == args[i].id()) continue;  // a constant: the same array every run
+    if (kept_args[i].shape() != args[i].shape() || kept_args[i].dtype() != args[i].dtype()) return false;
+    kept_args[i].copy_shared_buffer(args[i]);
+  }
+  return true;
+}
+
+bool KeptWalk::compute_here(std::vector<mx::array>& kept_args, const std::vector<mx::array>& args) {
+  if (!repoint(kept_args, args)) return false;
+  ops::ReuseOutputsScope reuse;
+  return walk(tape_, /*detach=*/false, &kinds_).second == 0;
+}
+
+std::vector<mx::array> kept_segment(const std::shared_ptr<SegmentWalk>& walk, const std::vector<mx::array>& inputs,
+                                    mx::Stream s) {
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& o : walk->walk->outputs()) {
+    shapes.push_back(o.shape());
+    dtypes.push_back(o.dtype());
+  }
+  return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<KeptSegment>(s, walk), inputs);
+}
+
+std::optional<std::vector<mx::array>> kept_segment_frontier(const std::vector<mx::array>& outs) {
+  // Depth-first, inputs first: whether each pending array has a pending kept segment at or above it.
+  std::unordered_map<std::uintptr_t, bool> above;
+  std::vector<std::pair<mx::array, bool>> stack;
+  for (const auto& o : outs) stack.emplace_back(o, false);
+  std::vector<mx::array> frontier;
+  std::unordered_set<std::uintptr_t> taken;
+  bool any = false;
+  while (!stack.empty()) {
+    auto [a, expanded] = std::move(stack.back());
+    stack.pop_back();
+    if (!pending(a)) continue;
+    if (!expanded) {
+      if (above.count(a.id())) continue;
+      above.emplace(a.id(), false);
+      stack.emplace_back(a, true);
+      for (const auto& in : a.inputs())
+        if (pending(in) && !above.count(in.id())) stack.emplace_back(in, false);
+      continue;
+    }
+    const bool segment = is_kept_segment(a);
+    bool up = segment;
+    for (const auto& in : a.inputs())
+      if (pending(in)) up = up || above[in.id()];
+    above[a.id()] = up;
+    if (!segment) continue;
+    any = true;
+    for (const auto& in : a.inputs())
+      if (pending(in) && !above[in.id()] && taken.insert(in.id()).second) frontier.push_back(in);
+  }
+  if (!any) return std::nullopt;
+  return frontier;
+}
+
+bool evaluate_with_kept_segments(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
+                                 std::chrono::microseconds poll_for, bool stream_thread) {
+  // Each pass computes at least the frontier: a graph of n kept segments takes at most n + 1.
+  for (;;) {
+    if (evaluate_on_caller(outs, s, hold, poll_for, stream_thread)) return true;
+    auto frontier = kept_segment_frontier(outs);
+    if (!frontier) return false;
+    if (frontier->empty()) throw KeptSegmentMiss("a kept segment could not be walked");
+    mx::eval(*frontier);
+  }
 }
 
 uint64_t caller_eval_replays() { return g_replays.load(std::memory_order_relaxed); }

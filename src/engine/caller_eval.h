@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -30,8 +31,10 @@ namespace ortmlx::engine {
 // of `outs` is available afterwards (then no MLX evaluation is needed). A walk on the stream
 // thread is kept awake as StreamHold does (`hold`), and waited for by polling for `poll_for`
 // first.
+// `stream_thread`: the walk runs on the stream thread whatever its arrays (a walk it keeps is
+// still replayed where they say).
 bool evaluate_on_caller(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
-                        std::chrono::microseconds poll_for);
+                        std::chrono::microseconds poll_for, bool stream_thread = false);
 
 // A run's walk kept for its signature's later runs (option cpu_caller_replay): the graph a
 // compiled call built, its primitives and arrays held, computed again over each run's
@@ -49,17 +52,52 @@ class KeptWalk {
   std::optional<std::vector<mlx::core::array>> replay(std::vector<mlx::core::array>& kept_args,
                                                       const std::vector<mlx::core::array>& args, bool hold,
                                                       std::chrono::microseconds poll_for);
+  // The same computation on the calling thread, inside a walk that reached it (a kept segment,
+  // below): false when a step could not be computed.
+  bool compute_here(std::vector<mlx::core::array>& kept_args, const std::vector<mlx::core::array>& args);
+  bool on_caller() const { return on_caller_; }
   size_t bytes() const { return bytes_; }  // held between runs
   const std::vector<mlx::core::array>& tape() const { return tape_; }  // the steps, in order
   const std::vector<mlx::core::array>& outputs() const { return outs_; }  // computed again each replay
+  // Arrays of their own over the outputs' present buffers (no graph behind them).
+  std::vector<mlx::core::array> shared_outputs() const;
 
  private:
+  // Points the kept arguments at `args` (the same shapes and dtypes, else false).
+  static bool repoint(std::vector<mlx::core::array>& kept_args, const std::vector<mlx::core::array>& args);
   std::vector<mlx::core::array> tape_, outs_;
   std::vector<uint8_t> kinds_;  // each step's kind (caller_eval.cc), looked up once
   bool on_caller_;
   mlx::core::Stream stream_;
   size_t bytes_ = 0;
 };
+// A shape family's segment (engine/shape_family.h) replayed from the walk one of its runs kept,
+// as one array of each later run's graph (primitive "KeptSegment") in place of the graph its
+// compiled function would build: the run's walk (evaluate_on_caller) reaches it once the
+// eager steps before it are computed, points the kept arguments at its inputs, computes the
+// kept steps again and hands out their outputs. Only a walk computes it: a run whose graph
+// holds one and cannot be walked whole runs again without (KeptSegmentMiss).
+struct SegmentWalk {
+  std::shared_ptr<KeptWalk> walk;
+  std::vector<mlx::core::array> args;  // the arguments of the kept run, which its steps read
+};
+std::vector<mlx::core::array> kept_segment(const std::shared_ptr<SegmentWalk>& walk,
+                                           const std::vector<mlx::core::array>& inputs, mlx::core::Stream s);
+// When the graph of `outs` holds kept segments still to compute: the arrays still to compute
+// that they read and that no such segment precedes (what MLX may evaluate for them); else none.
+std::optional<std::vector<mlx::core::array>> kept_segment_frontier(const std::vector<mlx::core::array>& outs);
+// evaluate_on_caller for a graph that may hold kept segments: what a walk leaves below them
+// (a primitive it cannot compute, a graph over its size rule) MLX evaluates, and the walk goes
+// on. False when only arrays no kept segment precedes are left (for MLX's evaluation); throws
+// KeptSegmentMiss when a kept segment cannot be computed.
+bool evaluate_with_kept_segments(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
+                                 std::chrono::microseconds poll_for, bool stream_thread = false);
+// Thrown when a kept segment's steps could not all be computed again (or reached MLX's own
+// evaluation): the run is redone through the compiled segments.
+struct KeptSegmentMiss : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The calling thread's next evaluate_on_caller keeps its walk: take_kept_walk() then returns it
 // (null when the walk left anything to MLX, or none ran).
 void keep_next_walk();

@@ -136,6 +136,9 @@ struct Stats {
   // Piecewise runs (a shape family: see Program::Piecewise): runs, segment calls that went
   // through a compiled function, and segment traces.
   std::atomic<uint64_t> piecewise_runs{0}, segment_calls{0}, segment_traces{0};
+  // ... segments computed from a kept walk instead (cpu_caller_replay), and piecewise runs done
+  // again without them (a kept segment that could not be walked; none are kept after one).
+  std::atomic<uint64_t> segment_walks{0}, segment_walk_misses{0};
   // Eager runs whose graph touched a zero-size array. On the GPU these ran on the CPU stream
   // (MLX's CUDA kernels fault on such arrays); on the CPU device only a new signature's first
   // run is checked, so a test there can see what the GPU would do.

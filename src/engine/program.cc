@@ -608,7 +608,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   stats_.inputs_in_place += views.count();
   args.insert(args.end(), constants_.begin(), constants_.end());
   // `keep`: the evaluation is kept as a CUDA graph (gpu_graph_replay) into it, when it can be.
-  auto eval_all = [&, this](std::vector<mx::array> outs, KeptGraph* keep = nullptr) {
+  // `walked`: the graph holds kept segments (shape_family.cc), which only a walk computes.
+  auto eval_all = [&, this](std::vector<mx::array> outs, KeptGraph* keep = nullptr, bool walked = false) {
     // Outputs that may be rows written into their own input buffer (RowUpdate) are left out of
     // the evaluation; their rows and positions are evaluated instead.
     std::vector<mx::array> todo;
@@ -677,8 +678,10 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         }
       } else {
         const auto window = std::chrono::microseconds(opt_.cpu_poll_us);
+        const auto walk_for = poll ? window : std::chrono::microseconds(0);
         if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu &&
-              evaluate_on_caller(todo, s, poll && opt_.cpu_hold, poll ? window : std::chrono::microseconds(0))))
+              (walked ? evaluate_with_kept_segments(todo, s, poll && opt_.cpu_hold, walk_for)
+                      : evaluate_on_caller(todo, s, poll && opt_.cpu_hold, walk_for))))
           evaluate(todo, poll, poll && opt_.cpu_hold, window, s);
       }
     }
@@ -743,14 +746,32 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
     // A member of a known shape family (a decode step): compiled segments and eager steps.
     // Not cached: every step of a decode loop is a signature of its own.
     if (Piecewise* pw = compile_broken_ ? nullptr : family_.member(layout, s.device)) {
-      auto outs = run_piecewise(*pw, args, layout, s);
+      std::optional<std::vector<mx::array>> result;
+      for (const bool walks : {true, false}) {
+        // A kept segment that cannot be computed again (a step its walk cannot take, a graph
+        // too large to walk) ends the family's kept segments: the run is done again without.
+        try {
+          bool walked = false;
+          auto outs = run_piecewise(*pw, args, layout, s, walks, walked);
+          if (opt_.gpu && touches_empty(outs)) break;  // run again below, on the CPU stream
+          tl_last_run_path = walked ? "shape family (kept segments)" : "shape family";
+          result = eval_all(std::move(outs), nullptr, walked);
+          break;
+        } catch (const KeptSegmentMiss& ex) {
+          if (!walks) throw;
+          pw->walks_missed = true;
+          for (auto& seg : pw->segments) seg.walk.reset();
+          ++stats_.segment_walk_misses;
+          if (opt_.log_level >= 1)
+            std::cerr << "[MLX EP] " << where_ << ": shape family: kept segments dropped: " << ex.what() << "\n";
+        }
+      }
       // The family is gone when no segment has matched for a while: look for another.
       family_.after_run();
-      if (!opt_.gpu || !touches_empty(outs)) {  // otherwise run again below, on the CPU stream
-        tl_last_run_path = "shape family";
+      if (result) {
         ++stats_.piecewise_runs;
         ++stats_.eager_runs;
-        return eval_all(std::move(outs));
+        return std::move(*result);
       }
     }
     Entry entry;

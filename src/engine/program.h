@@ -193,8 +193,14 @@ class Program final : public FusedProgram {
   using SegmentFn = ShapeFamily::SegmentFn;
   // The segment's steps as one mx::compile'd function of its inputs, traced on stream `s`.
   SegmentFn segment_function(const Segment& seg, const std::vector<size_t>& order, mx::Stream s);
+  // `walks`: segments with a kept walk are computed from it (`walked` says whether one was).
   std::vector<mx::array> run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
-                                       const Layout& layout, mx::Stream s);
+                                       const Layout& layout, mx::Stream s, bool walks, bool& walked);
+  // cpu_caller_replay: evaluates a segment's compiled call (`outs`, of `in`) apart from the rest
+  // of the run and keeps its walk for the segment's later runs.
+  // `outs` become arrays of their own over the kept outputs.
+  void keep_segment_walk(Segment& seg, const std::vector<mx::array>& in, std::vector<mx::array>& outs,
+                         mx::Stream s);
   // The cache key of a run: its inputs' dtypes and shapes (`shapes`, the key alone), and the
   // data of the inputs keyed for those shapes.
   std::string signature_of(const std::vector<HostTensor>& raw, std::string* shapes = nullptr) const;

@@ -96,6 +96,9 @@ struct Program::Run {
   // Piecewise runs and segment traces: a constant initializer read on the host is read
   // directly (it holds the constant itself there, never a tracer), not recorded.
   bool direct_constants = false;
+  // The graph may hold kept segments (a shape family's run), which only a walk computes: host
+  // reads evaluate by walking (caller_eval.h).
+  bool kept_segments = false;
 
   Taint taint_of(const mx::array& a) {
     if (auto it = lineage.find(a.id()); it != lineage.end()) return it->second.second;
@@ -152,7 +155,9 @@ struct Program::Run {
     mx::array a = ready ? v : mx::contiguous(v, false, s);
     if (!ready) {
       trace::Span span("phase", "host read");
-      a.eval();
+      if (!kept_segments ||
+          !evaluate_with_kept_segments({a}, s, false, std::chrono::microseconds(0), /*stream_thread=*/true))
+        a.eval();
     }
     if (stats && !ready) {
       stats->host_reads++;

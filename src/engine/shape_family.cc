@@ -4,9 +4,11 @@
 #include <chrono>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
+#include "engine/caller_eval.h"
 #include "engine/index_check.h"
 #include "engine/program.h"
 #include "engine/program_run.h"
@@ -211,8 +213,40 @@ Program::SegmentFn Program::segment_function(const Segment& seg, const std::vect
       /*shapeless=*/false);
 }
 
+namespace {
+// cpu_caller_replay: a segment's walk is kept from its kSegmentWalkAfterCalls-th compiled call,
+// when its arrays hold at most kSegmentWalkMaxBytes (held between runs); a segment whose walks
+// were left unfinished twice keeps the compiled call.
+constexpr int kSegmentWalkAfterCalls = 3;
+constexpr int kSegmentWalkTries = 2;
+constexpr size_t kSegmentWalkMaxBytes = size_t{64} << 20;
+}  // namespace
+
+void Program::keep_segment_walk(Segment& seg, const std::vector<mx::array>& in, std::vector<mx::array>& outs,
+                                mx::Stream s) {
+  ++seg.walk_tries;
+  // The steps before it first, so that the walk kept holds the segment's own arrays alone. Both
+  // walks on the stream thread, where the run's walk computes its kernels: a kernel's parallel
+  // work started from a second thread makes OpenMP a second team of workers, and with more
+  // workers than cores they sleep between regions from then on.
+  std::vector<mx::array> inputs = in;
+  if (!evaluate_with_kept_segments(inputs, s, false, std::chrono::microseconds(0), /*stream_thread=*/true))
+    mx::eval(inputs);
+  std::vector<mx::array> todo = outs;
+  keep_next_walk();
+  const bool all = evaluate_on_caller(todo, s, false, std::chrono::microseconds(0), /*stream_thread=*/true);
+  auto walk = take_kept_walk();
+  if (!all) mx::eval(todo);
+  if (!walk || walk->bytes() > kSegmentWalkMaxBytes) return;
+  seg.walk = std::make_shared<SegmentWalk>(SegmentWalk{std::move(walk), in});
+  seg.walk_stream = s.index;
+  // The run goes on with arrays of their own over the kept outputs' buffers: MLX's evaluation
+  // detaches the evaluated arrays it meets, and must never meet the kept ones.
+  outs = seg.walk->walk->shared_outputs();
+}
+
 std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
-                                              const Layout& layout, mx::Stream s) {
+                                              const Layout& layout, mx::Stream s, bool walks, bool& walked) {
   const auto t0 = std::chrono::steady_clock::now();
   trace::Span span("phase", "build graph");
   if (span.active()) span.arg("mode", "shape family");
@@ -228,6 +262,9 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
 
   bool matched = false;
   size_t next = 0;
+  walked = false;
+  walks = walks && !pw.walks_missed && !opt_.gpu && s.device == mx::Device::cpu && opt_.cpu_caller_eval &&
+          opt_.cpu_caller_replay;
   for (auto& seg : pw.segments) {
     run_steps(p, slots, taint, run, next, seg.begin, &pw.order);
     next = seg.end;
@@ -238,25 +275,28 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
       match = v && v->is_tensor() && v->tensor->shape() == seg.in_shapes[i];
       if (match) in.push_back(*v->tensor);
     }
+    if (match && walks && seg.walk && seg.walk_stream == s.index) {
+      run.kept_segments = true;
+      auto outs = kept_segment(seg.walk, in, s);
+      for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
+      if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
+      ++stats_.segment_walks;
+      matched = walked = true;
+      continue;
+    }
     auto fn = seg.fns.find(s.index);
     if (match && fn == seg.fns.end()) {
       fn = seg.fns.emplace(s.index, segment_function(seg, pw.order, s)).first;
       ++stats_.segment_traces;
     }
     if (match) {
+      std::optional<std::vector<mx::array>> outs;
       try {
-        auto outs = [&] {
-          // With cpu_caller_eval, MLX's own ops (which the walk computes) instead of generated kernels
-          // (which it cannot), unless the user chose fusion.
-          CompiledCallScope call(s.device == mx::Device::cpu &&
-                                 (opt_.cpu_fuse == 0 || (opt_.cpu_fuse == 2 && opt_.cpu_caller_eval)));
-          return fn->second(in);
-        }();
-        for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
-        if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
-        ++stats_.segment_calls;
-        matched = true;
-        continue;
+        // With cpu_caller_eval, MLX's own ops (which the walk computes) instead of generated kernels
+        // (which it cannot), unless the user chose fusion.
+        CompiledCallScope call(s.device == mx::Device::cpu &&
+                               (opt_.cpu_fuse == 0 || (opt_.cpu_fuse == 2 && opt_.cpu_caller_eval)));
+        outs = fn->second(in);
       } catch (const std::exception& ex) {
         // A trace the steps cannot take (a translator that reads data while tracing): this
         // segment runs eagerly from now on; the eager run below reports a real input error.
@@ -265,6 +305,15 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
         if (opt_.log_level >= 1)
           std::cerr << "[MLX EP] " << where_ << ": segment of steps " << seg.begin << "-" << seg.end
                     << " runs eagerly: " << ex.what() << "\n";
+      }
+      if (outs) {
+        if (walks && !seg.walk && seg.walk_tries < kSegmentWalkTries && ++seg.calls >= kSegmentWalkAfterCalls)
+          keep_segment_walk(seg, in, *outs, s);
+        for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs->at(j));
+        if (outs->size() > seg.out_slots.size()) run.index_flags.push_back(outs->back());
+        ++stats_.segment_calls;
+        matched = true;
+        continue;
       }
     }
     run_steps(p, slots, taint, run, seg.begin, seg.end, &pw.order);

@@ -21,6 +21,7 @@
 
 #include <mlx/mlx.h>
 
+#include "engine/caller_eval.h"
 #include "engine/plan.h"
 
 namespace ortmlx::engine {
@@ -44,6 +45,11 @@ class ShapeFamily {
     // One compiled function per MLX stream (each thread has its own default stream).
     std::unordered_map<int, SegmentFn> fns;
     bool broken = false;                 // a trace failed: eager from then on
+    // cpu_caller_replay: the walk of one of its runs, kept (on stream `walk_stream`), which later
+    // runs compute again in place of the compiled call's graph (caller_eval.h, kept_segment).
+    std::shared_ptr<SegmentWalk> walk;
+    int walk_stream = -1;
+    int calls = 0, walk_tries = 0;
   };
   struct Piecewise {
     // The order the family's runs take the steps in (a topological order of the plan): steps
@@ -54,6 +60,7 @@ class ShapeFamily {
     mx::Device device = mx::Device::cpu;
     std::vector<Segment> segments;
     int misses = 0;  // consecutive runs in which no segment matched its shapes
+    bool walks_missed = false;  // a run of kept segments could not be walked: none are kept again
   };
   // Whether a slot of the plan holds a constant initializer (not a segment argument).
   using IsConstant = std::function<bool(int slot)>;

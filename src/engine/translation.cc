@@ -325,6 +325,8 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
     ops::Outputs outs;
     try {
       outs = folded ? std::move(*folded) : p.entries[k]->translate(ctx);
+    } catch (const KeptSegmentMiss&) {
+      throw;  // not the node's: the run is done again without kept segments
     } catch (const std::exception& e) {
       std::ostringstream os;
       // (The fused node is named once, by the error wall.)

@@ -42,6 +42,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"host_folds\":" << st.host_folds
     << ",\"eval_arrays\":" << st.eval_arrays << ",\"walk_replays\":" << st.walk_replays << ",\"inputs_in_place\":" << st.inputs_in_place << ",\"outputs_in_place\":" << st.outputs_in_place << ",\"piecewise_runs\":" << st.piecewise_runs
     << ",\"segment_calls\":" << st.segment_calls << ",\"segment_traces\":" << st.segment_traces
+    << ",\"segment_walks\":" << st.segment_walks << ",\"segment_walk_misses\":" << st.segment_walk_misses
     << ",\"empty_operand_runs\":" << st.empty_operand_runs
     << ",\"polled_evals\":" << st.polled_evals << ",\"after_short_evals\":" << st.after_short_evals
     << ",\"fusion_kept_fused\":" << st.fusion_kept_fused << ",\"fusion_kept_unfused\":" << st.fusion_kept_unfused

@@ -170,7 +170,7 @@ def test_fp16_multihead_decoder_folds(tmp_path):
     np.testing.assert_allclose(prompt.astype(np.float32), ref.astype(np.float32), rtol=2e-2, atol=2e-2)
     assert st["host_folds"] > 11 * 40 and st["host_reads"] == 0, st  # 910 and 0 here
     _, off, st = _greedy(model, "0", ids, 10, tmp_path / "off.jsonl")
-    assert st["host_reads"] > 11 * 10, st  # 132 here
+    assert st["host_reads"] > 8 * 10, st  # 90 here (132 with no kept segment walks)
     np.testing.assert_array_equal(on, off)
 
 

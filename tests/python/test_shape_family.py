@@ -13,10 +13,11 @@ import onnxruntime_mlx as om
 from onnxruntime_mlx import runner
 
 
-def _model():
-    # x: [1, L] (L changes every run). The row of `table` at position L (a Slice whose start is
-    # computed from Shape(x): a host read of a shape-derived value) enters a chain of fixed
-    # elementwise steps over h: [1, 8].
+def _model(scaled_x=False):
+    # x: [B, L] (L changes every run, B = 1 but where said). The row of `table` at position L (a
+    # Slice whose start is computed from Shape(x): a host read of a shape-derived value) enters a
+    # chain of fixed elementwise steps over h: [1, 8]. `scaled_x`: a second output, x times the
+    # sum of y (an eager step of B x L elements after the chain).
     table = np.arange(64 * 8, dtype=np.float32).reshape(64, 8) / 100.0
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
@@ -32,14 +33,19 @@ def _model():
         helper.make_node("Sigmoid", ["h5"], ["h6"]),
         helper.make_node("Mul", ["h6", "h5"], ["y"]),
     ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]
+    if scaled_x:
+        nodes += [helper.make_node("ReduceSum", ["y", "one_i"], ["ys"], keepdims=1),
+                  helper.make_node("Mul", ["x", "ys"], ["z"])]
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["B", "L"]))
     inits = [numpy_helper.from_array(table, "table"),
              numpy_helper.from_array(np.array([1], np.int64), "one_i"),
              numpy_helper.from_array(np.array([0], np.int64), "zero_i"),
              numpy_helper.from_array(np.array(2.0, np.float32), "two")]
     g = helper.make_graph(nodes, "family",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L"]),
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "L"]),
                            helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+                          outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m.SerializeToString(), table
@@ -69,7 +75,34 @@ def test_shape_derived_host_read_stays_eager(tmp_path):
     # Runs 1-2 find the family; runs 3-12 take the segments (the Slice, the Shape/ReduceSum of
     # x stay eager).
     assert st["piecewise_runs"] == 10, st
-    assert st["segment_calls"] >= 10 and st["segment_traces"] <= 3, st
+    assert st["segment_calls"] + st["segment_walks"] >= 10 and st["segment_traces"] <= 3, st
+
+
+def test_segments_replay_their_kept_walks(tmp_path):
+    """From a segment's third call its walk is kept and later runs compute it again inside the
+    run's own walk (cpu_caller_replay); the eager steps before it that the walk cannot compute
+    (ReduceSum over two axes) MLX evaluates first. A run whose graph cannot be walked after a
+    kept segment (here an eager step of 2^20 elements, beyond the walk's size rule) is done
+    again through the compiled segments, exact, and the family keeps those from then on."""
+    model, table = _model(scaled_x=True)
+    report = tmp_path / "report.jsonl"
+    s = ort.InferenceSession(model, sess_options=om.session_options("cpu", report_path=str(report)))
+    rng = np.random.default_rng(5)
+    h = rng.uniform(-1, 1, (1, 8)).astype(np.float32)
+    for B, L in [(1, L) for L in range(2, 14)] + [(1 << 16, 16)] + [(1, L) for L in range(14, 18)]:
+        x = (rng.integers(-2, 3, (B, L)) / 2).astype(np.float32)  # sums exact in float32
+        y, z = s.run(None, {"x": x, "h": h})
+        y_ref = _reference(x, h, table)
+        np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5, err_msg=f"L={L}")
+        np.testing.assert_allclose(z, x * y.sum(), rtol=1e-6, atol=0, err_msg=f"L={L}")
+    del s
+    gc.collect()
+    st = runner.read_fused_node_stats(report)[0]
+    assert st["piecewise_runs"] == 15, st
+    # Runs 3-5 call the compiled segment (the fifth keeps its walk), 6-12 walk it; the large run
+    # misses and is done again; the last four call the compiled segment.
+    assert st["segment_walks"] == 7 + 1 and st["segment_walk_misses"] == 1, st
+    assert st["segment_calls"] == 3 + 1 + 4, st
 
 
 def test_family_runs_from_many_threads(tmp_path):
