@@ -210,6 +210,7 @@ class KeptSegment : public mx::Primitive {
     return true;
   }
   bool on_caller() const { return walk_->walk->on_caller(); }
+  const std::vector<mx::array>& kept_outputs() const { return walk_->walk->outputs(); }
 
  private:
   std::shared_ptr<SegmentWalk> walk_;
@@ -383,6 +384,15 @@ std::optional<std::vector<mx::array>> kept_segment_frontier(const std::vector<mx
   }
   if (!any) return std::nullopt;
   return frontier;
+}
+
+std::optional<mx::array> kept_segment_source(const mx::array& a) {
+  if (!is_kept_segment(a) || a.is_available()) return std::nullopt;
+  const auto& kept = static_cast<const KeptSegment&>(a.primitive()).kept_outputs();
+  const auto outs = a.outputs();
+  for (size_t i = 0; i < outs.size() && i < kept.size(); ++i)
+    if (outs[i].id() == a.id()) return kept[i];
+  return std::nullopt;
 }
 
 bool evaluate_with_kept_segments(const std::vector<mx::array>& outs, mx::Stream s, bool hold,

@@ -83,6 +83,9 @@ struct SegmentWalk {
 };
 std::vector<mlx::core::array> kept_segment(const std::shared_ptr<SegmentWalk>& walk,
                                            const std::vector<mlx::core::array>& inputs, mlx::core::Stream s);
+// For a kept segment's output still to compute: the kept array its walk computes it into (an
+// output bound to ORT's tensor is bound there: program.cc, bind_outputs).
+std::optional<mlx::core::array> kept_segment_source(const mlx::core::array& a);
 // When the graph of `outs` holds kept segments still to compute: the arrays still to compute
 // that they read and that no such segment precedes (what MLX may evaluate for them); else none.
 std::optional<std::vector<mlx::core::array>> kept_segment_frontier(const std::vector<mlx::core::array>& outs);

@@ -984,13 +984,19 @@ std::vector<Program::BoundOutput> Program::bind_outputs(const std::vector<mx::ar
     if (a.has_primitive() && a.primitive().name() == std::string_view("Contiguous") && a.inputs().size() == 1 &&
         a.inputs()[0].shape() == a.shape() && a.inputs()[0].dtype() == a.dtype())
       a = a.inputs()[0];
-    if ((a.is_available() && !kept) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
+    // A kept segment's output: the kept array its walk computes again, as a kept walk's own.
+    bool again = kept;
+    if (auto source = kept_segment_source(a)) {
+      a = *source;
+      again = true;
+    }
+    if ((a.is_available() && !again) || !a.has_primitive() || !ops::is_cpu_kernel(a.primitive().name())) continue;
     // Only a decode step's attention writes a present over its own past (a shared buffer bound
     // as both), whatever its size; with EP memory, other small outputs are better adopted
     // (asking for ORT's buffer allocates it), large ones bound (their buffer from the device
     // allocator's pool, device_buffers.h).
     const bool gqa = a.primitive().name() == std::string_view("DecodeGqa");
-    const bool adopt = device_memory() && !gqa && !kept && a.nbytes() < device_buffers::kPoolMinBytes;
+    const bool adopt = device_memory() && !gqa && !again && a.nbytes() < device_buffers::kPoolMinBytes;
     if (ops::lowp::is_lowp(output_dtypes_[i]) || (a.nbytes() < kInPlaceMinBytes && !gqa) || adopt ||
         !seen.insert(a.id()).second)
       continue;

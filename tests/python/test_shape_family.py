@@ -13,7 +13,10 @@ import onnxruntime_mlx as om
 from onnxruntime_mlx import runner
 
 
-def _model(scaled_x=False):
+WIDE = (np.arange(8 * 4096, dtype=np.float32).reshape(8, 4096) % 7 - 3) / 4
+
+
+def _model(scaled_x=False, wide=False):
     # x: [B, L] (L changes every run, B = 1 but where said). The row of `table` at position L (a
     # Slice whose start is computed from Shape(x): a host read of a shape-derived value) enters a
     # chain of fixed elementwise steps over h: [1, 8]. `scaled_x`: a second output, x times the
@@ -34,6 +37,9 @@ def _model(scaled_x=False):
         helper.make_node("Mul", ["h6", "h5"], ["y"]),
     ]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]
+    if wide:  # y's product with a constant [8, 4096]: an EP kernel's 16 KB output
+        nodes.append(helper.make_node("MatMul", ["y", "w"], ["yw"]))
+        outputs.append(helper.make_tensor_value_info("yw", TensorProto.FLOAT, [1, 4096]))
     if scaled_x:
         nodes += [helper.make_node("ReduceSum", ["y", "one_i"], ["ys"], keepdims=1),
                   helper.make_node("Mul", ["x", "ys"], ["z"])]
@@ -42,6 +48,8 @@ def _model(scaled_x=False):
              numpy_helper.from_array(np.array([1], np.int64), "one_i"),
              numpy_helper.from_array(np.array([0], np.int64), "zero_i"),
              numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    if wide:
+        inits.append(numpy_helper.from_array(WIDE, "w"))
     g = helper.make_graph(nodes, "family",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "L"]),
                            helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 8])],
@@ -83,17 +91,20 @@ def test_segments_replay_their_kept_walks(tmp_path):
     run's own walk (cpu_caller_replay); the eager steps before it that the walk cannot compute
     (ReduceSum over two axes) MLX evaluates first. A run whose graph cannot be walked after a
     kept segment (here an eager step of 2^20 elements, beyond the walk's size rule) is done
-    again through the compiled segments, exact, and the family keeps those from then on."""
-    model, table = _model(scaled_x=True)
+    again through the compiled segments, exact, and the family keeps those from then on. An
+    output an EP kernel of a kept segment computes is written into ORT's tensor, as a compiled
+    segment's is."""
+    model, table = _model(scaled_x=True, wide=True)
     report = tmp_path / "report.jsonl"
     s = ort.InferenceSession(model, sess_options=om.session_options("cpu", report_path=str(report)))
     rng = np.random.default_rng(5)
     h = rng.uniform(-1, 1, (1, 8)).astype(np.float32)
     for B, L in [(1, L) for L in range(2, 14)] + [(1 << 16, 16)] + [(1, L) for L in range(14, 18)]:
         x = (rng.integers(-2, 3, (B, L)) / 2).astype(np.float32)  # sums exact in float32
-        y, z = s.run(None, {"x": x, "h": h})
+        y, yw, z = s.run(None, {"x": x, "h": h})
         y_ref = _reference(x, h, table)
         np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5, err_msg=f"L={L}")
+        np.testing.assert_allclose(yw, y @ WIDE, rtol=1e-5, atol=1e-5, err_msg=f"L={L}")
         np.testing.assert_allclose(z, x * y.sum(), rtol=1e-6, atol=0, err_msg=f"L={L}")
     del s
     gc.collect()
@@ -103,6 +114,8 @@ def test_segments_replay_their_kept_walks(tmp_path):
     # misses and is done again; the last four call the compiled segment.
     assert st["segment_walks"] == 7 + 1 and st["segment_walk_misses"] == 1, st
     assert st["segment_calls"] == 3 + 1 + 4, st
+    # yw written in place in every run of the family, its segment walked or called (16 of 17 here).
+    assert st["outputs_in_place"] >= st["piecewise_runs"], st
 
 
 def test_family_runs_from_many_threads(tmp_path):
