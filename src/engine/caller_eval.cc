@@ -220,7 +220,10 @@ bool compute_segment(mx::Primitive& prim, const std::vector<mx::array>& inputs, 
   return static_cast<KeptSegment&>(prim).compute(inputs, outputs);
 }
 
-bool is_kept_segment(const mx::array& a) { return a.has_primitive() && a.primitive().name() == kKeptSegment; }
+// (KeptSegment::name() returns this very pointer: no string comparison per array.)
+bool is_kept_segment(const mx::array& a) {
+  return a.has_primitive() && a.primitive().name() == static_cast<const char*>(kKeptSegment.data());
+}
 
 // The elements an array's primitive computes, for the walk's size rule: a decode step's attention
 // writes only its presents' new rows (over its pasts' buffers), so its size is its output's alone,
@@ -228,7 +231,7 @@ bool is_kept_segment(const mx::array& a) { return a.has_primitive() && a.primiti
 size_t work_elements(const mx::array& a) {
   const std::string_view name = a.primitive().name();
   if (name == "DecodeGqa") return a.outputs()[0].size();
-  if (name == kKeptSegment) return 0;  // its own walk was one the rule allowed
+  if (is_kept_segment(a)) return 0;  // its own walk was one the rule allowed
   if (name == "Contiguous" && a.inputs().size() == 1 && a.inputs()[0].has_primitive() &&
       ops::is_cpu_kernel(a.inputs()[0].primitive().name()))
     return 0;
