@@ -15,6 +15,7 @@
 #include <mlx/primitives.h>
 #include <mlx/scheduler.h>
 
+#include "engine/device_buffers.h"
 #include "engine/stream_hold.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/buffers.h"
@@ -207,6 +208,7 @@ class KeptSegment : public mx::Primitive {
     const auto& kept = walk_->walk->outputs();
     if (kept.size() != mine.size()) return false;
     for (size_t i = 0; i < kept.size(); ++i) mine[i].copy_shared_buffer(kept[i]);
+    walk_->walk->let_go_of_small_outputs();
     return true;
   }
   bool on_caller() const { return walk_->walk->on_caller(); }
@@ -314,6 +316,17 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
   // Arrays of their own over this run's buffers: the next replay points the kept ones at new
   // buffers, while ORT may still be reading these.
   return shared_outputs();
+}
+
+void KeptWalk::let_go_of_small_outputs() {
+  static const mx::array kNone = [] {
+    mx::array a(0.0f);
+    a.eval();
+    return a;
+  }();
+  for (auto& k : outs_)
+    if (k.has_primitive() && k.nbytes() < device_buffers::kPoolMinBytes && k.data_shared_ptr())
+      k.copy_shared_buffer(kNone, k.strides(), k.flags(), 0, 0);
 }
 
 std::vector<mx::array> KeptWalk::shared_outputs() const {

@@ -61,6 +61,12 @@ class KeptWalk {
   const std::vector<mlx::core::array>& outputs() const { return outs_; }  // computed again each replay
   // Arrays of their own over the outputs' present buffers (no graph behind them).
   std::vector<mlx::core::array> shared_outputs() const;
+  // After shared_outputs: the outputs it computes (not an argument or a constant) small enough
+  // for ORT to adopt (under device_buffers::kPoolMinBytes, as program.cc's bind_outputs has it)
+  // let go of their buffers, so that what shares them is their one holder and ORT can adopt it
+  // (device_buffers::adoptable) instead of copying it; the next computation takes new ones,
+  // before anything reads them.
+  void let_go_of_small_outputs();
 
  private:
   // Points the kept arguments at `args` (the same shapes and dtypes, else false).

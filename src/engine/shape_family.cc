@@ -243,6 +243,7 @@ void Program::keep_segment_walk(Segment& seg, const std::vector<mx::array>& in, 
   // The run goes on with arrays of their own over the kept outputs' buffers: MLX's evaluation
   // detaches the evaluated arrays it meets, and must never meet the kept ones.
   outs = seg.walk->walk->shared_outputs();
+  seg.walk->walk->let_go_of_small_outputs();
 }
 
 std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<mx::array>& args,
