@@ -368,6 +368,9 @@ std::vector<mx::array> kept_segment(const std::shared_ptr<SegmentWalk>& walk, co
   return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<KeptSegment>(s, walk), inputs);
 }
 
+namespace {
+// When the graph of `outs` holds kept segments still to compute: the arrays still to compute
+// that they read and that no such segment precedes (what MLX may evaluate for them); else none.
 std::optional<std::vector<mx::array>> kept_segment_frontier(const std::vector<mx::array>& outs) {
   // Depth-first, inputs first: whether each pending array has a pending kept segment at or above it.
   std::unordered_map<std::uintptr_t, bool> above;
@@ -401,6 +404,7 @@ std::optional<std::vector<mx::array>> kept_segment_frontier(const std::vector<mx
   if (!any) return std::nullopt;
   return frontier;
 }
+}  // namespace
 
 std::optional<mx::array> kept_segment_source(const mx::array& a) {
   if (!is_kept_segment(a) || a.is_available()) return std::nullopt;

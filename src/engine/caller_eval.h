@@ -92,9 +92,6 @@ std::vector<mlx::core::array> kept_segment(const std::shared_ptr<SegmentWalk>& w
 // For a kept segment's output still to compute: the kept array its walk computes it into (an
 // output bound to ORT's tensor is bound there: program.cc, bind_outputs).
 std::optional<mlx::core::array> kept_segment_source(const mlx::core::array& a);
-// When the graph of `outs` holds kept segments still to compute: the arrays still to compute
-// that they read and that no such segment precedes (what MLX may evaluate for them); else none.
-std::optional<std::vector<mlx::core::array>> kept_segment_frontier(const std::vector<mlx::core::array>& outs);
 // evaluate_on_caller for a graph that may hold kept segments: what a walk leaves below them
 // (a primitive it cannot compute, a graph over its size rule) MLX evaluates, and the walk goes
 // on. False when only arrays no kept segment precedes are left (for MLX's evaluation); throws
