@@ -8,7 +8,9 @@
 //
 // Every thread runs different inputs at the same time: per model, T variants of its inputs
 // (float inputs scaled and shifted; integer and bool inputs, indices and shapes, unchanged);
-// thread t's iteration i runs variant (t + i) % T. References are computed first, single-
+// thread t's iteration i runs variant (t + i) % T. A case with more input sets (inputs.1.bin
+// ..., other shapes: a shape family) has max(T, sets) variants, variant v from set v % sets; its
+// options.txt (key=value lines) are provider options of every session of the case. References are computed first, single-
 // threaded: per variant, ORT's CPU EP, and the MLX EP in a session of its own (run 3 times:
 // the probe, then compiled runs), which must agree with the CPU EP (loose tolerance, as
 // ep_churn) and with itself. Every threaded output is compared with the MLX reference of its
@@ -25,15 +27,18 @@
 // after the Env and the EP library are released: ORT's own background thread (started with the
 // first OrtEnv, never joined) still runs then, and static destructors at exit race with it
 // (tools/tsan.supp).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <latch>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unistd.h>
 #include <vector>
 
@@ -163,15 +168,23 @@ int main(int argc, char** argv) {
       Case c;
       c.name = base_name(argv[a]);
       c.model = ep_host::read_all(std::string(argv[a]) + "/model.onnx");
-      const auto base = ep_host::read_inputs(std::string(argv[a]) + "/inputs.bin");
+      const std::string dir = argv[a];
+      std::vector<std::vector<ep_host::Input>> sets{ep_host::read_inputs(dir + "/inputs.bin")};
+      for (int k = 1; std::ifstream(dir + "/inputs." + std::to_string(k) + ".bin").good(); ++k)
+        sets.push_back(ep_host::read_inputs(dir + "/inputs." + std::to_string(k) + ".bin"));
+      std::unordered_map<std::string, std::string> options;
+      std::ifstream opt_file(dir + "/options.txt");
+      for (std::string line; std::getline(opt_file, line);)
+        if (auto eq = line.find('='); eq != std::string::npos) options[line.substr(0, eq)] = line.substr(eq + 1);
+      const int variants = std::max(threads, static_cast<int>(sets.size()));
       // References, single-threaded.
       {
         Ort::SessionOptions cpu_so;  // the oracle, not under test: no ORT thread pool
         cpu_so.SetIntraOpNumThreads(1);
         Ort::Session cpu(env, c.model.data(), c.model.size(), cpu_so);
-        Ort::Session ref(env, c.model.data(), c.model.size(), ep_host::mlx_options(env, mlx));
-        for (int v = 0; v < threads; ++v) {
-          c.inputs.push_back(variant(base, v));
+        Ort::Session ref(env, c.model.data(), c.model.size(), ep_host::mlx_options(env, mlx, options));
+        for (int v = 0; v < variants; ++v) {
+          c.inputs.push_back(variant(sets[static_cast<size_t>(v) % sets.size()], v));
           auto want = ep_host::run(cpu, c.inputs.back());
           std::vector<Ort::Value> got;
           for (int r = 0; r < 3; ++r) {  // the probe, then compiled runs
@@ -193,7 +206,7 @@ int main(int argc, char** argv) {
       const int before = g_failures.load();
       // (a) one shared session, cold.
       {
-        Ort::Session shared(env, c.model.data(), c.model.size(), ep_host::mlx_options(env, mlx));
+        Ort::Session shared(env, c.model.data(), c.model.size(), ep_host::mlx_options(env, mlx, options));
         double secs = in_threads(threads, [&](int t) { iterate(shared, c, t, iters, "shared"); });
         runs += static_cast<long>(threads) * iters;
         std::printf("%-36s shared    %d threads x %d iterations: %.1f s, %d failures%s\n",
@@ -204,8 +217,9 @@ int main(int argc, char** argv) {
       const int mid = g_failures.load();
       double secs = in_threads(threads, [&](int t) {
         try {
-          Ort::Session own(env, c.model.data(), c.model.size(),
-                           ep_host::mlx_options(env, mlx, {{"compile", t % 2 ? "0" : "1"}}));
+          auto own_options = options;
+          own_options["compile"] = t % 2 ? "0" : "1";
+          Ort::Session own(env, c.model.data(), c.model.size(), ep_host::mlx_options(env, mlx, own_options));
           iterate(own, c, t, iters, t % 2 ? "separate (eager)" : "separate");
         } catch (const std::exception& e) {
           fail(c.name + " separate: session of thread " + std::to_string(t) + ": " + e.what());

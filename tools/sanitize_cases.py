@@ -1,5 +1,8 @@
-"""Writes the cases tools/ep_churn.cc runs: <out>/<name>/model.onnx + inputs.bin, from the mixed
-model set of tools/reliability.py (ONNX node tests of several op families + the demo encoder).
+"""Writes the cases tools/ep_churn.cc and tools/ep_threads.cc run: <out>/<name>/model.onnx +
+inputs.bin, from the mixed model set of tools/reliability.py (ONNX node tests of several op
+families + the demo encoder), and a shape family: inputs.1.bin ... more input sets of other
+shapes, options.txt provider options (key=value lines; ep_threads reads both, ep_churn the first
+set only).
 
     python tools/sanitize_cases.py OUT_DIR      # prints the case dirs, one per line"""
 from __future__ import annotations
@@ -11,7 +14,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from onnx import helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 
 from reliability import load_cases  # noqa: E402
 
@@ -28,13 +31,55 @@ def write_inputs(path: pathlib.Path, feeds: dict) -> None:
             f.write(struct.pack("<Q", len(data)) + data)
 
 
+def shape_family_case():
+    """A decode-like loop of signatures: x [1, L] with L from 2 to 17, its Shape picking a row of a
+    table (host-folded, eager) that enters a chain over h [1, 8] ending in a product by a
+    constant [8, 4096] (compiled segments, their walks kept and computed again: cache_size=1
+    makes every run a new signature)."""
+    from onnx import TensorProto
+    table = (np.arange(64 * 8, dtype=np.float32).reshape(64, 8) % 13) / 10.0
+    w = ((np.arange(8 * 4096, dtype=np.float32).reshape(8, 4096) % 7) - 3) / 4
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["l"], axis=0),
+             helper.make_node("Add", ["l", "one"], ["l1"]),
+             helper.make_node("Slice", ["table", "l", "l1", "zero"], ["row"]),
+             helper.make_node("Mul", ["h", "two"], ["h1"]),
+             helper.make_node("Add", ["h1", "row"], ["h2"]),
+             helper.make_node("Tanh", ["h2"], ["h3"]),
+             helper.make_node("ReduceSum", ["x"], ["r"], keepdims=1),
+             helper.make_node("Add", ["h3", "r"], ["h4"]),
+             helper.make_node("Sigmoid", ["h4"], ["h5"]),
+             helper.make_node("Mul", ["h5", "h4"], ["y"]),
+             helper.make_node("MatMul", ["y", "w"], ["yw"])]
+    inits = [numpy_helper.from_array(table, "table"), numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    g = helper.make_graph(nodes, "shape_family",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L"]),
+                           helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8]),
+                           helper.make_tensor_value_info("yw", TensorProto.FLOAT, [1, 4096])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    rng = np.random.default_rng(4)
+    h = rng.uniform(-1, 1, (1, 8)).astype(np.float32)
+    sets = [{"x": rng.uniform(-1, 1, (1, L)).astype(np.float32), "h": h} for L in range(2, 18)]
+    return "shape_family", m.SerializeToString(), sets, "cache_size=1\n"
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
-    for name, model, feeds in load_cases():
+    cases = [(name, model, [feeds], "") for name, model, feeds in load_cases()]
+    cases.append(shape_family_case())
+    for name, model, sets, options in cases:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
         (d / "model.onnx").write_bytes(model)
-        write_inputs(d / "inputs.bin", feeds)
+        for k, feeds in enumerate(sets):
+            write_inputs(d / ("inputs.bin" if k == 0 else f"inputs.{k}.bin"), feeds)
+        if options:
+            (d / "options.txt").write_text(options)
         print(d)
     return 0
 
