@@ -266,6 +266,12 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
   walked = false;
   walks = walks && !pw.walks_missed && !opt_.gpu && s.device == mx::Device::cpu && opt_.cpu_caller_eval &&
           opt_.cpu_caller_replay;
+  // A segment's outputs into their slots; one more output past them is its index-check flag.
+  auto take_outputs = [&](const Segment& seg, const std::vector<mx::array>& outs) {
+    for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
+    if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
+    matched = true;
+  };
   for (auto& seg : pw.segments) {
     run_steps(p, slots, taint, run, next, seg.begin, &pw.order);
     next = seg.end;
@@ -278,11 +284,9 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
     }
     if (match && walks && seg.walk && seg.walk_stream == s.index) {
       run.kept_segments = true;
-      auto outs = kept_segment(seg.walk, in, s);
-      for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs.at(j));
-      if (outs.size() > seg.out_slots.size()) run.index_flags.push_back(outs.back());
+      take_outputs(seg, kept_segment(seg.walk, in, s));
       ++stats_.segment_walks;
-      matched = walked = true;
+      walked = true;
       continue;
     }
     auto fn = seg.fns.find(s.index);
@@ -310,10 +314,8 @@ std::vector<mx::array> Program::run_piecewise(Piecewise& pw, const std::vector<m
       if (outs) {
         if (walks && !seg.walk && seg.walk_tries < kSegmentWalkTries && ++seg.calls >= kSegmentWalkAfterCalls)
           keep_segment_walk(seg, in, *outs, s);
-        for (size_t j = 0; j < seg.out_slots.size(); ++j) slots[seg.out_slots[j]] = ops::Value::of(outs->at(j));
-        if (outs->size() > seg.out_slots.size()) run.index_flags.push_back(outs->back());
+        take_outputs(seg, *outs);
         ++stats_.segment_calls;
-        matched = true;
         continue;
       }
     }
