@@ -52,6 +52,8 @@ struct TranslationSwitches {
   bool cpu_attention = true;
   // a decode step's GroupQueryAttention on the CPU as one kernel (kernels/cpu/decode_attention.cc)
   bool cpu_gqa_step = true;
+  // the packed kernel's blocked walk: threads by panels, rows in blocks, the next panel asked for
+  bool cpu_packed_blocks = true;
 };
 
 // The calling thread's current switches.

@@ -658,14 +658,15 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
 
 
 @pytest.mark.parametrize("m,k,n", [(2, 16, 5), (7, 100, 47), (9, 600, 48), (16, 384, 100), (33, 40, 97), (3, 1030, 20),
-                                   (1, 600, 100), (1, 40, 5), (1, 600, 500), (1, 1100, 1000)])
+                                   (1, 600, 100), (1, 40, 5), (1, 600, 500), (1, 1100, 1000), (200, 640, 1000)])
 @pytest.mark.parametrize("op", ["MatMul", "MatMul3d", "Gemm", "GemmBias"])
 @pytest.mark.parametrize("avx512", [1, 0])
 def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
     """Float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
     packed_gemm.cc: the weight laid out once as panels of 48 columns, 16 without AVX-512; 8 x 48
     and 6 x 16 register tiles, masked at the last panel's edge, K in blocks of 512 summed into
-    the output): one primitive, no MLX Matmul. Rows not a multiple of the tile's, columns not a
+    the output, rows in blocks of 128): one primitive, no MLX Matmul. Rows not a multiple of the
+    tile's or past one row block, columns not a
     multiple of the panel's, K past one block, a batch of rows taken flat, one row (a decode
     step's MatMul; a Gemm of one row with alpha or beta stays the row kernel, and so does one of
     a weight over 2^20 elements; a Gemm of one row with a bias C takes the kernel, the bias its
@@ -1077,6 +1078,53 @@ def test_nchw_channel_chains_are_one_kernel(hw, avx512, capfd):
              helper.make_node("Add", ["t", "r"], ["y"])]
     prims = _run(nodes, {"x": x2}, inits[:1] + w_row, capfd, 1e-5, 1e-5, unoptimized=True, cpu_avx512=avx512)
     assert "BlockedSteps" not in prims, prims
+
+
+_NEXT_PANELS = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+rng = np.random.default_rng(5)
+x = rng.standard_normal((200, 640)).astype(np.float32)
+w = numpy_helper.from_array(rng.standard_normal((640, 48 * 6)).astype(np.float32) / 25, "w")
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TP.FLOAT, [200, 640])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+want = cpu.run(None, {"x": x})[0]
+got = {}
+for blocks, report in zip((0, 1), sys.argv[2:]):
+    # one thread (no product splits): the walk is the whole product's
+    s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
+        "cpu", fallback=False, report_path=report, cpu_packed_blocks=blocks, cpu_dnnl_parallel_min_flops=10**12,
+        cpu_avx512=int(sys.argv[1])))
+    for _ in range(3):
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    del s
+    line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+    got[blocks] = line["process_packed_prefetch_bytes"]
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_packed_tiles_ask_for_the_next_panel(avx512, tmp_path):
+    """The packed kernel's blocked walk (cpu_packed_blocks=1, kernels/cpu/packed_gemm.cc): rows
+    in blocks of 128 (200 rows: 16 and 9 tiles of 8 with AVX-512, 21 and 13 of 6 with AVX2),
+    K in blocks of 512 (640: 512 and 128), and every tile asks for its part of the next panel's
+    K block into L2, so that a panel's first tile does not wait on memory. On one thread, per K
+    block the first row block asks for all its panels (6 of 48 columns, or 18 of 16; the last
+    one for the first panel again, read next by the second row block) and the second for one
+    fewer; 3 runs. Outputs equal ORT's CPU EP with the walk and without it
+    (cpu_packed_blocks=0: nothing asked for). Broken by a tile's part left out or asked twice,
+    or by the walk dropped."""
+    out = subprocess.run([sys.executable, "-c", _NEXT_PANELS, str(avx512), str(tmp_path / "a.jsonl"),
+                          str(tmp_path / "b.jsonl")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    cols, panels = (48, 6) if avx512 and _avx512() else (16, 18)
+    assert r == {"0": 0, "1": 3 * (2 * panels - 1) * 640 * cols * 4}, r
 
 
 _HUGE_PANELS = r"""

@@ -178,16 +178,19 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // stream; the result has x's shape with the last dim N. w is laid out once (on the first run, one
 // copy for every primitive over the same buffer) as panels of 48 columns (16 with AVX2) that the
 // register tiles (8 x 48, AVX2 6 x 16) stream through; K in blocks of 512; tiles split over the
-// threads with `parallel`. Why: OpenBLAS's sgemm packs the weight on every call, and for an
+// threads with `parallel`. With `blocks`, the threads take panels (rows where there are too few
+// panels), each walks rows in blocks of 128 over its panels, and each tile asks for its share of
+// the next panel into L2 while it computes; without, the threads take (panel, row tile) items. Why: OpenBLAS's sgemm packs the weight on every call, and for an
 // encoder's rows (16 to a few hundred) ran at about a third of what the cores reach; a decode
 // step's one row streams the panels, contiguous a thread, faster than OpenBLAS's sgemv reads
 // the matrix. std::nullopt off the CPU or x86-64 without AVX2, for other dtypes, or with the
 // CPU kernels off.
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
-                                           const std::optional<mx::array>& bias = std::nullopt);
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
+                                           mx::Stream s, const std::optional<mx::array>& bias = std::nullopt);
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 uint64_t cpu_packed_huge_page_bytes();  // bytes of its weights' panels asked for in 2 MiB pages
+uint64_t cpu_packed_prefetch_bytes();  // bytes of next panels its tiles asked into L2
 
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies
 // with groups: y[n, g*Mg + m, p] = bias[g*Mg + m] + sum_k w[g*Mg + m, k] x[n, g*Cg + k, p], then

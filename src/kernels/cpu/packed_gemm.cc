@@ -41,6 +41,7 @@ constexpr Geometry kAvx2{6, 16};
 constexpr int64_t kDepthBlock = 512;
 
 std::atomic<uint64_t> g_huge_bytes{0};
+std::atomic<uint64_t> g_prefetch_bytes{0};
 
 // Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
 // transparent huge pages are granted on request): a one-row product streams its whole weight
@@ -91,11 +92,31 @@ PanelBuffer pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_
   return out;
 }
 
+// Cache lines of the panel a thread reads next, asked into L2 by a tile while it computes: a
+// panel's first tile otherwise waits on memory for the whole panel (an LM head's weight is read
+// from memory once a call). The lines are spread over the tile's K steps, one every 1, 2 or 4.
+struct NextLines {
+  const char* line = nullptr;
+  int64_t count = 0;
+  int64_t spacing(int64_t kc) const {  // a power of two, so that touch() tests with a mask
+    const int64_t room = count > 0 ? kc / count : 1;
+    return room >= 4 ? 4 : room >= 2 ? 2 : 1;
+  }
+  void touch(int64_t k, int64_t every) {
+    if (count > 0 && (k & (every - 1)) == 0) {
+      _mm_prefetch(line, _MM_HINT_T1);
+      line += 64;
+      --count;
+    }
+  }
+};
+
 // C[r, 0:width) = (C[r, 0:width) if `accumulate`, else bias[0:width) or 0) + sum_{k < kc} A[r, k] *
 // P[k, 0:48) for r < R; A's rows `lda` apart, C's `ldc`; P: kc rows of one panel (48 floats each).
 template <int R>
 __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
-                                                    int64_t ldc, int width, bool accumulate, const float* bias) {
+                                                    int64_t ldc, int width, bool accumulate, const float* bias,
+                                                    NextLines next) {
   __mmask16 m[3];
   for (int j = 0; j < 3; ++j) {
     const int w = std::clamp(width - 16 * j, 0, 16);
@@ -107,8 +128,10 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
   __m512 acc[R][3];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = start[0], acc[r][1] = start[1], acc[r][2] = start[2];
+  const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 48) {
     const __m512 b0 = _mm512_loadu_ps(p), b1 = _mm512_loadu_ps(p + 16), b2 = _mm512_loadu_ps(p + 32);
+    next.touch(k, every);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_set1_ps(a[r * lda + k]);
@@ -129,7 +152,8 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
 
 template <int R>
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
-                                                    int64_t ldc, int width, bool accumulate, const float* bias) {
+                                                    int64_t ldc, int width, bool accumulate, const float* bias,
+                                                    NextLines next) {
   alignas(32) float b16[16] = {};
   if (bias && !accumulate)
     for (int j = 0; j < width; ++j) b16[j] = bias[j];
@@ -137,8 +161,10 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, 
   __m256 acc[R][2];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) acc[r][0] = start0, acc[r][1] = start1;
+  const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 16) {
     const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
+    next.touch(k, every);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m256 v = _mm256_broadcast_ss(a + r * lda + k);
@@ -162,7 +188,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, 
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool, const float*);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool, const float*, NextLines);
 // The tile function for r rows (1..geometry rows).
 TileFn tile_for(bool avx512, int r) {
   static constexpr TileFn k512[] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>,
@@ -170,6 +196,37 @@ TileFn tile_for(bool avx512, int r) {
   static constexpr TileFn k2[] = {tile_avx2<1>, tile_avx2<2>, tile_avx2<3>, tile_avx2<4>, tile_avx2<5>, tile_avx2<6>};
   return avx512 ? k512[r - 1] : k2[r - 1];
 }
+
+// Rows are taken in blocks of this many (their share of A, 256 KiB at K = 512, stays in L2
+// while every panel of the thread passes over it).
+constexpr int64_t kRowBlock = 128;
+
+// One thread's share of the (panel, row tile) items, [i0, i1) in panel-major order (a run of
+// panels, the first and last perhaps in part), walked per K block as row blocks, then the
+// share's panels, then their row tiles in the block; each tile asks for its part of the panel
+// that comes next (the share's next panel, or its first one for the next row block).
+struct BlockWalk {
+  int64_t i0, i1, row_tiles, block_tiles;
+  // f(panel, tile row, next panel or -1, byte offset and bytes of this tile's part of its block)
+  template <class F>
+  void for_each(int64_t block_bytes, F&& f) const {
+    if (i0 >= i1) return;
+    const int64_t first = i0 / row_tiles, last = (i1 - 1) / row_tiles;
+    for (int64_t m0 = 0; m0 < row_tiles; m0 += block_tiles) {
+      const int64_t m1 = std::min(row_tiles, m0 + block_tiles);
+      for (int64_t panel = first; panel <= last; ++panel) {
+        const int64_t t0 = std::max(m0, i0 - panel * row_tiles), t1 = std::min(m1, i1 - panel * row_tiles);
+        if (t0 >= t1) continue;
+        const int64_t next = panel < last ? panel + 1 : m1 < row_tiles ? first : -1;
+        const int64_t per = ((block_bytes + (t1 - t0) - 1) / (t1 - t0) + 63) / 64 * 64;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t offset = (t - t0) * per;
+          f(panel, t, next, offset, next < 0 ? 0 : std::clamp<int64_t>(block_bytes - offset, 0, per));
+        }
+      }
+    }
+  }
+};
 
 #endif  // ORTMLX_X86
 
@@ -180,8 +237,9 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
-  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512)
-      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), cache_(std::make_shared<Packed>()) {}
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks)
+      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), blocks_(blocks),
+        cache_(std::make_shared<Packed>()) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
 #ifdef ORTMLX_X86
@@ -191,30 +249,47 @@ class PackedMatmul : public mx::UnaryPrimitive {
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
-                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_] {
+                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = blocks_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
       const float* xp = x.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
-      // Work items: (panel, row tile), a panel's row tiles together so that its block stays in
-      // the cache of the thread that reads it.
-      auto run = [&](int64_t i0, int64_t i1) {
-        for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
-          const int64_t kc = std::min(kDepthBlock, g.k - k0);
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t panel = i / row_tiles, r0 = (i % row_tiles) * geo.rows;
-            const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
-            const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
-            tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
-                                   yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0,
-                                   bp ? bp + panel * geo.cols : nullptr);
-          }
-        }
+      auto tile = [&](int64_t panel, int64_t tile_row, int64_t k0, NextLines next) {
+        const int64_t r0 = tile_row * geo.rows, kc = std::min(kDepthBlock, g.k - k0);
+        const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
+        const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
+        tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
+                               yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0, bp ? bp + panel * geo.cols : nullptr,
+                               next);
       };
+      // Work items: (panel, row tile) in panel-major order, a contiguous share a thread, so that
+      // a panel's block stays in the cache of the thread that reads it.
       const int64_t items = row_tiles * panels;
-      cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, run);
+      cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, [&](int64_t i0, int64_t i1) {
+        if (!blocks) {
+          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock)
+            for (int64_t i = i0; i < i1; ++i) tile(i / row_tiles, i % row_tiles, k0, {});
+          return;
+        }
+        const BlockWalk walk{i0, i1, row_tiles, std::max<int64_t>(1, kRowBlock / geo.rows)};
+        int64_t asked = 0;  // counted once a share: one shared counter per tile is a contended line
+        for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
+          const int64_t block_bytes = std::min(kDepthBlock, g.k - k0) * geo.cols * int64_t{sizeof(float)};
+          walk.for_each(block_bytes, [&](int64_t panel, int64_t tile_row, int64_t next_panel, int64_t next_offset,
+                                         int64_t next_bytes) {
+            NextLines next;
+            if (next_panel >= 0) {
+              next.line = reinterpret_cast<const char*>(packed->data() + (next_panel * g.k + k0) * geo.cols) + next_offset;
+              next.count = (next_bytes + 63) / 64;
+              asked += next.count * 64;
+            }
+            tile(panel, tile_row, k0, next);
+          });
+        }
+        g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
+      });
     });
 #else
     throw std::logic_error("[PackedMatmul] needs x86-64");
@@ -227,7 +302,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "PackedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmul*>(&other);
-    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_;
+    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->blocks_ == blocks_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -279,6 +354,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   GemmShape g_;
   bool parallel_;
   bool avx512_;
+  bool blocks_;  // the blocked walk with the next panel asked for (cpu_packed_blocks)
   std::shared_ptr<Packed> cache_;
 };
 
@@ -286,9 +362,10 @@ class PackedMatmul : public mx::UnaryPrimitive {
 
 uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
 
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, mx::Stream s,
-                                           const std::optional<mx::array>& bias) {
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
+                                           mx::Stream s, const std::optional<mx::array>& bias) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
@@ -301,7 +378,8 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels()), std::move(in));
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), blocks),
+                   std::move(in));
 #else
   return std::nullopt;
 #endif
