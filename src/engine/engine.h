@@ -71,6 +71,7 @@ struct Options {
   int cpu_fuse = 2;
   bool cpu_packed_matmul = true;   // on the CPU, float32 products of several rows by a constant matrix as the EP's kernel
   bool cpu_packed_blocks = true;   // ... its threads take panels, rows in blocks of 128, the next panel asked into L2
+  bool cpu_skip_norm = true;       // on the CPU, a normalization and the Add before it as one kernel (graph/fuse_skip_norm)
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW

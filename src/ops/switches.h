@@ -54,6 +54,9 @@ struct TranslationSwitches {
   bool cpu_gqa_step = true;
   // the packed kernel's blocked walk: threads by panels, rows in blocks, the next panel asked for
   bool cpu_packed_blocks = true;
+  // LayerNormalization after an Add, and the skip normalizations, as one kernel with their add
+  // (kernels/cpu/layer_norm.cc)
+  bool cpu_skip_norm = true;
 };
 
 // The calling thread's current switches.

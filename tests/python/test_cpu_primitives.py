@@ -40,28 +40,31 @@ def _init(name, array):
     return onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
 
 
-def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimized=False, **options):
+def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimized=False, outputs=("y",), **options):
     """Runs a graph of `nodes` (inputs `feeds`, declared with their shapes or `shapes[name]`,
-    output "y") on the MLX EP's CPU device and on ORT's CPU EP, asserts the outputs agree, and
-    returns the MLX primitives of the EP's last run (log_level=3). `unoptimized`: ORT's graph
-    optimizations off for the EP's session (its own fusions would rewrite the nodes first)."""
+    outputs `outputs`) on the MLX EP's CPU device and on ORT's CPU EP, asserts the outputs
+    agree, and returns the MLX primitives of the EP's last run (log_level=3). `unoptimized`:
+    ORT's graph optimizations off for the EP's session (its own fusions would rewrite the nodes
+    first)."""
     import onnxruntime_mlx as om
     shapes = shapes or {}
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, shapes.get(k, list(v.shape))) for k, v in feeds.items()]
-    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                          inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model = model.SerializeToString()
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     so = om.session_options("cpu", fallback=False, log_level=3, **options)
     if unoptimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model, sess_options=so)
     capfd.readouterr()
     for _ in range(runs):
-        (got,) = sess.run(None, feeds)
+        got = sess.run(None, feeds)
     lines = [ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]
     assert lines
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
     return {k: int(v) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1])}
 
 
@@ -322,26 +325,55 @@ def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
 
 
 @pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-                                "SkipLayerNormalization"])
-def test_transformer_norms_are_one_kernel(op, capfd):
-    """RMS normalization (SimplifiedLayerNormalization, and the skip forms' normalization after
-    their add) runs as the same row kernel with the mean taken as 0 (RowRmsNorm), LayerNorm's
-    skip form as RowLayerNorm: no Sum among the primitives. Outputs equal ORT's CPU EP."""
+                                "SkipLayerNormalization", "AddLayerNormalization"])
+@pytest.mark.parametrize("skip_norm", [1, 0])
+@pytest.mark.parametrize("with_sum", [False, True])
+def test_transformer_norms_are_one_kernel(op, skip_norm, with_sum, capfd):
+    """RMS normalization (SimplifiedLayerNormalization) runs as the row kernel with the mean taken
+    as 0 (RowRmsNorm). The skip forms, and a LayerNormalization over the last axis whose input
+    is an Add read by it alone (graph/fuse_skip_norm: an encoder's residual connection), run
+    with their add as one kernel (RowSkipRmsNorm, RowSkipLayerNorm: kernels/cpu/layer_norm.cc),
+    each row's sum made and normalized in one pass, the sum a second output of the kernel when
+    the node's fourth output is read (a decoder's residual stream); no Add, no Sum among the
+    primitives. With cpu_skip_norm=0, MLX's Add and then the row kernel. Outputs equal ORT's
+    CPU EP. Broken by the add left out of the kernel (a row's sum wrong) or by the fusion
+    dropped."""
+    if with_sum and op in ("SimplifiedLayerNormalization", "AddLayerNormalization"):
+        pytest.skip("no sum output")
     rng = np.random.default_rng(13)
     feeds = {"x": rng.standard_normal((2, 5, 67)).astype(np.float32)}
     inits = [_init("g", rng.standard_normal(67))]
+    outs = ["y"]
     if op == "SimplifiedLayerNormalization":
-        node = helper.make_node(op, ["x", "g"], ["y"], axis=-1, epsilon=1e-6)
+        nodes = [helper.make_node(op, ["x", "g"], ["y"], axis=-1, epsilon=1e-6)]
+    elif op == "AddLayerNormalization":
+        feeds["s"] = rng.standard_normal((2, 5, 67)).astype(np.float32)
+        inits.append(_init("b", rng.standard_normal(67)))
+        nodes = [helper.make_node("Add", ["x", "s"], ["a"]),
+                 helper.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1, epsilon=1e-6)]
     else:
         feeds["s"] = rng.standard_normal((2, 5, 67)).astype(np.float32)
         ins = ["x", "s", "g"]
         if op == "SkipLayerNormalization":
-            inits.append(_init("b", rng.standard_normal(67)))
-            ins.append("b")
-        node = helper.make_node(op, ins, ["y"], domain="com.microsoft", epsilon=1e-6)
-    prims = _run([node], feeds, inits, capfd, 1e-5, 1e-5)
-    kernel = "RowLayerNorm" if op == "SkipLayerNormalization" else "RowRmsNorm"
-    assert prims.get(kernel) == 1 and "Sum" not in prims, prims
+            inits += [_init("b", rng.standard_normal(67)), _init("bias", rng.standard_normal(67))]
+            ins += ["b", "bias"]
+        else:
+            inits.append(_init("bias", rng.standard_normal(67)))
+            ins.append("bias")
+        if with_sum:
+            outs = ["y", "", "", "sum"]
+        nodes = [helper.make_node(op, ins, outs, domain="com.microsoft", epsilon=1e-6)]
+    prims = _run(nodes, feeds, inits, capfd, 1e-5, 1e-5, cpu_skip_norm=skip_norm,
+                 outputs=[o for o in outs if o], unoptimized=op == "AddLayerNormalization")
+    if op == "SimplifiedLayerNormalization":
+        assert prims.get("RowRmsNorm") == 1 and "Sum" not in prims, prims
+    elif skip_norm:
+        kernel = "RowSkipRmsNorm" if op == "SkipSimplifiedLayerNormalization" else "RowSkipLayerNorm"
+        # (one primitive; the log counts its arrays: the sum is its second)
+        assert prims.get(kernel) == (2 if with_sum else 1) and "Add" not in prims and "Sum" not in prims, prims
+    else:
+        kernel = "RowRmsNorm" if op == "SkipSimplifiedLayerNormalization" else "RowLayerNorm"
+        assert prims.get(kernel) == 1 and "Add" in prims, prims
 
 
 @pytest.mark.parametrize("blocked", [1, 0])

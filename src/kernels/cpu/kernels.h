@@ -258,6 +258,16 @@ std::optional<mx::array> cpu_depthwise_conv(const mx::array& x, const mx::array&
 // std::nullopt off the CPU, for other dtypes or shapes.
 std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& scale, const std::optional<mx::array>& bias,
                                         float eps, mx::Stream s, bool rms = false);
+// The same normalization of x + skip (+ bias) (SkipLayerNormalization, and its RMS form with
+// `rms`) as one primitive: each row's sum made and normalized in one pass, returned as a second
+// output with `with_sum` (a decoder's residual stream reads it), else left in the output's row
+// and normalized in place. Why: MLX's add before the row kernel is a primitive of its own, on
+// one thread, with a buffer of the whole sum. x and skip float32 of one shape, bias, scale and
+// beta float32 vectors over the last axis; std::nullopt otherwise or off the CPU.
+std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx::array& skip,
+                                                    const std::optional<mx::array>& bias, const mx::array& scale,
+                                                    const std::optional<mx::array>& beta, float eps, bool rms,
+                                                    bool with_sum, mx::Stream s);
 
 // Concatenation of same-dtype arrays along `axis` on MLX's CPU stream, one memcpy per
 // contiguous chunk. Why: MLX's CPU concatenate copies each input through its generic strided

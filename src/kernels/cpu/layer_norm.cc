@@ -112,7 +112,84 @@ class RowLayerNorm : public mx::UnaryPrimitive {
   bool rms_;
 };
 
+// norm(x + skip (+ bias)) over the last axis, the sum kept as a second output when asked
+// (a decoder's residual stream reads it). Inputs: x, skip, scale, then beta and bias when given.
+class RowSkipNorm : public mx::Primitive {
+ public:
+  RowSkipNorm(mx::Stream s, float eps, bool rms, bool beta, bool bias, bool with_sum)
+      : mx::Primitive(s), eps_(eps), rms_(rms), beta_(beta), bias_(bias), with_sum_(with_sum) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& o : outputs) begin_output(inputs, o, stream());
+    const auto& x = inputs[0];
+    const int64_t n = x.shape(-1), rows = n ? static_cast<int64_t>(x.size()) / n : 0;
+    std::optional<RowMajorInput> beta, bias;
+    size_t next = 3;
+    if (beta_) beta.emplace(inputs[next++]);
+    if (bias_) bias.emplace(inputs[next++]);
+    dispatch_task(stream(), [in = RowMajorInput(x), skip = RowMajorInput(inputs[1]), scale = RowMajorInput(inputs[2]),
+                             beta = std::move(beta), bias = std::move(bias), yp = outputs[0].data<float>(),
+                             sum_out = outputs.size() > 1 ? outputs[1].data<float>() : nullptr, n, rows, eps = eps_,
+                             rms = rms_] {
+      static const NormRow row = pick_norm_row();
+      const float *xp = in.rows(), *kp = skip.rows(), *sp = scale.rows();
+      const float* betap = beta ? beta->rows() : nullptr;
+      const float* biasp = bias ? bias->rows() : nullptr;
+      const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
+      cpu_parallel_for(rows, parts, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          // The sum where it is kept, else in the output row, normalized there in place.
+          float* sum = (sum_out ? sum_out : yp) + r * n;
+          const float *a = xp + r * n, *b = kp + r * n;
+          for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];  // (x + skip) + bias, in that order
+          if (biasp)
+            for (int64_t i = 0; i < n; ++i) sum[i] += biasp[i];
+          row(sum, sp, betap, yp + r * n, n, eps, rms);
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::logic_error("[RowSkipNorm] runs on the CPU stream only");
+  }
+  const char* name() const override { return rms_ ? "RowSkipRmsNorm" : "RowSkipLayerNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const RowSkipNorm*>(&other);
+    return o && o->eps_ == eps_ && o->rms_ == rms_ && o->beta_ == beta_ && o->bias_ == bias_ &&
+           o->with_sum_ == with_sum_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return std::vector<mx::Shape>(with_sum_ ? 2 : 1, inputs[0].shape());
+  }
+
+ private:
+  float eps_;
+  bool rms_, beta_, bias_, with_sum_;
+};
+
+bool row_vector(const std::optional<mx::array>& v, int n) {
+  return !v || (v->dtype() == mx::float32 && v->ndim() == 1 && v->shape(0) == n);
+}
+
 }  // namespace
+
+std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx::array& skip,
+                                                    const std::optional<mx::array>& bias, const mx::array& scale,
+                                                    const std::optional<mx::array>& beta, float eps, bool rms,
+                                                    bool with_sum, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() < 1 ||
+      x.size() == 0 || skip.dtype() != mx::float32 || skip.shape() != x.shape())
+    return std::nullopt;
+  const int n = x.shape(-1);
+  if (!row_vector(scale, n) || !row_vector(beta, n) || !row_vector(bias, n)) return std::nullopt;
+  std::vector<mx::array> in{x, skip, scale};
+  if (beta) in.push_back(*beta);
+  if (bias) in.push_back(*bias);
+  auto prim = std::make_shared<RowSkipNorm>(s, eps, rms, beta.has_value(), bias.has_value(), with_sum);
+  if (!with_sum) return std::vector<mx::array>{mx::array(x.shape(), mx::float32, std::move(prim), std::move(in))};
+  return mx::array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32}, std::move(prim), std::move(in));
+}
 
 std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& scale, const std::optional<mx::array>& bias,
                                         float eps, mx::Stream s, bool rms) {

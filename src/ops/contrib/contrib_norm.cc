@@ -46,12 +46,21 @@ Outputs skip_norm(OpContext& c, bool simplified) {
                                          c.has(bias_i) ? std::optional(c.in(bias_i)) : std::nullopt, eps, c.s);
     if (fused && flat) fused = std::pair{rows_to(fused->first, x, c.s), rows_to(fused->second, x, c.s)};
   }
-  auto sum = fused ? fused->second : mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
-  if (!fused && c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
   auto gamma = mx::reshape(in_as(c, 2, ct), {D}, c.s);
-  mx::array y = sum;
   std::optional<mx::array> beta;
   if (!simplified && c.has(3)) beta = mx::reshape(in_as(c, 3, ct), {D}, c.s);
+  // On the CPU, the add and the normalization are one kernel of the EP's; the sum is made as
+  // its second output only where an output of the node other than the first is read.
+  const bool stats = c.node.has_output(1) || c.node.has_output(2) || c.node.has_output(3);
+  if (!fused && translation_switches().cpu_skip_norm)
+    if (auto row = cpu_skip_norm(x, c.in(1), c.has(bias_i) ? std::optional(c.in(bias_i)) : std::nullopt, gamma, beta,
+                                 eps, simplified, stats, c.s)) {
+      if (!stats) return {(*row)[0]};
+      fused = std::pair{(*row)[0], (*row)[1]};
+    }
+  auto sum = fused ? fused->second : mx::add(in_as(c, 0, ct), in_as(c, 1, ct), c.s);
+  if (!fused && c.has(bias_i)) sum = mx::add(sum, in_as(c, bias_i, ct), c.s);
+  mx::array y = sum;
   if (fused) {
     y = fused->first;
   } else if (auto row = cpu_layer_norm(sum, gamma, beta, eps, c.s, simplified)) {
