@@ -202,6 +202,39 @@ def test_shrink(dtype, attrs):
     check_node("Shrink", {"x": x}, attrs, opset=9, expected=expected)
 
 
+@pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Tanh", "TanhMap"), ("Exp", "ExpMap"),
+                                       ("Erf", "ErfMap"), ("Gelu", "ErfGelu")])
+def test_transcendental_kernels_have_the_same_bits_on_16_lanes(op, kernel, capfd):
+    """With AVX-512 (cpu_avx512=1) the transcendental kernels (kernels/cpu/unary.cc) run 16 lanes
+    at a time with the 8-lane forms' operations in the same order: the same bits as with
+    cpu_avx512=0, over values from e^-80 to e^80, +-0, +-inf and NaN, and a length whose tail
+    fills part of a register. Broken by any operation of a 16-lane form that differs."""
+    import re
+    import onnxruntime_mlx as om
+    from onnxruntime_mlx.doctor import cpu_flags
+    if oracle.DEVICE != "cpu" or "avx512f" not in cpu_flags():
+        pytest.skip("the CPU device's AVX-512 kernels")
+    x = np.concatenate([np.linspace(-80, 80, 4093), [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-8, 0.6251, -0.6249,
+                                                     3.7]]).astype(np.float32).reshape(1, -1)
+    if op == "Gelu":
+        from onnx import helper, TensorProto
+        g = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    else:
+        model = make_node_model(op, {"x": x}, 1, {}, None, 13)
+    got = {}
+    for avx512 in (1, 0):
+        sess = ort.InferenceSession(model.SerializeToString(), sess_options=om.session_options(
+            "cpu", fallback=False, log_level=3, cpu_avx512=avx512))
+        capfd.readouterr()
+        (got[avx512],) = sess.run(None, {"x": x})
+        evaluated = [line for line in capfd.readouterr().err.splitlines() if "evaluates:" in line]
+        assert any(re.search(rf"\b{kernel}\b", line) for line in evaluated), evaluated
+    assert np.array_equal(got[1], got[0], equal_nan=True), np.flatnonzero(got[1] != got[0])[:10]
+
+
 @pytest.mark.parametrize("op,kernel", [("Sigmoid", "SigmoidMap"), ("Tanh", "TanhMap"), ("Exp", "ExpMap")])
 @pytest.mark.parametrize("cpu_gemv", [1, 0])
 def test_transcendentals_run_the_cpu_kernel(op, kernel, cpu_gemv, capfd):

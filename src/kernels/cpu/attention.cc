@@ -56,26 +56,6 @@ void softmax_row_scalar(float* x, int64_t n) {
 }
 
 #ifdef ORTMLX_X86
-// Cephes' expf on 16 lanes for d <= 0 (as exp_avx2): 0 below -87.3.
-__attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 d) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
-  __m512 x = _mm512_max_ps(d, lo);
-  const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  const __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(n));
-}
-
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
 // Scores of R query rows against keys [j0, j0 + 16 NB): s[r][j] = sum_h q[r][h] kt[h][j], kt

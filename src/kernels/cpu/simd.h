@@ -56,6 +56,42 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_any_avx2(__m256 d) {
   return _mm256_blendv_ps(y, d, nan);
 }
 
+// The same three on 16 lanes, with the same operations in the same order (the same bits).
+__attribute__((target("avx512f"))) inline __m512 exp_reduced_avx512(__m512 x, __m512& fx) {
+  fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  return _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+}
+
+__attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 d) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
+  __m512 fx;
+  const __m512 y = exp_reduced_avx512(_mm512_max_ps(d, lo), fx);
+  const __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(n));
+}
+
+__attribute__((target("avx512f"))) inline __m512 exp_any_avx512(__m512 d) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+  __m512 fx;
+  __m512 y = exp_reduced_avx512(_mm512_min_ps(_mm512_max_ps(d, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.8f)), fx);
+  const __m512i n = _mm512_cvttps_epi32(fx);
+  const __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23)));
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23)));
+  return _mm512_mask_blend_ps(nan, y, d);
+}
+
 // The first n of 16 lanes (none for n <= 0, all for n >= 16): an AVX-512 step's mask over a
 // row's last, partial block.
 inline __mmask16 first_lanes(int64_t n) {

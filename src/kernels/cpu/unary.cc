@@ -1,4 +1,4 @@
-// Transcendental elementwise functions on MLX's CPU stream, 8 lanes at a time (kernels/cpu/kernels.h:
+// Transcendental elementwise functions on MLX's CPU stream, 8 lanes at a time, or 16 with AVX-512 (kernels/cpu/kernels.h:
 // cpu_unary): erf and the erf-based GELU, exp, the logistic sigmoid, tanh.
 //
 // Why: on x86 MLX's CPU backend evaluates these one lane at a time, each lane calling libm's
@@ -82,6 +82,69 @@ __attribute__((target("avx2,fma"))) inline __m256 tanh_avx2(__m256 x) {
   return _mm256_blendv_ps(signed_big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
 }
 
+// The same functions on 16 lanes, each operation as the 8-lane form's (the same bits). Sign
+// bits through integer ops: AVX-512F has no float and/or.
+__attribute__((target("avx512f"))) inline __m512 sign_of(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+}
+__attribute__((target("avx512f"))) inline __m512 abs_of(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_set1_epi32(INT32_MIN), _mm512_castps_si512(x)));
+}
+__attribute__((target("avx512f"))) inline __m512 with_sign(__m512 y, __m512 sign) {
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), _mm512_castps_si512(sign)));
+}
+
+__attribute__((target("avx512f"))) inline __m512 erf_avx512(__m512 x) {
+  const __m512 ax = abs_of(x);
+  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_fmadd_ps(_mm512_set1_ps(kP), ax, _mm512_set1_ps(1.f)));
+  __m512 r = _mm512_fmadd_ps(_mm512_set1_ps(kA5), t, _mm512_set1_ps(kA4));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(kA3));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(kA2));
+  r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(kA1));
+  r = _mm512_mul_ps(r, t);
+  const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(ax, ax)));
+  return with_sign(_mm512_fnmadd_ps(r, e, _mm512_set1_ps(1.f)), sign_of(x));
+}
+
+__attribute__((target("avx512f"))) inline __m512 tanh_avx512(__m512 x) {
+  const __m512 ax = abs_of(x);
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(-5.70498872745E-3f), z, _mm512_set1_ps(2.06390887954E-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-5.37397155531E-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.33314422036E-1f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.33332819422E-1f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
+  const __m512 e = exp_any_avx512(_mm512_add_ps(ax, ax));
+  const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ), with_sign(big, sign_of(x)),
+                              small);
+}
+
+template <CpuUnary F>
+__attribute__((target("avx512f"))) inline __m512 lanes16(__m512 v) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  if constexpr (F == CpuUnary::Erf) return erf_avx512(v);
+  if constexpr (F == CpuUnary::Gelu) {
+    const __m512 e = erf_avx512(_mm512_mul_ps(v, _mm512_set1_ps(static_cast<float>(M_SQRT1_2))));
+    return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(0.5f)), _mm512_add_ps(e, one));
+  }
+  if constexpr (F == CpuUnary::Exp) return exp_any_avx512(v);
+  if constexpr (F == CpuUnary::Sigmoid)
+    return _mm512_div_ps(one, _mm512_add_ps(one, exp_any_avx512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+  if constexpr (F == CpuUnary::Tanh) return tanh_avx512(v);
+  return v;
+}
+
+template <CpuUnary F>
+__attribute__((target("avx512f"))) void map_avx512(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, lanes16<F>(_mm512_loadu_ps(x + i)));
+  if (i < n) {  // the tail through the same lanes (the masked-off lanes compute on zeros)
+    const __mmask16 k = first_lanes(n - i);
+    _mm512_mask_storeu_ps(y + i, k, lanes16<F>(_mm512_maskz_loadu_ps(k, x + i)));
+  }
+}
+
 template <CpuUnary F>
 __attribute__((target("avx2,fma"))) inline __m256 lanes(__m256 v) {
   const __m256 one = _mm256_set1_ps(1.f);
@@ -118,17 +181,22 @@ void map_scalar(const float* x, float* y, int64_t n) {
 }
 
 template <CpuUnary F>
-MapFn pick() {
+MapFn pick(bool avx512) {
 #ifdef ORTMLX_X86
+  if (avx512 && cpu_has_avx512f()) return map_avx512<F>;
   if (cpu_has_avx2_fma()) return map_avx2<F>;
 #endif
   return map_scalar<F>;
 }
 
-MapFn map_of(CpuUnary f) {
-  static const MapFn fns[] = {pick<CpuUnary::Erf>(), pick<CpuUnary::Gelu>(), pick<CpuUnary::Exp>(),
-                              pick<CpuUnary::Sigmoid>(), pick<CpuUnary::Tanh>()};
-  return fns[static_cast<int>(f)];
+// The 16-lane forms with `avx512` (cpu_avx512_kernels() at translation) where the CPU has them.
+MapFn map_of(CpuUnary f, bool avx512) {
+  static const MapFn fns[2][5] = {
+      {pick<CpuUnary::Erf>(false), pick<CpuUnary::Gelu>(false), pick<CpuUnary::Exp>(false),
+       pick<CpuUnary::Sigmoid>(false), pick<CpuUnary::Tanh>(false)},
+      {pick<CpuUnary::Erf>(true), pick<CpuUnary::Gelu>(true), pick<CpuUnary::Exp>(true),
+       pick<CpuUnary::Sigmoid>(true), pick<CpuUnary::Tanh>(true)}};
+  return fns[avx512 ? 1 : 0][static_cast<int>(f)];
 }
 
 const char* name_of(CpuUnary f) {
@@ -144,12 +212,12 @@ const char* name_of(CpuUnary f) {
 
 class UnaryMap : public mx::UnaryPrimitive {
  public:
-  UnaryMap(mx::Stream s, CpuUnary f) : mx::UnaryPrimitive(s), f_(f) {}
+  UnaryMap(mx::Stream s, CpuUnary f, bool avx512) : mx::UnaryPrimitive(s), f_(f), avx512_(avx512) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
     begin_output(inputs, out, stream());
-    dispatch_task(stream(), [in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_)] {
+    dispatch_task(stream(), [in = RowMajorInput(x), yp = out.data<float>(), n = static_cast<int64_t>(x.size()), fn = map_of(f_, avx512_)] {
       const float* xp = in.rows();
       // Chunks of >= 32K elements (~10 us of work each, the price of a hand-off).
       const int parts = static_cast<int>(std::min<int64_t>(cpu_threads(), n / (int64_t{1} << 15)));
@@ -163,7 +231,7 @@ class UnaryMap : public mx::UnaryPrimitive {
   const char* name() const override { return name_of(f_); }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const UnaryMap*>(&other);
-    return o && o->f_ == f_;
+    return o && o->f_ == f_ && o->avx512_ == avx512_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
@@ -171,17 +239,18 @@ class UnaryMap : public mx::UnaryPrimitive {
 
  private:
   CpuUnary f_;
+  bool avx512_;
 };
 
 }  // namespace
 
-void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n) { map_of(f)(x, y, n); }
+void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n) { map_of(f, false)(x, y, n); }
 
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
       x.size() < kCpuUnaryMinElements)
     return std::nullopt;
-  return mx::array(x.shape(), mx::float32, std::make_shared<UnaryMap>(s, f), {x});
+  return mx::array(x.shape(), mx::float32, std::make_shared<UnaryMap>(s, f, cpu_avx512_kernels()), {x});
 }
 
 }  // namespace ortmlx::ops
