@@ -240,6 +240,17 @@ size_t work_elements(const mx::array& a) {
   return a.size();
 }
 
+// An EP kernel reading an input of more elements than the caller's rule allows (a one-row
+// product's weight): its output may be small, but it may split its work over the OpenMP threads,
+// and regions opened from the caller make a second team, whose workers then sleep between
+// regions (each product of a decode step waking one).
+bool reads_large_input(const mx::array& a) {
+  if (!ops::is_cpu_kernel(a.primitive().name())) return false;
+  for (const auto& in : a.inputs())
+    if (in.size() > kCallerMaxElements) return true;
+  return false;
+}
+
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
@@ -266,7 +277,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
       on_caller = on_caller && static_cast<const KeptSegment&>(a.primitive()).on_caller();
     else
       on_caller = on_caller && a.size() <= kCallerMaxElements &&
-                  std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl";
+                  std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl" && !reads_large_input(a);
     stack.emplace_back(a, true);
     for (const auto& in : a.inputs())
       if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
