@@ -64,6 +64,14 @@ int fuse_attention(Graph& g, const std::vector<std::string>& graph_outputs) {
     Attribute a;
     a.type = AttrType::Floats;
     a.floats = {divide ? 1.f : 0.f, scale};
+    // A Transpose [0, 2, 1, 3] alone reading the result (the heads put back beside each other,
+    // before the output projection's Reshape) goes too: the fused node writes [B, S, N, Hv].
+    Node* t = next(last->outputs[0]);
+    if (t && is(*t, "Transpose", 1) && t->attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+      a.floats.push_back(1.f);
+      last->outputs[0] = t->outputs[0];
+      taken.push_back(t->index);
+    }
     last->attrs[kMatMulAttention] = std::move(a);
     for (size_t i : taken) gone[i] = true;
     ++done;

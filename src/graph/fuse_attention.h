@@ -1,6 +1,8 @@
 // An encoder's attention as one node: MatMul(Q, K^T) -> [Div or Mul by a scalar constant] ->
-// [Add of a bias] -> Softmax over the last axis -> MatMul(., V) becomes the last MatMul, marked
-// by kMatMulAttention, with inputs [Q, K^T, V, bias or ""]; the other nodes go.
+// [Add of a bias] -> Softmax over the last axis -> MatMul(., V) [-> Transpose 0, 2, 1, 3]
+// becomes the last MatMul, marked by kMatMulAttention, with inputs [Q, K^T, V, bias or ""]; the
+// other nodes go. (The Transpose: the kernel writes each head's rows where the heads lie side
+// by side, so that the output projection's Reshape is a view, not a copy.)
 //
 // Why: on MLX's CPU device the EP's attention kernel (kernels/cpu/attention.cc) keeps each
 // query row's scores in cache from the product through the softmax to the weighted sum of V;
@@ -15,7 +17,8 @@
 namespace ortmlx::graph {
 
 // The attribute a fused MatMul carries (internal: ONNX attributes never start with '_'): two
-// floats, whether the scores are divided (1) or multiplied (0) and by what.
+// floats, whether the scores are divided (1) or multiplied (0) and by what; a third, 1, when a
+// Transpose [0, 2, 1, 3] of the result was fused too (the node's output is then [B, S, N, Hv]).
 inline constexpr const char* kMatMulAttention = "_ortmlx_attention";
 
 // Rewrites `g` in place (nodes stay in topological order and are renumbered). Every value

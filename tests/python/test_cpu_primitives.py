@@ -922,6 +922,28 @@ def test_attention_is_one_kernel(case, capfd):
     assert "FusedAttention" not in prims and prims.get("Matmul") == 2, prims
 
 
+@pytest.mark.skipif(not _avx512_core(), reason="the attention kernel is AVX-512's")
+def test_attention_writes_the_heads_side_by_side(capfd):
+    """An encoder's attention followed by Transpose [0, 2, 1, 3] and the Reshape to [B, S, N Hv]
+    before its output projection: the Transpose is fused into the attention node
+    (graph/fuse_attention), whose kernel writes each head's rows where the heads lie side by
+    side, so the Reshape is a view of its buffer: no Transpose primitive, and no copy before the
+    projection. Outputs (the Reshape's and the projection's) equal ORT's CPU EP. Broken by rows
+    written at the wrong place, or by the Transpose left in the graph."""
+    rng = np.random.default_rng(47)
+    nodes, feeds, inits = _attention_graph("bert", rng)
+    B, N, S, Hv = 2, 3, 17, 32
+    nodes[-1].output[0] = "o"
+    nodes += [helper.make_node("Transpose", ["o"], ["t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["t", "shape"], ["y"]),
+              helper.make_node("MatMul", ["y", "w"], ["z"])]
+    inits += [onnx.numpy_helper.from_array(np.array([B, S, N * Hv], np.int64), "shape"),
+              _init("w", rng.standard_normal((N * Hv, 24)) / 10)]
+    prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5, outputs=("y", "z"))
+    # (the one Transpose left is K^T's view of K)
+    assert prims.get("FusedAttention") == 1 and prims.get("Transpose") == 1, prims
+
+
 def test_attention_read_elsewhere_is_not_fused(capfd):
     """Probabilities another node also reads (a ReduceMax added to the output) keep the nodes
     apart: the fused node would drop a value someone reads."""

@@ -40,7 +40,13 @@ struct AttentionShape {
   bool has_bias;
   int64_t kv_rep;  // query heads per K/V head (grouped heads): K/V head = head / kv_rep
   bool causal;     // query row i sees keys [0, T - S + i] (bottom-right aligned)
+  bool heads_inner;  // the output [lead0, S, lead1, Hv], else [lead0, lead1, S, Hv]
   bool operator==(const AttentionShape&) const = default;
+  // Pair (b0, b1)'s first output row, and the distance between its rows.
+  int64_t out_offset(int64_t b0, int64_t b1) const {
+    return heads_inner ? (b0 * S * lead1 + b1) * Hv : (b0 * lead1 + b1) * S * Hv;
+  }
+  int64_t out_row_stride() const { return heads_inner ? lead1 * Hv : Hv; }
 };
 
 // The reference row: max-shifted exp, sum, times the sum's inverse (RowSoftmax's arithmetic),
@@ -246,7 +252,7 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
         for (int64_t h = 0; h < g.H; ++h) dst[h] = src[h * q.col];
         qr[r] = dst;
       }
-      orow[r] = out + (i0 + r) * g.Hv;
+      orow[r] = out + (i0 + r) * g.out_row_stride();
     }
     // Causal: the block's last row sees keys [0, T - S + i0 + rows); the keys past a row's own
     // last one take no part in its softmax (probability 0 in the weighted sum).
@@ -272,6 +278,13 @@ __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, con
 }
 #endif
 
+mx::Shape output_shape(const mx::Shape& q, const AttentionShape& g) {
+  mx::Shape out = q;
+  out.back() = static_cast<int>(g.Hv);
+  if (g.heads_inner) std::swap(out[1], out[2]);
+  return out;
+}
+
 class Attention : public mx::UnaryPrimitive {
  public:
   Attention(mx::Stream st, const AttentionShape& g) : mx::UnaryPrimitive(st), g_(g) {}
@@ -288,7 +301,8 @@ class Attention : public mx::UnaryPrimitive {
       auto run = [&](int64_t p0, int64_t p1) {
         std::vector<float> scratch;
         for (int64_t p = p0; p < p1; ++p)
-          attend_pair(g, q, kt, v, bias ? &*bias : nullptr, yp + p * g.S * g.Hv, p / g.lead1, p % g.lead1, scratch);
+          attend_pair(g, q, kt, v, bias ? &*bias : nullptr, yp + g.out_offset(p / g.lead1, p % g.lead1), p / g.lead1,
+                      p % g.lead1, scratch);
       };
       cpu_parallel_for(pairs, flops >= 2e5 ? std::min<int64_t>(cpu_threads(), pairs) : 1, run);
 #else
@@ -306,9 +320,7 @@ class Attention : public mx::UnaryPrimitive {
     return o && o->g_ == g_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    mx::Shape out = inputs[0].shape();
-    out.back() = static_cast<int>(g_.Hv);
-    return {out};
+    return {output_shape(inputs[0].shape(), g_)};
   }
 
  private:
@@ -318,9 +330,11 @@ class Attention : public mx::UnaryPrimitive {
 }  // namespace
 
 std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
-                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s, bool causal) {
+                                       bool divide, const std::optional<mx::array>& bias, mx::Stream s, bool causal,
+                                       bool heads_inner) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_avx512_kernels()) return std::nullopt;
   const int nd = static_cast<int>(q.ndim());
+  if (heads_inner && nd != 4) return std::nullopt;
   if ((nd != 3 && nd != 4) || kt.ndim() != q.ndim() || v.ndim() != q.ndim() || q.dtype() != mx::float32 ||
       kt.dtype() != mx::float32 || v.dtype() != mx::float32 || q.size() == 0 || kt.size() == 0 || v.size() == 0)
     return std::nullopt;
@@ -356,10 +370,8 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, 
     in.push_back(mx::broadcast_to(*bias, full, s));
   }
   const AttentionShape g{nd == 4 ? lead[0] : 1, lead[nd - 3], S, H, T, Hv, divide, scale, bias.has_value(),
-                         grouped ? heads / kv_heads : 1, causal};
-  mx::Shape out = q.shape();
-  out.back() = Hv;
-  return mx::array(std::move(out), mx::float32, std::make_shared<Attention>(s, g), std::move(in));
+                         grouped ? heads / kv_heads : 1, causal, heads_inner};
+  return mx::array(output_shape(q.shape(), g), mx::float32, std::make_shared<Attention>(s, g), std::move(in));
 }
 
 }  // namespace ortmlx::ops

@@ -140,9 +140,11 @@ std::optional<mx::array> cpu_softmax_last_axis(const mx::array& x, mx::Stream s)
 // cpu_avx512 off) or for shapes that do not fit.
 // Grouped heads: K/V of rank 4 with fewer heads than q, each serving heads / kv_heads query heads.
 // causal: query row i sees keys [0, T - S + i] (bottom-right aligned; a row that sees none is NaN).
+// heads_inner: rank 4 only, the result transposed to [B, S, N, Hv] (each head's rows written
+// where the heads lie side by side).
 std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, const mx::array& v, float scale,
                                        bool divide, const std::optional<mx::array>& bias, mx::Stream s,
-                                       bool causal = false);
+                                       bool causal = false, bool heads_inner = false);
 
 // A transcendental function of a float32 array on MLX's CPU stream, 8 lanes at a time where the
 // CPU has AVX2, split over threads (kernels/cpu/unary.cc). Why: MLX's CPU backend runs these one

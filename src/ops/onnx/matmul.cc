@@ -201,13 +201,14 @@ static std::optional<mx::array> f32_constant(OpContext& c, size_t i) {
 // The EP's CPU kernel where it fits, else the same ops the nodes were.
 static Outputs translate_fused_attention(OpContext& c) {
   const auto* a = c.node.attr(graph::kMatMulAttention);
-  if (!a || a->floats.size() != 2 || !c.has(2)) c.fail("fused attention's attribute or V missing");
+  if (!a || a->floats.size() < 2 || !c.has(2)) c.fail("fused attention's attribute or V missing");
   const bool divide = a->floats[0] != 0.f;
   const float scale = a->floats[1];
+  const bool heads_inner = a->floats.size() > 2 && a->floats[2] != 0.f;  // a Transpose 0, 2, 1, 3 fused
   std::optional<mx::array> bias;
   if (c.has(3)) bias = c.in(3);
   const mx::array &q = c.in(0), &kt = c.in(1), &v = c.in(2);
-  if (auto y = cpu_attention(q, kt, v, scale, divide, bias, c.s)) return {*y};
+  if (auto y = cpu_attention(q, kt, v, scale, divide, bias, c.s, false, heads_inner)) return {*y};
   auto scores = mx::matmul(q, kt, c.s);
   if (divide || scale != 1.f) {
     const mx::array k(scale, scores.dtype());
@@ -218,7 +219,9 @@ static Outputs translate_fused_attention(OpContext& c) {
   mx::array x = up ? mx::astype(scores, mx::float32, c.s) : scores;
   mx::array p = softmax_precise(x, static_cast<int>(x.ndim()) - 1, c.s);
   if (up) p = mx::astype(p, scores.dtype(), c.s);
-  return {mx::matmul(p, v, c.s)};
+  auto y = mx::matmul(p, v, c.s);
+  if (heads_inner) y = mx::transpose(y, {0, 2, 1, 3}, c.s);
+  return {y};
 }
 
 Outputs translate_matmul(OpContext& c) {
