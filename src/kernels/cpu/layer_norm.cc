@@ -65,6 +65,33 @@ __attribute__((target("avx2,fma"))) void norm_row_avx2(const float* x, const flo
 }
 #endif
 
+// out = (a + b) (+ bias) over n floats, in that order (as MLX's two adds).
+using AddRow = void (*)(const float* a, const float* b, const float* bias, float* out, int64_t n);
+
+void add_row_scalar(const float* a, const float* b, const float* bias, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bias ? (a[i] + b[i]) + bias[i] : a[i] + b[i];
+}
+
+#ifdef ORTMLX_X86
+__attribute__((target("avx2,fma"))) void add_row_avx2(const float* a, const float* b, const float* bias, float* out,
+                                                       int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + i));
+    _mm256_storeu_ps(out + i, v);
+  }
+  add_row_scalar(a + i, b + i, bias ? bias + i : nullptr, out + i, n - i);
+}
+#endif
+
+AddRow pick_add_row() {
+#ifdef ORTMLX_X86
+  if (cpu_has_avx2_fma()) return add_row_avx2;
+#endif
+  return add_row_scalar;
+}
+
 NormRow pick_norm_row() {
 #ifdef ORTMLX_X86
   if (cpu_has_avx2_fma()) return norm_row_avx2;
@@ -132,6 +159,7 @@ class RowSkipNorm : public mx::Primitive {
                              sum_out = outputs.size() > 1 ? outputs[1].data<float>() : nullptr, n, rows, eps = eps_,
                              rms = rms_] {
       static const NormRow row = pick_norm_row();
+      static const AddRow add = pick_add_row();
       const float *xp = in.rows(), *kp = skip.rows(), *sp = scale.rows();
       const float* betap = beta ? beta->rows() : nullptr;
       const float* biasp = bias ? bias->rows() : nullptr;
@@ -140,10 +168,7 @@ class RowSkipNorm : public mx::Primitive {
         for (int64_t r = r0; r < r1; ++r) {
           // The sum where it is kept, else in the output row, normalized there in place.
           float* sum = (sum_out ? sum_out : yp) + r * n;
-          const float *a = xp + r * n, *b = kp + r * n;
-          for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];  // (x + skip) + bias, in that order
-          if (biasp)
-            for (int64_t i = 0; i < n; ++i) sum[i] += biasp[i];
+          add(xp + r * n, kp + r * n, biasp, sum, n);
           row(sum, sp, betap, yp + r * n, n, eps, rms);
         }
       });
