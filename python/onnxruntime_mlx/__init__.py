@@ -204,6 +204,12 @@ ep_names = get_ep_names
 blas_preload: str = "not tried"
 
 
+def _avx512_cpu() -> bool:
+    """Whether the CPU has what OpenBLAS's SkylakeX kernels need (Linux's /proc/cpuinfo)."""
+    from .cpu_info import AVX512_FLAGS, cpu_flags
+    return all(f in cpu_flags() for f in AVX512_FLAGS)
+
+
 def _preload_blas() -> None:
     """Makes the mlx-cpu wheel's libmlx use the system's OpenBLAS.
 
@@ -221,6 +227,13 @@ def _preload_blas() -> None:
     # CNN's runs take ~2.5x their time in streaks. 2^20 (~0.3 ms) still bridges a model's
     # back-to-back products. OpenBLAS reads it once, when it loads; a user's value wins.
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+    # An OpenBLAS older than the CPU (Debian's 0.3.21 on an Emerald Rapids Xeon) picks its SSE3
+    # Prescott kernels by itself: one-row Gemms and MLX's own products then run at a fraction
+    # of the AVX-512 rate. On a CPU with the AVX-512 that OpenBLAS's SkylakeX kernels use, its
+    # fp32 kernels are the ones OpenBLAS picks where it knows the CPU (Cooperlake and
+    # SapphireRapids share them); a user's value wins.
+    if _avx512_cpu():
+        os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
     choice = os.environ.get("ORT_MLX_BLAS", "")
     if choice == "bundled" or not sys.platform.startswith("linux"):
         blas_preload = "none (ORT_MLX_BLAS=bundled)" if choice else "none (not Linux)"

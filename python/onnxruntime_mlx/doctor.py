@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import onnxruntime_mlx as om
+from onnxruntime_mlx.cpu_info import AVX512_FLAGS, cpu_flags  # noqa: F401 (doctor's names for them)
 
 
 def matmul_model(n: int) -> bytes:
@@ -123,18 +124,6 @@ def sgemm_provider() -> str:
 # OpenBLAS kernel sets that use AVX-512 (0.3.x names); any other on a CPU with these flags runs
 # narrower kernels (OpenBLAS's sgemm about half as fast on a CPU with full-width AVX-512).
 AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
-AVX512_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def openblas_core(library: str) -> str | None:

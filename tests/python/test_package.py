@@ -233,6 +233,35 @@ def test_openblas_workers_sleep_soon_after_a_call(user):
     assert out.stdout.strip() == (user or "20"), out.stdout
 
 
+_BLAS_CORE_PROBE = """
+import onnxruntime_mlx
+from onnxruntime_mlx import doctor
+print(doctor.process_getenv("OPENBLAS_CORETYPE") or "")
+print(doctor.openblas_core(onnxruntime_mlx.blas_preload) or "")
+"""
+
+
+@pytest.mark.parametrize("user", [None, "Haswell"])
+def test_openblas_runs_its_avx512_kernels(user):
+    """On a CPU with AVX-512, importing the package sets OPENBLAS_CORETYPE=SkylakeX before it
+    loads OpenBLAS (an OpenBLAS older than the CPU, Debian's 0.3.21 on an Emerald Rapids Xeon,
+    picks its SSE3 Prescott kernels by itself: MLX's sgemm at ~40 GFLOP/s instead of ~190); a
+    user's value wins; without AVX-512 nothing is set. Broken by the default dropped or a
+    user's value overridden."""
+    from onnxruntime_mlx.cpu_info import AVX512_FLAGS, cpu_flags
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if user:
+        env["OPENBLAS_CORETYPE"] = user
+    out = subprocess.run([sys.executable, "-c", _BLAS_CORE_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    value, core = (out.stdout.splitlines() + ["", ""])[:2]
+    avx512 = all(f in cpu_flags() for f in AVX512_FLAGS)
+    assert value == (user or ("SkylakeX" if avx512 else "")), out.stdout
+    if core and avx512:  # an OpenBLAS was preloaded: its kernels are the ones asked for
+        assert core == (user or "SkylakeX"), out.stdout
+
+
 def test_random_feeds_attend_everywhere():
     """The CLI's and tools' random inputs (runner.random_feeds): an integer input named like a
     mask is all ones (random integers there make an encoder's additive mask +inf), other
