@@ -156,7 +156,8 @@ def test_library_path_prefers_the_package_folder(monkeypatch, tmp_path):
     monkeypatch.delenv("ORT_MLX_EP_LIBRARY", raising=False)
     pkg = tmp_path / "onnxruntime_mlx"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text((ROOT / "python/onnxruntime_mlx/__init__.py").read_text())
+    for name in ("__init__.py", "cpu_info.py"):  # (what the package reads at import)
+        (pkg / name).write_text((ROOT / "python/onnxruntime_mlx" / name).read_text())
     (pkg / "libonnxruntime_mlx_ep.so").write_bytes(b"")
     code = "import onnxruntime_mlx as om; print(om.get_library_path())"
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
