@@ -245,9 +245,8 @@ size_t work_elements(const mx::array& a) {
 // and regions opened from the caller make a second team, whose workers then sleep between
 // regions (each product of a decode step waking one).
 bool reads_large_input(const mx::array& a) {
-  if (!ops::is_cpu_kernel(a.primitive().name())) return false;
-  for (const auto& in : a.inputs())
-    if (in.size() > kCallerMaxElements) return true;
+  for (const auto& in : a.inputs())  // (the sizes first: the name is a string lookup)
+    if (in.size() > kCallerMaxElements) return ops::is_cpu_kernel(a.primitive().name());
   return false;
 }
 

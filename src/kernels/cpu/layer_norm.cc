@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <typeinfo>
 #include <vector>
 
@@ -99,98 +100,74 @@ NormRow pick_norm_row() {
   return norm_row_scalar;
 }
 
-class RowLayerNorm : public mx::UnaryPrimitive {
- public:
-  RowLayerNorm(mx::Stream s, float eps, bool rms) : mx::UnaryPrimitive(s), eps_(eps), rms_(rms) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto& x = inputs[0];
-    begin_output(inputs, out, stream());
-    const int64_t n = x.shape(-1), rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-    std::optional<RowMajorInput> bias;
-    if (inputs.size() > 2) bias.emplace(inputs[2]);
-    dispatch_task(stream(), [in = RowMajorInput(x), scale = RowMajorInput(inputs[1]), bias = std::move(bias),
-                  yp = out.data<float>(), n, rows, eps = eps_, rms = rms_] {
-      static const NormRow row = pick_norm_row();
-      const float* xp = in.rows();
-      const float* sp = scale.rows();
-      const float* bp = bias ? bias->rows() : nullptr;
-      const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
-      cpu_parallel_for(rows, parts, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) row(xp + r * n, sp, bp, yp + r * n, n, eps, rms);
-      });
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::logic_error("[RowLayerNorm] runs on the CPU stream only");
-  }
-  const char* name() const override { return rms_ ? "RowRmsNorm" : "RowLayerNorm"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const RowLayerNorm*>(&other);
-    return o && o->eps_ == eps_ && o->rms_ == rms_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
-
- private:
-  float eps_;
-  bool rms_;
+// Which inputs a row normalization reads beside x and scale, and whether it keeps the sum.
+struct NormInputs {
+  bool skip = false;      // x + skip (+ bias) is normalized (the skip forms)
+  bool beta = false;      // added after the scale
+  bool bias = false;      // added to the sum (with skip only)
+  bool with_sum = false;  // the sum a second output (a decoder's residual stream reads it)
+  bool operator==(const NormInputs&) const = default;
 };
 
-// norm(x + skip (+ bias)) over the last axis, the sum kept as a second output when asked
-// (a decoder's residual stream reads it). Inputs: x, skip, scale, then beta and bias when given.
-class RowSkipNorm : public mx::Primitive {
+// norm(x) or norm(x + skip (+ bias)) over the last axis, times scale (+ beta). Inputs: x, then
+// skip when given, scale, then beta and bias when given.
+class RowNorm : public mx::Primitive {
  public:
-  RowSkipNorm(mx::Stream s, float eps, bool rms, bool beta, bool bias, bool with_sum)
-      : mx::Primitive(s), eps_(eps), rms_(rms), beta_(beta), bias_(bias), with_sum_(with_sum) {}
+  RowNorm(mx::Stream s, float eps, bool rms, NormInputs in) : mx::Primitive(s), eps_(eps), rms_(rms), in_(in) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& o : outputs) begin_output(inputs, o, stream());
     const auto& x = inputs[0];
     const int64_t n = x.shape(-1), rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-    std::optional<RowMajorInput> beta, bias;
-    size_t next = 3;
-    if (beta_) beta.emplace(inputs[next++]);
-    if (bias_) bias.emplace(inputs[next++]);
-    dispatch_task(stream(), [in = RowMajorInput(x), skip = RowMajorInput(inputs[1]), scale = RowMajorInput(inputs[2]),
+    size_t next = 1;
+    std::optional<RowMajorInput> skip, beta, bias;
+    if (in_.skip) skip.emplace(inputs[next++]);
+    RowMajorInput scale(inputs[next++]);
+    if (in_.beta) beta.emplace(inputs[next++]);
+    if (in_.bias) bias.emplace(inputs[next++]);
+    dispatch_task(stream(), [in = RowMajorInput(x), skip = std::move(skip), scale = std::move(scale),
                              beta = std::move(beta), bias = std::move(bias), yp = outputs[0].data<float>(),
                              sum_out = outputs.size() > 1 ? outputs[1].data<float>() : nullptr, n, rows, eps = eps_,
                              rms = rms_] {
       static const NormRow row = pick_norm_row();
       static const AddRow add = pick_add_row();
-      const float *xp = in.rows(), *kp = skip.rows(), *sp = scale.rows();
+      const float *xp = in.rows(), *sp = scale.rows();
+      const float* kp = skip ? skip->rows() : nullptr;
       const float* betap = beta ? beta->rows() : nullptr;
       const float* biasp = bias ? bias->rows() : nullptr;
       const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
       cpu_parallel_for(rows, parts, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          // The sum where it is kept, else in the output row, normalized there in place.
-          float* sum = (sum_out ? sum_out : yp) + r * n;
-          add(xp + r * n, kp + r * n, biasp, sum, n);
-          row(sum, sp, betap, yp + r * n, n, eps, rms);
+          const float* src = xp + r * n;
+          if (kp) {  // the sum where it is kept, else in the output row, normalized there in place
+            float* sum = (sum_out ? sum_out : yp) + r * n;
+            add(src, kp + r * n, biasp, sum, n);
+            src = sum;
+          }
+          row(src, sp, betap, yp + r * n, n, eps, rms);
         }
       });
     });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::logic_error("[RowSkipNorm] runs on the CPU stream only");
+    throw std::logic_error(std::string("[") + name() + "] runs on the CPU stream only");
   }
-  const char* name() const override { return rms_ ? "RowSkipRmsNorm" : "RowSkipLayerNorm"; }
+  const char* name() const override {
+    return in_.skip ? (rms_ ? "RowSkipRmsNorm" : "RowSkipLayerNorm") : (rms_ ? "RowRmsNorm" : "RowLayerNorm");
+  }
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const RowSkipNorm*>(&other);
-    return o && o->eps_ == eps_ && o->rms_ == rms_ && o->beta_ == beta_ && o->bias_ == bias_ &&
-           o->with_sum_ == with_sum_;
+    const auto* o = dynamic_cast<const RowNorm*>(&other);
+    return o && o->eps_ == eps_ && o->rms_ == rms_ && o->in_ == in_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return std::vector<mx::Shape>(with_sum_ ? 2 : 1, inputs[0].shape());
+    return std::vector<mx::Shape>(in_.with_sum ? 2 : 1, inputs[0].shape());
   }
 
  private:
   float eps_;
-  bool rms_, beta_, bias_, with_sum_;
+  bool rms_;
+  NormInputs in_;
 };
 
 bool row_vector(const std::optional<mx::array>& v, int n) {
@@ -211,7 +188,7 @@ std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx
   std::vector<mx::array> in{x, skip, scale};
   if (beta) in.push_back(*beta);
   if (bias) in.push_back(*bias);
-  auto prim = std::make_shared<RowSkipNorm>(s, eps, rms, beta.has_value(), bias.has_value(), with_sum);
+  auto prim = std::make_shared<RowNorm>(s, eps, rms, NormInputs{true, beta.has_value(), bias.has_value(), with_sum});
   if (!with_sum) return std::vector<mx::array>{mx::array(x.shape(), mx::float32, std::move(prim), std::move(in))};
   return mx::array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32}, std::move(prim), std::move(in));
 }
@@ -219,12 +196,12 @@ std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx
 std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& scale, const std::optional<mx::array>& bias,
                                         float eps, mx::Stream s, bool rms) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 || x.ndim() < 1 ||
-      x.size() == 0 || scale.dtype() != mx::float32 || scale.ndim() != 1 || scale.shape(0) != x.shape(-1) ||
-      (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != x.shape(-1))))
+      x.size() == 0 || !row_vector(scale, x.shape(-1)) || !row_vector(bias, x.shape(-1)))
     return std::nullopt;
   std::vector<mx::array> in{x, scale};
   if (bias) in.push_back(*bias);
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowLayerNorm>(s, eps, rms), std::move(in));
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowNorm>(s, eps, rms, NormInputs{.beta = bias.has_value()}),
+                   std::move(in));
 }
 
 }  // namespace ortmlx::ops
