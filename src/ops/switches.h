@@ -57,6 +57,9 @@ struct TranslationSwitches {
   // LayerNormalization after an Add, and the skip normalizations, as one kernel with their add
   // (kernels/cpu/layer_norm.cc)
   bool cpu_skip_norm = true;
+  // a prompt's GroupQueryAttention inputs laid out per head, q and k rotated, as one kernel
+  // (kernels/cpu/decode_attention.cc, cpu_gqa_layout)
+  bool cpu_gqa_prompt = true;
 };
 
 // The calling thread's current switches.

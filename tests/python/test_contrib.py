@@ -1088,6 +1088,25 @@ def test_gqa_prompt_through_the_cpu_attention_kernel(past, avx512, capfd):
     assert bool(fused) == (avx512 == "1"), err[-2000:]
 
 
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's layout kernel")
+@pytest.mark.parametrize("packed,rotary,interleaved,rot_dim,past,S,H", [
+    (True, True, False, None, 0, 19, 64), (False, True, True, None, None, 7, 32),
+    (True, True, False, 16, 5, 6, 48), (False, False, False, None, None, 33, 40),
+    (True, True, False, None, 0, 64, 64)])
+def test_gqa_prompt_inputs_are_laid_out_by_one_kernel(packed, rotary, interleaved, rot_dim, past, S, H, capfd):
+    """A prompt of one sequence on the CPU (an empty past as genai's first step, no past inputs, or
+    a chunk after a past of 5 rows) lays out its q, k and v per head, q and k rotated at their
+    positions (halves, interleaved or the first 16 of 48), as one GqaLayout primitive
+    (kernels/cpu/decode_attention.cc; 64 x 64 rows x heads split over the threads); with
+    cpu_gqa_prompt=0 the composed ops. Outputs and presents equal ORT's CPU EP either way."""
+    for opts, kernel in (({}, True), ({"cpu_gqa_prompt": 0}, False)):
+        capfd.readouterr()
+        gqa_check(B=1, S=S, N=8, Nkv=2, H=H, past=past, packed=packed, rotary=rotary, interleaved=interleaved,
+                  rot_dim=rot_dim, log_level=3, **opts)
+        err = capfd.readouterr().err
+        assert any("evaluates:" in ln and "GqaLayout" in ln for ln in err.splitlines()) == kernel, (opts, err[-2000:])
+
+
 def _decode_kernel_ran(err):
     return any("evaluates:" in ln and "DecodeGqa" in ln for ln in err.splitlines())
 

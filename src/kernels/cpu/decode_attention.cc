@@ -186,6 +186,68 @@ class DecodeGqa : public mx::Primitive {
   bool avx512_;  // head sizes 64 and 128 in AVX-512 registers (cpu_avx512_kernels() at translation)
 };
 
+// Inputs: q, k, v ([1, S, *]), then cos and sin caches when rotating. Outputs: q [1, N, S, H],
+// k and v [1, Nkv, S, H].
+class GqaLayout : public mx::Primitive {
+ public:
+  GqaLayout(mx::Stream s, const CpuGqaLayout& g) : mx::Primitive(s), g_(g) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& o : outputs) begin_output(inputs, o, stream());
+    const int S = inputs[0].shape(1);
+    const int64_t wq = inputs[0].shape(2), wk = inputs[1].shape(2), wv = inputs[2].shape(2);
+    dispatch_task(stream(), [g = g_, q = RowMajorInput(inputs[0]), k = RowMajorInput(inputs[1]),
+                             v = RowMajorInput(inputs[2]),
+                             cos_in = g_.rotary_dim ? std::optional<RowMajorInput>(inputs[3]) : std::nullopt,
+                             sin_in = g_.rotary_dim ? std::optional<RowMajorInput>(inputs[4]) : std::nullopt,
+                             oq = outputs[0].data<float>(), ok = outputs[1].data<float>(),
+                             ov = outputs[2].data<float>(), S, wq, wk, wv] {
+      const int H = g.H, half = g.rotary_dim / 2;
+      const float* cos = cos_in ? cos_in->rows() : nullptr;
+      const float* sin = sin_in ? sin_in->rows() : nullptr;
+      const float* qs = q.rows();
+      const float* ks = k.rows();
+      const float* vs = v.rows();
+      // Rows [s0, s1): each row's heads to their planes ([head][S][H]).
+      auto rows = [&](int64_t s0, int64_t s1) {
+        for (int s = static_cast<int>(s0); s < static_cast<int>(s1); ++s) {
+          const float* c = cos ? cos + static_cast<size_t>(g.first + s) * half : nullptr;
+          const float* sn = sin ? sin + static_cast<size_t>(g.first + s) * half : nullptr;
+          auto place = [&](const float* src, float* dst, int heads, bool rotated) {
+            for (int h = 0; h < heads; ++h) {
+              float* d = dst + (static_cast<size_t>(h) * S + s) * H;
+              if (rotated && g.rotary_dim)
+                rotate(src + h * H, d, c, sn, H, g.rotary_dim, g.interleaved);
+              else
+                std::memcpy(d, src + h * H, sizeof(float) * H);
+            }
+          };
+          place(qs + s * wq + g.q_offset, oq, g.N, true);
+          place(ks + s * wk + g.k_offset, ok, g.Nkv, true);
+          place(vs + s * wv + g.v_offset, ov, g.Nkv, false);
+        }
+      };
+      const int64_t work = static_cast<int64_t>(S) * (g.N + 2 * g.Nkv) * H;
+      cpu_parallel_for(S, work >= (int64_t{1} << 15) ? std::min(cpu_threads(), S) : 1, rows);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::logic_error("[GqaLayout] runs on the CPU stream only");
+  }
+  const char* name() const override { return "GqaLayout"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(other) == typeid(GqaLayout) && static_cast<const GqaLayout&>(other).g_ == g_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const int S = inputs[0].shape(1);
+    return {{1, g_.N, S, g_.H}, {1, g_.Nkv, S, g_.H}, {1, g_.Nkv, S, g_.H}};
+  }
+
+ private:
+  CpuGqaLayout g_;
+};
+
 }  // namespace
 
 std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const mx::array& k, const mx::array& v,
@@ -216,6 +278,32 @@ std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const m
   if (!g.in_buffer) present[2] += 1;
   return mx::array::make_arrays({{1, 1, g.N * g.H}, present, present}, {mx::float32, mx::float32, mx::float32},
                                 std::make_shared<DecodeGqa>(s, g, cpu_avx512_kernels()), std::move(inputs));
+}
+
+std::optional<std::vector<mx::array>> cpu_gqa_layout(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                     const std::optional<mx::array>& cos,
+                                                     const std::optional<mx::array>& sin, const CpuGqaLayout& g,
+                                                     mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || g.N <= 0 || g.Nkv <= 0 || g.H <= 0 || g.first < 0)
+    return std::nullopt;
+  for (const auto* a : {&q, &k, &v})
+    if (a->dtype() != mx::float32 || a->ndim() != 3 || a->shape(0) != 1 || a->shape(1) != q.shape(1)) return std::nullopt;
+  const int S = q.shape(1);
+  if (S < 1 || q.shape(2) < g.q_offset + g.N * g.H || k.shape(2) < g.k_offset + g.Nkv * g.H ||
+      v.shape(2) < g.v_offset + g.Nkv * g.H)
+    return std::nullopt;
+  std::vector<mx::array> inputs{q, k, v};
+  if (g.rotary_dim) {
+    if (!cos || !sin || cos->dtype() != mx::float32 || sin->dtype() != mx::float32 || cos->ndim() != 2 ||
+        sin->shape() != cos->shape() || 2 * cos->shape(1) != g.rotary_dim || g.rotary_dim > g.H ||
+        static_cast<int64_t>(g.first) + S > cos->shape(0))
+      return std::nullopt;
+    inputs.push_back(*cos);
+    inputs.push_back(*sin);
+  }
+  return mx::array::make_arrays({{1, g.N, S, g.H}, {1, g.Nkv, S, g.H}, {1, g.Nkv, S, g.H}},
+                                {mx::float32, mx::float32, mx::float32}, std::make_shared<GqaLayout>(s, g),
+                                std::move(inputs));
 }
 
 }  // namespace ortmlx::ops

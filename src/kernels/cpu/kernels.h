@@ -117,6 +117,25 @@ std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const m
                                                      const mx::array& seqlens, const std::optional<mx::array>& cos,
                                                      const std::optional<mx::array>& sin, const CpuDecodeGqa& g,
                                                      mx::Stream s);
+// A prompt's (or a chunk's) GroupQueryAttention inputs laid out per head in one pass on MLX's CPU
+// stream (kernels/cpu/decode_attention.cc): q, k, v [1, S, *] (a packed projection passed three
+// times, the heads from the offsets) into q [1, N, S, H], k and v [1, Nkv, S, H], q and k rotated
+// as the decode kernel rotates them (rotary_dim > 0: cos, sin [rows, rotary_dim / 2], row s at
+// position first + s). Why: composed, the rotation is slices, products and a sum over MLX's
+// single-threaded ops, and the present cache a strided copy of the transposed keys and values.
+// Returns {q, k, v}, or nullopt (off the CPU, other dtypes, positions past the tables).
+struct CpuGqaLayout {
+  int N = 0, Nkv = 0, H = 0;
+  int q_offset = 0, k_offset = 0, v_offset = 0;
+  int rotary_dim = 0;
+  bool interleaved = false;
+  int first = 0;
+  bool operator==(const CpuGqaLayout&) const = default;
+};
+std::optional<std::vector<mx::array>> cpu_gqa_layout(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                     const std::optional<mx::array>& cos,
+                                                     const std::optional<mx::array>& sin, const CpuGqaLayout& g,
+                                                     mx::Stream s);
 // exp(x - max) / sum over one row of n floats (vectorized where the CPU allows).
 void softmax_row(const float* x, float* y, int n);
 

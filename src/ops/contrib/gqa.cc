@@ -244,69 +244,89 @@ Outputs translate_gqa(OpContext& c) {
                   : first_prompt ? mx::zeros({B}, mx::int32, c.s)
                                  : mx::subtract(total_b, mx::array(S), c.s);
 
-  Q = mx::reshape(Q, {B, S, N, H}, c.s);
-  K = mx::reshape(K, {B, S, Nkv, H}, c.s);
-  V = mx::reshape(V, {B, S, Nkv, H}, c.s);
-  if (n.attr_int("do_rotary", 0) == 1) {  // ORT tests == 1 (as for the flags below)
-    const auto& cos_cache = c.in(7);
-    const int rotary_dim = 2 * cos_cache.shape(1);
-    if (rotary_dim > H) c.fail("cos_cache is wider than head_size / 2");
-    const bool inter = n.attr_int("rotary_interleaved", 0) == 1;
-    // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]), prepared once;
-    // only their rows are picked per run.
-    mx::array cos_t = cos_cache, sin_t = c.in(8);
-    if (!inter) std::tie(cos_t, sin_t) = prepared_half_tables(c, compute_dtype(Q, c.s), 7, 8);
-    const int rows = cos_cache.shape(0);
+  // A prompt (or a chunk after a known past) on the CPU: one EP kernel lays q, k and v out per
+  // head, q and k rotated at their positions (kernels/cpu/decode_attention.cc, cpu_gqa_layout).
+  std::optional<std::vector<mx::array>> laid_out;
+  if (c.s.device == mx::Device::cpu && translation_switches().cpu_gqa_prompt && B == 1 && S > 1 && known_past &&
+      !c.has(9)) {
+    CpuGqaLayout g;
+    g.N = N, g.Nkv = Nkv, g.H = H, g.first = *known_past;
+    if (packed) g.k_offset = N * H, g.v_offset = (N + Nkv) * H;
     std::optional<mx::array> cos, sin;
-    if (known_past && !c.has(9) && *known_past + S <= rows) {
-      cos = mx::reshape(slice_axis(cos_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
-      sin = mx::reshape(slice_axis(sin_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
-    } else {
-      // The rows follow from seqlens_k (or position_ids) alone: every layer reading the same
-      // tables and lengths shares one gather of them (a kernel each saved per layer).
-      const size_t rows_from = c.has(9) ? 9 : 5;
-      auto rows_of = c.shared_result(
-          "gqa_rotary_rows:" + std::to_string(S) + ":" + std::to_string(first_prompt) + ":" +
-              std::to_string(rows_from) + ":" + std::to_string(known_past ? *known_past : -1),
-          {cos_t, sin_t, c.in(rows_from)}, [&]() -> std::vector<mx::array> {
-            mx::array pos = mx::arange(S, mx::int32, c.s);
-            if (c.has(9))
-              pos = mx::astype(c.checked_indices(c.in(9), {rows}, false, "position_ids", 9), mx::int32, c.s);
-            else if (first_prompt)
-              pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
-            else
-              pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
-            return {mx::expand_dims(mx::take(cos_t, pos, 0, c.s), 2, c.s),  // [B, S, 1, width]
-                    mx::expand_dims(mx::take(sin_t, pos, 0, c.s), 2, c.s)};
-          });
-      cos = rows_of[0];
-      sin = rows_of[1];
+    if (n.attr_int("do_rotary", 0) == 1) {
+      cos = c.in(7), sin = c.in(8);
+      g.rotary_dim = 2 * cos->shape(1);
+      g.interleaved = n.attr_int("rotary_interleaved", 0) == 1;
     }
-    if (inter) {
-      Q = apply_rotary(Q, *cos, *sin, rotary_dim, true, c.s);
-      K = apply_rotary(K, *cos, *sin, rotary_dim, true, c.s);
-    } else if (packed) {
-      // Q and K are neighbours in the packed input: one rotation for both.
-      auto qk = mx::reshape(slice_axis(query, 2, 0, (N + Nkv) * H, c.s), {B, S, N + Nkv, H}, c.s);
-      qk = apply_rotary_halves(qk, *cos, *sin, rotary_dim, c.s);
-      Q = slice_axis(qk, 2, 0, N, c.s);
-      K = slice_axis(qk, 2, N, N + Nkv, c.s);
-    } else {
-      Q = apply_rotary_halves(Q, *cos, *sin, rotary_dim, c.s);
-      K = apply_rotary_halves(K, *cos, *sin, rotary_dim, c.s);
-    }
+    laid_out = cpu_gqa_layout(query, packed ? query : c.in(1), packed ? query : c.in(2), cos, sin, g, c.s);
   }
-  // A decode step into the shared buffer on a CUDA GPU: the one-row kernel attends to the
-  // buffer's first seqlens_k rows plus the step's own key, so no mask array is built.
   std::optional<mx::array> buffer_out;
-  if (buffer_step && translation_switches().gpu_kernels && softcap <= 0.f && !c.has(10) && !c.has(11) &&
-      n.attr_int("smooth_softmax", -1) != 1 && Q.dtype() == past_k->dtype())
-    buffer_out = kernels::cuda::decode_attention(
-        mx::reshape(Q, {B, N, H}, c.s), mx::reshape(K, {B, Nkv, H}, c.s), mx::reshape(V, {B, Nkv, H}, c.s),
-        *past_k, *past_v, seqlens, {N, Nkv, scale, window, translation_switches().gpu_attention_split_rows}, c.s);
-  Q = mx::transpose(Q, {0, 2, 1, 3}, c.s);
-  K = mx::transpose(K, {0, 2, 1, 3}, c.s);
-  V = mx::transpose(V, {0, 2, 1, 3}, c.s);
+  if (laid_out) {
+    Q = (*laid_out)[0], K = (*laid_out)[1], V = (*laid_out)[2];
+  } else {
+    Q = mx::reshape(Q, {B, S, N, H}, c.s);
+    K = mx::reshape(K, {B, S, Nkv, H}, c.s);
+    V = mx::reshape(V, {B, S, Nkv, H}, c.s);
+    if (n.attr_int("do_rotary", 0) == 1) {  // ORT tests == 1 (as for the flags below)
+      const auto& cos_cache = c.in(7);
+      const int rotary_dim = 2 * cos_cache.shape(1);
+      if (rotary_dim > H) c.fail("cos_cache is wider than head_size / 2");
+      const bool inter = n.attr_int("rotary_interleaved", 0) == 1;
+      // The halves form rotates with full-width tables ([cos, cos], [-sin, sin]), prepared once;
+      // only their rows are picked per run.
+      mx::array cos_t = cos_cache, sin_t = c.in(8);
+      if (!inter) std::tie(cos_t, sin_t) = prepared_half_tables(c, compute_dtype(Q, c.s), 7, 8);
+      const int rows = cos_cache.shape(0);
+      std::optional<mx::array> cos, sin;
+      if (known_past && !c.has(9) && *known_past + S <= rows) {
+        cos = mx::reshape(slice_axis(cos_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
+        sin = mx::reshape(slice_axis(sin_t, 0, *known_past, *known_past + S, c.s), {1, S, 1, -1}, c.s);
+      } else {
+        // The rows follow from seqlens_k (or position_ids) alone: every layer reading the same
+        // tables and lengths shares one gather of them (a kernel each saved per layer).
+        const size_t rows_from = c.has(9) ? 9 : 5;
+        auto rows_of = c.shared_result(
+            "gqa_rotary_rows:" + std::to_string(S) + ":" + std::to_string(first_prompt) + ":" +
+                std::to_string(rows_from) + ":" + std::to_string(known_past ? *known_past : -1),
+            {cos_t, sin_t, c.in(rows_from)}, [&]() -> std::vector<mx::array> {
+              mx::array pos = mx::arange(S, mx::int32, c.s);
+              if (c.has(9))
+                pos = mx::astype(c.checked_indices(c.in(9), {rows}, false, "position_ids", 9), mx::int32, c.s);
+              else if (first_prompt)
+                pos = mx::broadcast_to(mx::expand_dims(pos, 0, c.s), {B, S}, c.s);
+              else
+                pos = mx::add(mx::expand_dims(past_len, 1, c.s), mx::expand_dims(pos, 0, c.s), c.s);
+              return {mx::expand_dims(mx::take(cos_t, pos, 0, c.s), 2, c.s),  // [B, S, 1, width]
+                      mx::expand_dims(mx::take(sin_t, pos, 0, c.s), 2, c.s)};
+            });
+        cos = rows_of[0];
+        sin = rows_of[1];
+      }
+      if (inter) {
+        Q = apply_rotary(Q, *cos, *sin, rotary_dim, true, c.s);
+        K = apply_rotary(K, *cos, *sin, rotary_dim, true, c.s);
+      } else if (packed) {
+        // Q and K are neighbours in the packed input: one rotation for both.
+        auto qk = mx::reshape(slice_axis(query, 2, 0, (N + Nkv) * H, c.s), {B, S, N + Nkv, H}, c.s);
+        qk = apply_rotary_halves(qk, *cos, *sin, rotary_dim, c.s);
+        Q = slice_axis(qk, 2, 0, N, c.s);
+        K = slice_axis(qk, 2, N, N + Nkv, c.s);
+      } else {
+        Q = apply_rotary_halves(Q, *cos, *sin, rotary_dim, c.s);
+        K = apply_rotary_halves(K, *cos, *sin, rotary_dim, c.s);
+      }
+    }
+    // A decode step into the shared buffer on a CUDA GPU: the one-row kernel attends to the
+    // buffer's first seqlens_k rows plus the step's own key, so no mask array is built.
+    if (buffer_step && translation_switches().gpu_kernels && softcap <= 0.f && !c.has(10) && !c.has(11) &&
+        n.attr_int("smooth_softmax", -1) != 1 && Q.dtype() == past_k->dtype())
+      buffer_out = kernels::cuda::decode_attention(
+          mx::reshape(Q, {B, N, H}, c.s), mx::reshape(K, {B, Nkv, H}, c.s), mx::reshape(V, {B, Nkv, H}, c.s),
+          *past_k, *past_v, seqlens, {N, Nkv, scale, window, translation_switches().gpu_attention_split_rows}, c.s);
+    Q = mx::transpose(Q, {0, 2, 1, 3}, c.s);
+    K = mx::transpose(K, {0, 2, 1, 3}, c.s);
+    V = mx::transpose(V, {0, 2, 1, 3}, c.s);
+  }
 
   mx::array present_k = K, present_v = V;
   if (known_past && past_k && *known_past == P && P + S == T) {
