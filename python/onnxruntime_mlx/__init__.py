@@ -91,6 +91,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_pin_workers": (0, 1),
     "cpu_attention": (0, 1),
     "cpu_gelu": (0, 1),
+    "cpu_swiglu": (0, 1),
     "cpu_int4_gemm": (0, 1),
     "cpu_in_place_io": (0, 1),
     "cpu_caller_eval": (0, 1),

@@ -106,6 +106,7 @@ struct Options {
   bool cpu_attention = true;
   // MLX's CPU device: GELU written out as nodes as one Gelu node (graph/fuse_gelu.h).
   bool cpu_gelu = true;
+  bool cpu_swiglu = true;  // on the CPU, Sigmoid(g) -> Mul(g) -> Mul(up) as one kernel (graph/fuse_swiglu.h)
   // MLX's CPU device with AVX-512 VNNI: MatMulNBits prompt rows with int8 blocks as integer
   // products (kernels/cpu/int4_gemv.cc, cpu_int4_gemm).
   bool cpu_int4_gemm = true;

@@ -1220,3 +1220,33 @@ def test_large_packed_weights_ask_for_huge_pages(tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["process_packed_matmuls"] >= 3, r
     assert r["process_packed_huge_page_bytes"] >= 1024 * 1536 * 4, r
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's gate kernel")
+@pytest.mark.parametrize("gate_first", [True, False])
+def test_mlp_gate_is_one_kernel(gate_first, capfd):
+    """A Llama MLP's gate, Sigmoid(g) -> Mul(g, .) -> Mul(., up), either operand order, is one
+    SwiGlu primitive (graph/fuse_swiglu, kernels/cpu/unary.cc): 40 x 1536 values split over the
+    threads, the sigmoid the EP's and the two products MLX's, so the output has the bits of the
+    three ops apart (cpu_swiglu=0: the sigmoid kernel and two Multiply primitives) and equals
+    ORT's CPU EP. A chain whose sigmoid is also read elsewhere (a graph output) stays apart."""
+    import onnxruntime_mlx as om
+    rng = np.random.default_rng(5)
+    inits = [_init("wg", rng.standard_normal((64, 1536)) * 0.2), _init("wu", rng.standard_normal((64, 1536)) * 0.2)]
+    silu = ["g", "s"] if gate_first else ["s", "g"]
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]), helper.make_node("MatMul", ["x", "wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", silu, ["a"]),
+             helper.make_node("Mul", ["a", "u"] if gate_first else ["u", "a"], ["y"])]
+    feeds = {"x": rng.standard_normal((40, 64)).astype(np.float32)}
+    prims = _run(nodes, feeds, inits, capfd, 1e-5, 1e-6)
+    assert prims.get("SwiGlu") == 1 and "SigmoidMap" not in prims and "Multiply" not in prims, prims
+    apart = _run(nodes, feeds, inits, capfd, 1e-5, 1e-6, cpu_swiglu=0)
+    assert "SwiGlu" not in apart and apart.get("SigmoidMap") == 1 and apart.get("Multiply") == 2, apart
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    outs = [ort.InferenceSession(model, sess_options=om.session_options("cpu", fallback=False, cpu_swiglu=o))
+            .run(None, feeds)[0] for o in (1, 0)]
+    assert np.array_equal(outs[0], outs[1])
+    kept = _run(nodes, feeds, inits, capfd, 1e-5, 1e-6, outputs=("y", "s"))
+    assert "SwiGlu" not in kept and kept.get("SigmoidMap") == 1, kept

@@ -179,6 +179,11 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& kt, 
 inline constexpr size_t kCpuUnaryMinElements = 256;
 enum class CpuUnary { Erf, Gelu, Exp, Sigmoid, Tanh };
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s);
+// g * sigmoid(g) * up for float32 g and up of one shape (a Llama MLP's gate; graph/fuse_swiglu.h)
+// in one pass on MLX's CPU stream, split over the threads: the sigmoid is cpu_unary's and the two
+// products MLX's, in that order, so the bits are those of the three ops apart. nullopt off the CPU,
+// for other dtypes or shapes, or below cpu_unary's size.
+std::optional<mx::array> cpu_swiglu(const mx::array& g, const mx::array& up, mx::Stream s);
 // y = f(x) over n floats with cpu_unary's formulas, on the calling thread (for other kernels' steps).
 void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n);
 

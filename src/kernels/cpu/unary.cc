@@ -242,6 +242,64 @@ class UnaryMap : public mx::UnaryPrimitive {
   bool avx512_;
 };
 
+// y = (g * s) * up over n floats: two roundings, as MLX's two products.
+#ifdef ORTMLX_X86
+__attribute__((target("avx2"))) void gate_products_avx2(const float* g, const float* s, const float* up, float* y,
+                                                        int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(s + i)),
+                                          _mm256_loadu_ps(up + i)));
+  for (; i < n; ++i) y[i] = (g[i] * s[i]) * up[i];
+}
+#endif
+void gate_products(const float* g, const float* s, const float* up, float* y, int64_t n) {
+#ifdef ORTMLX_X86
+  if (cpu_has_avx2_fma()) return gate_products_avx2(g, s, up, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = (g[i] * s[i]) * up[i];
+}
+
+// y = (g * sigmoid(g)) * up, the sigmoid in chunks of a stack buffer.
+class SwiGlu : public mx::Primitive {
+ public:
+  SwiGlu(mx::Stream s, bool avx512) : mx::Primitive(s), avx512_(avx512) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    begin_output(inputs, outputs[0], stream());
+    dispatch_task(stream(), [g = RowMajorInput(inputs[0]), up = RowMajorInput(inputs[1]), yp = outputs[0].data<float>(),
+                             n = static_cast<int64_t>(inputs[0].size()), fn = map_of(CpuUnary::Sigmoid, avx512_)] {
+      const float* gp = g.rows();
+      const float* upp = up.rows();
+      const int parts = static_cast<int>(std::min<int64_t>(cpu_threads(), n / (int64_t{1} << 15)));
+      cpu_parallel_for(n, parts, [&](int64_t b, int64_t e) {
+        constexpr int64_t kChunk = 256;
+        alignas(64) float sig[kChunk];
+        for (int64_t i = b; i < e; i += kChunk) {
+          const int64_t m = std::min(kChunk, e - i);
+          fn(gp + i, sig, m);
+          gate_products(gp + i, sig, upp + i, yp + i, m);
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::logic_error("[SwiGlu] runs on the CPU stream only");
+  }
+  const char* name() const override { return "SwiGlu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const SwiGlu*>(&other);
+    return o && o->avx512_ == avx512_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  bool avx512_;
+};
+
 }  // namespace
 
 void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n) { map_of(f, false)(x, y, n); }
@@ -251,6 +309,13 @@ std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s)
       x.size() < kCpuUnaryMinElements)
     return std::nullopt;
   return mx::array(x.shape(), mx::float32, std::make_shared<UnaryMap>(s, f, cpu_avx512_kernels()), {x});
+}
+
+std::optional<mx::array> cpu_swiglu(const mx::array& g, const mx::array& up, mx::Stream s) {
+  if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || g.dtype() != mx::float32 ||
+      up.dtype() != mx::float32 || g.shape() != up.shape() || g.size() < kCpuUnaryMinElements)
+    return std::nullopt;
+  return mx::array(g.shape(), mx::float32, std::make_shared<SwiGlu>(s, cpu_avx512_kernels()), {g, up});
 }
 
 }  // namespace ortmlx::ops

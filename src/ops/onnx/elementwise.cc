@@ -2,6 +2,7 @@
 // numpy, which is exactly ONNX's rule, so binary ops need no shape handling of their own.
 #include <cmath>
 
+#include "graph/fuse_swiglu.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/common.h"
 
@@ -46,6 +47,11 @@ Outputs translate_add(OpContext& c) {
 }
 
 Outputs translate_mul(OpContext& c) {
+  if (c.node.has_attr(graph::kMulSwiGlu)) {  // g * sigmoid(g) * up (graph/fuse_swiglu.h)
+    const auto& g = c.in(0);
+    if (auto y = cpu_swiglu(g, c.in(1), c.s)) return {*y};
+    return {mx::multiply(mx::multiply(g, sigmoid_precise(g, c.s), c.s), c.in(1), c.s)};
+  }
   if (auto y = blocked_by_channel<mx::multiply>(c, CpuBlockedStep::Kind::MulChannel)) return {*y};
   return binary<mx::multiply>(c);
 }
