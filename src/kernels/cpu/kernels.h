@@ -102,11 +102,14 @@ std::optional<mx::array> cpu_int4_panel_product(const mx::array& x, const mx::ar
 // only. q, k, v: [1, 1, *], the heads from q_offset / k_offset / v_offset (a packed projection
 // passed three times); past_k, past_v [1, Nkv, P, H]; seqlens [1] int32; cos, sin [rows,
 // rotary_dim / 2]. Returns {attention [1, 1, N * H], present_k, present_v}, or nullopt.
-struct CpuDecodeGqa {
+struct CpuGqaHeads {  // the heads of q, k and v, and their rotation (0: none)
   int N = 0, Nkv = 0, H = 0;
   int q_offset = 0, k_offset = 0, v_offset = 0;
   int rotary_dim = 0;
   bool interleaved = false;
+  bool operator==(const CpuGqaHeads&) const = default;
+};
+struct CpuDecodeGqa : CpuGqaHeads {
   float scale = 1.f;
   int window = -1;
   bool in_buffer = false;
@@ -124,11 +127,7 @@ std::optional<std::vector<mx::array>> cpu_decode_gqa(const mx::array& q, const m
 // position first + s). Why: composed, the rotation is slices, products and a sum over MLX's
 // single-threaded ops, and the present cache a strided copy of the transposed keys and values.
 // Returns {q, k, v}, or nullopt (off the CPU, other dtypes, positions past the tables).
-struct CpuGqaLayout {
-  int N = 0, Nkv = 0, H = 0;
-  int q_offset = 0, k_offset = 0, v_offset = 0;
-  int rotary_dim = 0;
-  bool interleaved = false;
+struct CpuGqaLayout : CpuGqaHeads {
   int first = 0;
   bool operator==(const CpuGqaLayout&) const = default;
 };

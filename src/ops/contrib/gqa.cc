@@ -132,6 +132,25 @@ Support check_gqa(const NodeQuery& q) {
   return Support::yes();
 }
 
+namespace {
+
+// The CPU kernels' view of the node's heads (a packed projection: k and v past q in the same
+// row), with the rotary caches when it rotates.
+CpuGqaHeads kernel_heads(OpContext& c, bool packed, int N, int Nkv, int H, std::optional<mx::array>& cos,
+                         std::optional<mx::array>& sin) {
+  CpuGqaHeads h;
+  h.N = N, h.Nkv = Nkv, h.H = H;
+  if (packed) h.k_offset = N * H, h.v_offset = (N + Nkv) * H;
+  if (c.node.attr_int("do_rotary", 0) == 1) {
+    cos = c.in(7), sin = c.in(8);
+    h.rotary_dim = 2 * cos->shape(1);
+    h.interleaved = c.node.attr_int("rotary_interleaved", 0) == 1;
+  }
+  return h;
+}
+
+}  // namespace
+
 // One function, though long: the node's forms (packed or separate QKV, rotary, first prompt,
 // growing past or shared buffer, window, bias, sinks) are decided in order and each decision
 // feeds the later ones; as separate steps they would hand a dozen values between them.
@@ -219,14 +238,9 @@ Outputs translate_gqa(OpContext& c) {
       (buffer_step || (known_past && *known_past == P && P + 1 == T)) && softcap <= 0.f && !c.has(9) &&
       !c.has(10) && !c.has(11) && n.attr_int("smooth_softmax", -1) != 1) {
     CpuDecodeGqa g;
-    g.N = N, g.Nkv = Nkv, g.H = H, g.scale = scale, g.window = window, g.in_buffer = buffer_step;
-    if (packed) g.k_offset = N * H, g.v_offset = (N + Nkv) * H;
     std::optional<mx::array> cos, sin;
-    if (n.attr_int("do_rotary", 0) == 1) {
-      cos = c.in(7), sin = c.in(8);
-      g.rotary_dim = 2 * cos->shape(1);
-      g.interleaved = n.attr_int("rotary_interleaved", 0) == 1;
-    }
+    static_cast<CpuGqaHeads&>(g) = kernel_heads(c, packed, N, Nkv, H, cos, sin);
+    g.scale = scale, g.window = window, g.in_buffer = buffer_step;
     const auto seqlens = mx::reshape(mx::astype(c.in(5), mx::int32, c.s), {1}, c.s);
     if (auto r = cpu_decode_gqa(query, packed ? query : c.in(1), packed ? query : c.in(2), *past_k, *past_v, seqlens,
                                 cos, sin, g, c.s))
@@ -250,14 +264,9 @@ Outputs translate_gqa(OpContext& c) {
   if (c.s.device == mx::Device::cpu && translation_switches().cpu_gqa_prompt && B == 1 && S > 1 && known_past &&
       !c.has(9)) {
     CpuGqaLayout g;
-    g.N = N, g.Nkv = Nkv, g.H = H, g.first = *known_past;
-    if (packed) g.k_offset = N * H, g.v_offset = (N + Nkv) * H;
     std::optional<mx::array> cos, sin;
-    if (n.attr_int("do_rotary", 0) == 1) {
-      cos = c.in(7), sin = c.in(8);
-      g.rotary_dim = 2 * cos->shape(1);
-      g.interleaved = n.attr_int("rotary_interleaved", 0) == 1;
-    }
+    static_cast<CpuGqaHeads&>(g) = kernel_heads(c, packed, N, Nkv, H, cos, sin);
+    g.first = *known_past;
     laid_out = cpu_gqa_layout(query, packed ? query : c.in(1), packed ? query : c.in(2), cos, sin, g, c.s);
   }
   std::optional<mx::array> buffer_out;
