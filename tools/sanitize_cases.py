@@ -68,10 +68,40 @@ def shape_family_case():
     return "shape_family", m.SerializeToString(), sets, "cache_size=1\n"
 
 
+def llm_prompt_case():
+    """A Llama layer's prompt kernels: GroupQueryAttention over a packed projection with rotary
+    caches (64 rows of 8 heads and 2 KV heads of 64: the prompt layout kernel's rows split over the
+    threads), its output into the MLP's gate, Sigmoid -> Mul -> Mul(up), over 64 x 1536 values
+    (the gate kernel, split too)."""
+    from onnx import TensorProto
+    S, N, Nkv, H, F = 64, 8, 2, 64, 1536
+    rng = np.random.default_rng(9)
+    pos = np.arange(S + 8, dtype=np.float32)[:, None] / (10000 ** (np.arange(H // 2, dtype=np.float32) / (H // 2)))
+    inits = [numpy_helper.from_array(np.cos(pos).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(pos).astype(np.float32), "sin"),
+             numpy_helper.from_array((rng.standard_normal((N * H, F)) / 16).astype(np.float32), "wg"),
+             numpy_helper.from_array((rng.standard_normal((N * H, F)) / 16).astype(np.float32), "wu"),
+             numpy_helper.from_array(np.array([S - 1], np.int32), "seqlens"),
+             numpy_helper.from_array(np.array(S, np.int32), "total")]
+    nodes = [helper.make_node("GroupQueryAttention", ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
+                              ["a"], domain="com.microsoft", num_heads=N, kv_num_heads=Nkv, do_rotary=1),
+             helper.make_node("MatMul", ["a", "wg"], ["g"]), helper.make_node("MatMul", ["a", "wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+             helper.make_node("Mul", ["silu", "u"], ["y"])]
+    g = helper.make_graph(nodes, "llm_prompt",
+                          [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, S, (N + 2 * Nkv) * H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, S, F])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    feeds = {"qkv": rng.standard_normal((1, S, (N + 2 * Nkv) * H)).astype(np.float32)}
+    return "llm_prompt", m.SerializeToString(), [feeds], ""
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
     cases = [(name, model, [feeds], "") for name, model, feeds in load_cases()]
     cases.append(shape_family_case())
+    cases.append(llm_prompt_case())
     for name, model, sets, options in cases:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
