@@ -1250,3 +1250,49 @@ def test_mlp_gate_is_one_kernel(gate_first, capfd):
     assert np.array_equal(outs[0], outs[1])
     kept = _run(nodes, feeds, inits, capfd, 1e-5, 1e-6, outputs=("y", "s"))
     assert "SwiGlu" not in kept and kept.get("SigmoidMap") == 1, kept
+
+
+_ROW_SPLITS = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+rows, report = int(sys.argv[1]), sys.argv[2]
+rng = np.random.default_rng(6)
+nodes, inits = [], []
+for name, m in (("tall", 300), ("short", 40)):
+    inits.append(numpy_helper.from_array(rng.standard_normal((96, 200)).astype(np.float32) / 8, "w_" + name))
+    nodes.append(helper.make_node("MatMul", ["x_" + name, "w_" + name], ["y_" + name]))
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x_tall", TP.FLOAT, [300, 96]),
+                                   helper.make_tensor_value_info("x_short", TP.FLOAT, [40, 96])],
+                      [helper.make_tensor_value_info("y_" + n, TP.FLOAT, None) for n in ("tall", "short")], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+feeds = {"x_tall": rng.standard_normal((300, 96)).astype(np.float32),
+         "x_short": rng.standard_normal((40, 96)).astype(np.float32)}
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
+    "cpu", fallback=False, report_path=report, cpu_packed_rows=rows, cpu_program_parallel_min_flops=0,
+    cpu_dnnl_parallel_min_flops=0))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+for _ in range(3):
+    for a, b in zip(s.run(None, feeds), cpu.run(None, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_row_splits")}))
+"""
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
+def test_packed_products_split_rows_where_each_thread_gets_a_row_block(tmp_path):
+    """The packed kernel (cpu_packed_rows=1, kernels/cpu/packed_gemm.cc): a product of 300 rows
+    (a row block of 128 and more for each of two threads) splits its rows over the threads, each
+    thread all the panels; one of 40 rows keeps the threads on panels. 3 runs: 3 row splits among 6
+    products; with cpu_packed_rows=0 none. Outputs equal ORT's CPU EP either way. Broken by the
+    split dropped, or rows a thread computes twice or not at all."""
+    got = {}
+    for rows in (1, 0):
+        out = subprocess.run([sys.executable, "-c", _ROW_SPLITS, str(rows), str(tmp_path / f"r{rows}.jsonl")],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        got[rows] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got[1] == {"process_packed_matmuls": 6, "process_packed_row_splits": 3}, got
+    assert got[0] == {"process_packed_matmuls": 6, "process_packed_row_splits": 0}, got

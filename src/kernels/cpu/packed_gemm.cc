@@ -42,6 +42,7 @@ constexpr int64_t kDepthBlock = 512;
 
 std::atomic<uint64_t> g_huge_bytes{0};
 std::atomic<uint64_t> g_prefetch_bytes{0};
+std::atomic<uint64_t> g_row_splits{0};
 
 // Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
 // transparent huge pages are granted on request): a one-row product streams its whole weight
@@ -237,8 +238,8 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
-  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks)
-      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), blocks_(blocks),
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks, bool rows)
+      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), blocks_(blocks), rows_(rows),
         cache_(std::make_shared<Packed>()) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -249,7 +250,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
-                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = blocks_] {
+                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = blocks_,
+                  split_rows = rows_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
@@ -267,6 +269,33 @@ class PackedMatmul : public mx::UnaryPrimitive {
       // Work items: (panel, row tile) in panel-major order, a contiguous share a thread, so that
       // a panel's block stays in the cache of the thread that reads it.
       const int64_t items = row_tiles * panels;
+      const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
+      const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
+      if (blocks && split_rows && threads > 1 && row_tiles >= threads * block_tiles) {
+        // A row block or more a thread: the threads take rows (each all the panels), the rows
+        // its neighbours' kernels split the same way wrote or will read (a normalization's,
+        // the GELU's), so a thread's rows stay in its core's cache from one kernel to the next.
+        g_row_splits.fetch_add(1, std::memory_order_relaxed);
+        cpu_parallel_for(row_tiles, threads, [&](int64_t t0, int64_t t1) {
+          const BlockWalk walk{0, panels * (t1 - t0), t1 - t0, block_tiles};
+          int64_t asked = 0;
+          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
+            const int64_t block_bytes = std::min(kDepthBlock, g.k - k0) * geo.cols * int64_t{sizeof(float)};
+            walk.for_each(block_bytes, [&](int64_t panel, int64_t tile_row, int64_t next_panel, int64_t next_offset,
+                                           int64_t next_bytes) {
+              NextLines next;
+              if (next_panel >= 0) {
+                next.line = reinterpret_cast<const char*>(packed->data() + (next_panel * g.k + k0) * geo.cols) + next_offset;
+                next.count = (next_bytes + 63) / 64;
+                asked += next.count * 64;
+              }
+              tile(panel, t0 + tile_row, k0, next);
+            });
+          }
+          g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
+        });
+        return;
+      }
       cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, [&](int64_t i0, int64_t i1) {
         if (!blocks) {
           for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock)
@@ -302,7 +331,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "PackedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmul*>(&other);
-    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->blocks_ == blocks_;
+    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->blocks_ == blocks_ &&
+           o->rows_ == rows_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -355,6 +385,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   bool parallel_;
   bool avx512_;
   bool blocks_;  // the blocked walk with the next panel asked for (cpu_packed_blocks)
+  bool rows_;    // ... the threads taking rows where each gets a row block or more (cpu_packed_rows)
   std::shared_ptr<Packed> cache_;
 };
 
@@ -363,9 +394,10 @@ class PackedMatmul : public mx::UnaryPrimitive {
 uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
 
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
-                                           mx::Stream s, const std::optional<mx::array>& bias) {
+                                           bool rows, mx::Stream s, const std::optional<mx::array>& bias) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
@@ -378,7 +410,7 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), blocks),
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), blocks, rows),
                    std::move(in));
 #else
   return std::nullopt;
