@@ -70,11 +70,11 @@ def shape_family_case():
 
 def llm_prompt_case():
     """A Llama layer's prompt kernels: GroupQueryAttention over a packed projection with rotary
-    caches (64 rows of 8 heads and 2 KV heads of 64: the prompt layout kernel's rows split over the
-    threads), its output into the MLP's gate, Sigmoid -> Mul -> Mul(up), over 64 x 1536 values
-    (the gate kernel, split too)."""
+    caches (272 rows of 8 heads and 2 KV heads of 64: the prompt layout kernel's rows split over
+    the threads), its output into the MLP's products (272 rows: split by rows) and gate,
+    Sigmoid -> Mul -> Mul(up), over 272 x 1536 values (the gate kernel, split too)."""
     from onnx import TensorProto
-    S, N, Nkv, H, F = 64, 8, 2, 64, 1536
+    S, N, Nkv, H, F = 272, 8, 2, 64, 1536
     rng = np.random.default_rng(9)
     pos = np.arange(S + 8, dtype=np.float32)[:, None] / (10000 ** (np.arange(H // 2, dtype=np.float32) / (H // 2)))
     inits = [numpy_helper.from_array(np.cos(pos).astype(np.float32), "cos"),
