@@ -98,7 +98,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_caller_replay": (0, 1),
     "cpu_packed_matmul": (0, 1),
     "cpu_packed_blocks": (0, 1),
-    "cpu_packed_rows": (0, 1),
+    "cpu_packed_rows": (0, 1 << 30),
     "cpu_skip_norm": (0, 1),
     "cpu_gqa_prompt": (0, 1),
     "cpu_dnnl_blocked": (0, 1),

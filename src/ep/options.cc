@@ -92,7 +92,6 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"cpu_in_place_io", &o.engine.cpu_in_place_io},
                            std::pair{"cpu_packed_matmul", &o.engine.cpu_packed_matmul},
                            std::pair{"cpu_packed_blocks", &o.engine.cpu_packed_blocks},
-                           std::pair{"cpu_packed_rows", &o.engine.cpu_packed_rows},
                            std::pair{"cpu_skip_norm", &o.engine.cpu_skip_norm},
                            std::pair{"cpu_gqa_prompt", &o.engine.cpu_gqa_prompt},
                            std::pair{"cpu_dnnl_blocked", &o.engine.cpu_dnnl_blocked},
@@ -104,6 +103,8 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
     if (auto v = lookup(entries, key); !v.empty()) *flag = to_int(key, v, 0, 1);
   if (auto v = lookup(entries, "cpu_dnnl_min_flops"); !v.empty())
     o.engine.cpu_dnnl_min_flops = to_int("cpu_dnnl_min_flops", v, 0, 1LL << 50);
+  if (auto v = lookup(entries, "cpu_packed_rows"); !v.empty())
+    o.engine.cpu_packed_rows = to_int("cpu_packed_rows", v, 0, 1 << 30);
   if (auto v = lookup(entries, "cpu_poll_us"); !v.empty())
     o.engine.cpu_poll_us = to_int("cpu_poll_us", v, 1, 100000);
   if (auto v = lookup(entries, "cpu_dnnl_parallel_min_flops"); !v.empty())

@@ -60,8 +60,8 @@ struct TranslationSwitches {
   // a prompt's GroupQueryAttention inputs laid out per head, q and k rotated, as one kernel
   // (kernels/cpu/decode_attention.cc, cpu_gqa_layout)
   bool cpu_gqa_prompt = true;
-  // the packed kernel's threads take rows where each gets a row block or more
-  bool cpu_packed_rows = true;
+  // the packed kernel's threads take rows where each gets this many or more (0: never)
+  int64_t cpu_packed_rows = 64;
 };
 
 // The calling thread's current switches.

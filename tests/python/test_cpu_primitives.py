@@ -1283,16 +1283,16 @@ print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
 def test_packed_products_split_rows_where_each_thread_gets_a_row_block(tmp_path):
-    """The packed kernel (cpu_packed_rows=1, kernels/cpu/packed_gemm.cc): a product of 300 rows
-    (a row block of 128 and more for each of two threads) splits its rows over the threads, each
-    thread all the panels; one of 40 rows keeps the threads on panels. 3 runs: 3 row splits among 6
-    products; with cpu_packed_rows=0 none. Outputs equal ORT's CPU EP either way. Broken by the
+    """The packed kernel (cpu_packed_rows=64, its default; kernels/cpu/packed_gemm.cc): a product
+    of 300 rows (64 and more for each of two threads) splits its rows over the threads, each
+    thread all the panels; one of 40 rows keeps the threads on panels. 3 runs: 3 row splits among
+    6 products; with cpu_packed_rows=0 none. Outputs equal ORT's CPU EP either way. Broken by the
     split dropped, or rows a thread computes twice or not at all."""
     got = {}
-    for rows in (1, 0):
+    for rows in (64, 0):
         out = subprocess.run([sys.executable, "-c", _ROW_SPLITS, str(rows), str(tmp_path / f"r{rows}.jsonl")],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         got[rows] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got[1] == {"process_packed_matmuls": 6, "process_packed_row_splits": 3}, got
+    assert got[64] == {"process_packed_matmuls": 6, "process_packed_row_splits": 3}, got
     assert got[0] == {"process_packed_matmuls": 6, "process_packed_row_splits": 0}, got

@@ -210,12 +210,12 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // step's one row streams the panels, contiguous a thread, faster than OpenBLAS's sgemv reads
 // the matrix. std::nullopt off the CPU or x86-64 without AVX2, for other dtypes, or with the
 // CPU kernels off.
-// With `rows` (and `blocks`), a product of at least a row block a thread splits its rows over the
-// threads instead, each thread all the panels: the rows stay on the core whose kernels before and
-// after wrote and read them (row-split too).
+// With `rows` > 0 (and `blocks`), a product of at least `rows` rows a thread splits its rows over
+// the threads instead, each thread all the panels: the rows stay on the core whose kernels before
+// and after wrote and read them (row-split too), each thread reading the whole weight.
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
-                                           bool rows, mx::Stream s,
+                                           int64_t rows, mx::Stream s,
                                            const std::optional<mx::array>& bias = std::nullopt);
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 uint64_t cpu_packed_huge_page_bytes();  // bytes of its weights' panels asked for in 2 MiB pages

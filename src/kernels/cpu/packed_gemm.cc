@@ -238,7 +238,7 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
-  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks, bool rows)
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks, int64_t rows)
       : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), blocks_(blocks), rows_(rows),
         cache_(std::make_shared<Packed>()) {}
 
@@ -271,8 +271,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
       const int64_t items = row_tiles * panels;
       const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
       const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
-      if (blocks && split_rows && threads > 1 && row_tiles >= threads * block_tiles) {
-        // A row block or more a thread: the threads take rows (each all the panels), the rows
+      if (blocks && split_rows > 0 && threads > 1 && g.m >= threads * split_rows) {
+        // split_rows rows or more a thread: the threads take rows (each all the panels), the rows
         // its neighbours' kernels split the same way wrote or will read (a normalization's,
         // the GELU's), so a thread's rows stay in its core's cache from one kernel to the next.
         g_row_splits.fetch_add(1, std::memory_order_relaxed);
@@ -385,7 +385,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   bool parallel_;
   bool avx512_;
   bool blocks_;  // the blocked walk with the next panel asked for (cpu_packed_blocks)
-  bool rows_;    // ... the threads taking rows where each gets a row block or more (cpu_packed_rows)
+  int64_t rows_;  // ... the threads taking rows where each gets this many or more (cpu_packed_rows; 0: never)
   std::shared_ptr<Packed> cache_;
 };
 
@@ -397,7 +397,7 @@ uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_
 uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
 
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
-                                           bool rows, mx::Stream s, const std::optional<mx::array>& bias) {
+                                           int64_t rows, mx::Stream s, const std::optional<mx::array>& bias) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
