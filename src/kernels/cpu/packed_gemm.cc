@@ -266,43 +266,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
                                yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0, bp ? bp + panel * geo.cols : nullptr,
                                next);
       };
-      // Work items: (panel, row tile) in panel-major order, a contiguous share a thread, so that
-      // a panel's block stays in the cache of the thread that reads it.
-      const int64_t items = row_tiles * panels;
-      const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
-      const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
-      if (blocks && split_rows > 0 && threads > 1 && g.m >= threads * split_rows) {
-        // split_rows rows or more a thread: the threads take rows (each all the panels), the rows
-        // its neighbours' kernels split the same way wrote or will read (a normalization's,
-        // the GELU's), so a thread's rows stay in its core's cache from one kernel to the next.
-        g_row_splits.fetch_add(1, std::memory_order_relaxed);
-        cpu_parallel_for(row_tiles, threads, [&](int64_t t0, int64_t t1) {
-          const BlockWalk walk{0, panels * (t1 - t0), t1 - t0, block_tiles};
-          int64_t asked = 0;
-          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
-            const int64_t block_bytes = std::min(kDepthBlock, g.k - k0) * geo.cols * int64_t{sizeof(float)};
-            walk.for_each(block_bytes, [&](int64_t panel, int64_t tile_row, int64_t next_panel, int64_t next_offset,
-                                           int64_t next_bytes) {
-              NextLines next;
-              if (next_panel >= 0) {
-                next.line = reinterpret_cast<const char*>(packed->data() + (next_panel * g.k + k0) * geo.cols) + next_offset;
-                next.count = (next_bytes + 63) / 64;
-                asked += next.count * 64;
-              }
-              tile(panel, t0 + tile_row, k0, next);
-            });
-          }
-          g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
-        });
-        return;
-      }
-      cpu_parallel_for(items, parallel ? std::min<int64_t>(cpu_threads(), items) : 1, [&](int64_t i0, int64_t i1) {
-        if (!blocks) {
-          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock)
-            for (int64_t i = i0; i < i1; ++i) tile(i / row_tiles, i % row_tiles, k0, {});
-          return;
-        }
-        const BlockWalk walk{i0, i1, row_tiles, std::max<int64_t>(1, kRowBlock / geo.rows)};
+      // One thread's share of a walk, per K block; the walk's tile rows count from `row0`.
+      auto walk_share = [&](const BlockWalk& walk, int64_t row0) {
         int64_t asked = 0;  // counted once a share: one shared counter per tile is a contended line
         for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
           const int64_t block_bytes = std::min(kDepthBlock, g.k - k0) * geo.cols * int64_t{sizeof(float)};
@@ -314,10 +279,33 @@ class PackedMatmul : public mx::UnaryPrimitive {
               next.count = (next_bytes + 63) / 64;
               asked += next.count * 64;
             }
-            tile(panel, tile_row, k0, next);
+            tile(panel, row0 + tile_row, k0, next);
           });
         }
         g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
+      };
+      const int64_t items = row_tiles * panels;
+      const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
+      const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
+      if (blocks && split_rows > 0 && threads > 1 && g.m >= threads * split_rows) {
+        // split_rows rows or more a thread: the threads take rows (each all the panels), the rows
+        // its neighbours' kernels split the same way wrote or will read (a normalization's,
+        // the GELU's), so a thread's rows stay in its core's cache from one kernel to the next.
+        g_row_splits.fetch_add(1, std::memory_order_relaxed);
+        cpu_parallel_for(row_tiles, threads, [&](int64_t t0, int64_t t1) {
+          walk_share(BlockWalk{0, panels * (t1 - t0), t1 - t0, block_tiles}, t0);
+        });
+        return;
+      }
+      // Work items: (panel, row tile) in panel-major order, a contiguous share a thread, so that
+      // a panel's block stays in the cache of the thread that reads it.
+      cpu_parallel_for(items, threads, [&](int64_t i0, int64_t i1) {
+        if (!blocks) {
+          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock)
+            for (int64_t i = i0; i < i1; ++i) tile(i / row_tiles, i % row_tiles, k0, {});
+          return;
+        }
+        walk_share(BlockWalk{i0, i1, row_tiles, block_tiles}, 0);
       });
     });
 #else
