@@ -261,13 +261,13 @@ void gate_products(const float* g, const float* s, const float* up, float* y, in
 }
 
 // y = (g * sigmoid(g)) * up, the sigmoid in chunks of a stack buffer.
-class SwiGlu : public mx::Primitive {
+class SwiGlu : public mx::UnaryPrimitive {
  public:
-  SwiGlu(mx::Stream s, bool avx512) : mx::Primitive(s), avx512_(avx512) {}
+  SwiGlu(mx::Stream s, bool avx512) : mx::UnaryPrimitive(s), avx512_(avx512) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    begin_output(inputs, outputs[0], stream());
-    dispatch_task(stream(), [g = RowMajorInput(inputs[0]), up = RowMajorInput(inputs[1]), yp = outputs[0].data<float>(),
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [g = RowMajorInput(inputs[0]), up = RowMajorInput(inputs[1]), yp = out.data<float>(),
                              n = static_cast<int64_t>(inputs[0].size()), fn = map_of(CpuUnary::Sigmoid, avx512_)] {
       const float* gp = g.rows();
       const float* upp = up.rows();
@@ -284,7 +284,7 @@ class SwiGlu : public mx::Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::logic_error("[SwiGlu] runs on the CPU stream only");
   }
   const char* name() const override { return "SwiGlu"; }

@@ -56,12 +56,11 @@ Attn attend(const mx::array& q, const mx::array& k, const mx::array& v, float sc
     std::optional<mx::array> add;
     if (bias) add = mx::astype(*bias, t, s);
     if (mask) add = mx::where(*mask, add ? *add : mx::array(0.f, t), mx::array(kNegInf, t), s);
-    // The kernel writes [B, S, N, Hv] (heads side by side), returned as the [B, N, S, Hv] view
-    // of it: from_bnsh's transpose back is then row-contiguous and its reshape a view, not a copy.
-    if (q.ndim() == 4)
-      if (auto y = cpu_attention(q, mx::swapaxes(k, -1, -2, s), v, scale, false, add, s, causal && !mask, true))
-        return {mx::transpose(*y, {0, 2, 1, 3}, s), {}};
-    if (auto y = cpu_attention(q, mx::swapaxes(k, -1, -2, s), v, scale, false, add, s, causal && !mask)) return {*y, {}};
+    // Rank 4: the kernel writes [B, S, N, Hv] (heads side by side), returned as the [B, N, S, Hv]
+    // view of it: from_bnsh's transpose back is then row-contiguous and its reshape a view.
+    const bool heads_inner = q.ndim() == 4;
+    if (auto y = cpu_attention(q, mx::swapaxes(k, -1, -2, s), v, scale, false, add, s, causal && !mask, heads_inner))
+      return {heads_inner ? mx::transpose(*y, {0, 2, 1, 3}, s) : *y, {}};
   }
   // Explicit math: heads grouped as [B, Nkv, rep, S, *] so K/V are never repeated.
   const int B = q.shape(0), N = q.shape(1), S = q.shape(2), H = q.shape(3);
