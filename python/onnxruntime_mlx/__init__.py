@@ -99,6 +99,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_packed_matmul": (0, 1),
     "cpu_packed_blocks": (0, 1),
     "cpu_packed_rows": (0, 1 << 30),
+    "cpu_packed_stream": (0, 1 << 20),
     "cpu_skip_norm": (0, 1),
     "cpu_gqa_prompt": (0, 1),
     "cpu_dnnl_blocked": (0, 1),

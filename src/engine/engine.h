@@ -72,6 +72,7 @@ struct Options {
   bool cpu_packed_matmul = true;   // on the CPU, float32 products of several rows by a constant matrix as the EP's kernel
   bool cpu_packed_blocks = true;   // ... its threads take panels, rows in blocks of 128, the next panel asked into L2
   int64_t cpu_packed_rows = 64;    // ... or rows, where each thread gets this many or more (0: never)
+  int64_t cpu_packed_stream = 6144;  // ... or (one row tile) columns in 16s, lines this far ahead asked for (0: off)
   bool cpu_skip_norm = true;       // on the CPU, a normalization and the Add before it as one kernel (graph/fuse_skip_norm)
   bool cpu_gqa_prompt = true;      // on the CPU, a prompt's GroupQueryAttention q, k, v laid out per head and rotated as one kernel
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)

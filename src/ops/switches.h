@@ -62,6 +62,9 @@ struct TranslationSwitches {
   bool cpu_gqa_prompt = true;
   // the packed kernel's threads take rows where each gets this many or more (0: never)
   int64_t cpu_packed_rows = 64;
+  // a product of one row tile: columns split in 16s, each range streamed with lines this many
+  // bytes ahead asked for (0: the blocked walk)
+  int64_t cpu_packed_stream = 6144;
 };
 
 // The calling thread's current switches.

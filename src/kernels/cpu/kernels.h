@@ -213,14 +213,24 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // With `rows` > 0 (and `blocks`), a product of at least `rows` rows a thread splits its rows over
 // the threads instead, each thread all the panels: the rows stay on the core whose kernels before
 // and after wrote and read them (row-split too), each thread reading the whole weight.
+// With `ahead` > 0 (AVX-512), a product of one row tile (up to 8 rows: a decode step's) splits
+// its columns over the threads in 16-column steps, each thread's range walked over the whole
+// depth, its tiles asking for the lines `ahead` bytes past the ones they read.
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
-                                           int64_t rows, mx::Stream s,
+struct PackedWalk {
+  bool blocks = true;    // cpu_packed_blocks
+  int64_t rows = 64;     // cpu_packed_rows
+  int64_t ahead = 6144;  // cpu_packed_stream
+  bool operator==(const PackedWalk&) const = default;
+};
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
+                                           const PackedWalk& walk, mx::Stream s,
                                            const std::optional<mx::array>& bias = std::nullopt);
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 uint64_t cpu_packed_huge_page_bytes();  // bytes of its weights' panels asked for in 2 MiB pages
 uint64_t cpu_packed_prefetch_bytes();  // bytes of next panels its tiles asked into L2
 uint64_t cpu_packed_row_splits();  // products whose rows it split over the threads
+uint64_t cpu_packed_stream_walks();  // products of one row tile it split by columns, walked ahead
 
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies
 // with groups: y[n, g*Mg + m, p] = bias[g*Mg + m] + sum_k w[g*Mg + m, k] x[n, g*Cg + k, p], then

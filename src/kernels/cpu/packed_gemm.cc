@@ -43,6 +43,7 @@ constexpr int64_t kDepthBlock = 512;
 std::atomic<uint64_t> g_huge_bytes{0};
 std::atomic<uint64_t> g_prefetch_bytes{0};
 std::atomic<uint64_t> g_row_splits{0};
+std::atomic<uint64_t> g_stream_walks{0};
 
 // Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
 // transparent huge pages are granted on request): a one-row product streams its whole weight
@@ -113,37 +114,44 @@ struct NextLines {
 };
 
 // C[r, 0:width) = (C[r, 0:width) if `accumulate`, else bias[0:width) or 0) + sum_{k < kc} A[r, k] *
-// P[k, 0:48) for r < R; A's rows `lda` apart, C's `ldc`; P: kc rows of one panel (48 floats each).
-template <int R>
+// P[k, 0:16 V) for r < R; A's rows `lda` apart, C's `ldc`; P: kc rows of a panel, 48 floats apart,
+// of which the tile reads V vectors of 16 (a thread's window of a panel split between threads).
+// `ahead` > 0: the lines that far past the ones read are asked for, a one-row product streaming
+// its weight from memory (the hardware's prefetchers alone keep too few lines in flight).
+template <int R, int V = 3>
 __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
                                                     int64_t ldc, int width, bool accumulate, const float* bias,
-                                                    NextLines next) {
-  __mmask16 m[3];
-  for (int j = 0; j < 3; ++j) {
+                                                    NextLines next, int64_t ahead) {
+  __mmask16 m[V];
+  for (int j = 0; j < V; ++j) {
     const int w = std::clamp(width - 16 * j, 0, 16);
     m[j] = static_cast<__mmask16>((1u << w) - 1);
   }
-  __m512 start[3];
-  for (int j = 0; j < 3; ++j)
+  __m512 start[V];
+  for (int j = 0; j < V; ++j)
     start[j] = bias && !accumulate ? _mm512_maskz_loadu_ps(m[j], bias + 16 * j) : _mm512_setzero_ps();
-  __m512 acc[R][3];
+  __m512 acc[R][V];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r][0] = start[0], acc[r][1] = start[1], acc[r][2] = start[2];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) acc[r][j] = start[j];
   const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 48) {
-    const __m512 b0 = _mm512_loadu_ps(p), b1 = _mm512_loadu_ps(p + 16), b2 = _mm512_loadu_ps(p + 32);
+    __m512 b[V];
+    for (int j = 0; j < V; ++j) b[j] = _mm512_loadu_ps(p + 16 * j);
+    if (ahead > 0) {
+      const char* q = reinterpret_cast<const char*>(p) + ahead;
+      for (int j = 0; j < V; ++j) _mm_prefetch(q + 64 * j, _MM_HINT_T0);
+    }
     next.touch(k, every);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_set1_ps(a[r * lda + k]);
-      acc[r][0] = _mm512_fmadd_ps(v, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(v, b1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(v, b2, acc[r][2]);
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(v, b[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 3; ++j) {
+    for (int j = 0; j < V; ++j) {
       float* cp = c + r * ldc + 16 * j;
       __m512 v = acc[r][j];
       if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[j], cp));
@@ -154,7 +162,7 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
 template <int R>
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
                                                     int64_t ldc, int width, bool accumulate, const float* bias,
-                                                    NextLines next) {
+                                                    NextLines next, int64_t ahead) {
   alignas(32) float b16[16] = {};
   if (bias && !accumulate)
     for (int j = 0; j < width; ++j) b16[j] = bias[j];
@@ -165,6 +173,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, 
   const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 16) {
     const __m256 b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
+    if (ahead > 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T0);
     next.touch(k, every);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
@@ -189,13 +198,17 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* a, int64_t lda, 
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool, const float*, NextLines);
-// The tile function for r rows (1..geometry rows).
-TileFn tile_for(bool avx512, int r) {
-  static constexpr TileFn k512[] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>,
-                                    tile_avx512<5>, tile_avx512<6>, tile_avx512<7>, tile_avx512<8>};
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool, const float*, NextLines,
+                        int64_t);
+// The tile function for r rows (1..geometry rows), of a whole panel or (AVX-512) of `vectors`
+// vectors of 16 columns of one.
+template <int V>
+constexpr TileFn k512_rows[] = {tile_avx512<1, V>, tile_avx512<2, V>, tile_avx512<3, V>, tile_avx512<4, V>,
+                                tile_avx512<5, V>, tile_avx512<6, V>, tile_avx512<7, V>, tile_avx512<8, V>};
+TileFn tile_for(bool avx512, int r, int vectors = 3) {
   static constexpr TileFn k2[] = {tile_avx2<1>, tile_avx2<2>, tile_avx2<3>, tile_avx2<4>, tile_avx2<5>, tile_avx2<6>};
-  return avx512 ? k512[r - 1] : k2[r - 1];
+  if (!avx512) return k2[r - 1];
+  return vectors == 1 ? k512_rows<1>[r - 1] : vectors == 2 ? k512_rows<2>[r - 1] : k512_rows<3>[r - 1];
 }
 
 // Rows are taken in blocks of this many (their share of A, 256 KiB at K = 512, stays in L2
@@ -238,8 +251,8 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
-  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, bool blocks, int64_t rows)
-      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), blocks_(blocks), rows_(rows),
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, const PackedWalk& walk)
+      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), walk_(walk),
         cache_(std::make_shared<Packed>()) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -250,8 +263,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
-                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = blocks_,
-                  split_rows = rows_] {
+                  yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = walk_.blocks,
+                  split_rows = walk_.rows, stream = walk_.ahead] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
@@ -264,7 +277,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
         const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
         tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
                                yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0, bp ? bp + panel * geo.cols : nullptr,
-                               next);
+                               next, 0);
       };
       // One thread's share of a walk, per K block; the walk's tile rows count from `row0`.
       auto walk_share = [&](const BlockWalk& walk, int64_t row0) {
@@ -284,6 +297,27 @@ class PackedMatmul : public mx::UnaryPrimitive {
         }
         g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
       };
+      if (stream > 0 && row_tiles == 1 && avx512) {
+        // One row tile (a decode step's product): the weight is read once, from memory. The
+        // threads take equal column ranges in 16-column vectors (a panel at a boundary split
+        // between two: with whole panels a thread could get a panel more than the other, and
+        // the last one reading alone gets half the bandwidth), each its range over the whole
+        // depth, so that its lines form one stream the tile asks ahead on.
+        const int64_t vectors = (g.n + 15) / 16;
+        const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), vectors)) : 1;
+        g_stream_walks.fetch_add(1, std::memory_order_relaxed);
+        cpu_parallel_for(vectors, threads, [&](int64_t v0, int64_t v1) {
+          for (int64_t panel = v0 / 3; panel * 3 < v1; ++panel) {
+            const int64_t lo = std::max<int64_t>(v0 - panel * 3, 0), hi = std::min<int64_t>(v1 - panel * 3, 3);
+            const int64_t col = panel * geo.cols + lo * 16;
+            const int width = static_cast<int>(std::min<int64_t>(16 * (hi - lo), g.n - col));
+            tile_for(true, static_cast<int>(g.m), static_cast<int>(hi - lo))(
+                xp, g.k, packed->data() + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
+                bp ? bp + col : nullptr, {}, stream);
+          }
+        });
+        return;
+      }
       const int64_t items = row_tiles * panels;
       const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
       const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
@@ -319,8 +353,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "PackedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmul*>(&other);
-    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->blocks_ == blocks_ &&
-           o->rows_ == rows_;
+    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->walk_ == walk_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -372,8 +405,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   GemmShape g_;
   bool parallel_;
   bool avx512_;
-  bool blocks_;  // the blocked walk with the next panel asked for (cpu_packed_blocks)
-  int64_t rows_;  // ... the threads taking rows where each gets this many or more (cpu_packed_rows; 0: never)
+  PackedWalk walk_;
   std::shared_ptr<Packed> cache_;
 };
 
@@ -383,9 +415,10 @@ uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed
 uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_stream_walks() { return g_stream_walks.load(std::memory_order_relaxed); }
 
-std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel, bool blocks,
-                                           int64_t rows, mx::Stream s, const std::optional<mx::array>& bias) {
+std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
+                                           const PackedWalk& walk, mx::Stream s, const std::optional<mx::array>& bias) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
@@ -398,7 +431,7 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), blocks, rows),
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), walk),
                    std::move(in));
 #else
   return std::nullopt;

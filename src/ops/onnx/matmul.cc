@@ -94,7 +94,8 @@ std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, 
   const auto& sw = translation_switches();
   if (!sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
   const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
-  return cpu_packed_matmul(a, b, parallel_work(flops), sw.cpu_packed_blocks, sw.cpu_packed_rows, s, bias);
+  return cpu_packed_matmul(a, b, parallel_work(flops), {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream},
+                           s, bias);
 }
 
 // Declared in ops/int_matmul.h (also used by ConvInteger/QLinearConv).
