@@ -1301,13 +1301,15 @@ def test_packed_products_split_rows_where_each_thread_gets_a_row_block(tmp_path)
 _STREAM_WALKS = r"""
 import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
 from onnx import TensorProto as TP, helper, numpy_helper
-ahead, report = int(sys.argv[1]), sys.argv[2]
+ahead, report, avx512 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 rng = np.random.default_rng(7)
-# (rows, K, N): columns split between two threads inside a panel of 48 (80: 3 + 2 vectors of 16;
-# 200: 7 + 6, a panel's first vector on one thread, its other two on the other, a last vector
-# of 8 columns), a depth over the blocked walk's 512, rows up to the AVX-512 tile's 8, and 9 rows
-# (two row tiles: the blocked walk).
-shapes = {"a": (1, 64, 80), "b": (1, 700, 200), "c": (3, 96, 1000), "d": (8, 40, 16), "e": (9, 64, 200)}
+# (rows, K, N): columns split between two threads inside an AVX-512 panel of 48 (80: 3 + 2
+# vectors of 16; 200: 7 + 6, a panel's first vector on one thread, its other two on the other, a
+# last vector of 8 columns), a depth over the blocked walk's 512, rows up to the tile's (8 with
+# AVX-512, 6 with AVX2), and one row more (two row tiles: the blocked walk).
+tile_rows = 8 if avx512 else 6
+shapes = {"a": (1, 64, 80), "b": (1, 700, 200), "c": (3, 96, 1000), "d": (tile_rows, 40, 16),
+          "e": (tile_rows + 1, 64, 200)}
 nodes, inits, inputs, feeds = [], [], [], {}
 for name, (m, k, n) in shapes.items():
     inits.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) / 8, "w_" + name))
@@ -1322,7 +1324,7 @@ m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 9
 s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
     "cpu", fallback=False, report_path=report, cpu_packed_stream=ahead, cpu_program_parallel_min_flops=0,
-    cpu_dnnl_parallel_min_flops=0))
+    cpu_dnnl_parallel_min_flops=0, cpu_avx512=avx512))
 w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in inits}
 for _ in range(3):
     for name, got in zip(shapes, s.run(None, feeds)):
@@ -1336,19 +1338,22 @@ print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed
 """
 
 
-@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2 or not _avx512(),
-                    reason="the CPU kernel's AVX-512 tiles and its threads")
-def test_one_row_tile_products_split_columns_in_sixteens(tmp_path):
+@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_one_row_tile_products_split_columns_in_sixteens(avx512, tmp_path):
     """The packed kernel's stream walk (cpu_packed_stream, kernels/cpu/packed_gemm.cc): products of
-    one row tile (1, 3 and 8 rows) split their columns over two threads in 16-column vectors,
-    panels at a boundary shared, each range over the whole depth; 9 rows keep the blocked walk.
+    one row tile (1, 3 and 8 rows; 6 with AVX2's tiles) split their columns over two threads in
+    16-column vectors, AVX-512 panels at a boundary shared, each range over the whole depth; a
+    row more keeps the blocked walk.
     4 runs of 5 products: 16 stream walks; with cpu_packed_stream=0 none. Outputs within 1e-5 of
     float64 either way, and the same bits where K fits one block. Broken by a window's columns
     computed twice or not at all, a window's masks or bias misplaced, or the walk not taken."""
+    if avx512 and not _avx512():
+        pytest.skip("no AVX-512 on this CPU")
     got, outs = {}, {}
     for ahead in (6144, 0):
         report = tmp_path / f"s{ahead}.jsonl"
-        out = subprocess.run([sys.executable, "-c", _STREAM_WALKS, str(ahead), str(report)],
+        out = subprocess.run([sys.executable, "-c", _STREAM_WALKS, str(ahead), str(report), str(avx512)],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         got[ahead] = json.loads(out.stdout.strip().splitlines()[-1])

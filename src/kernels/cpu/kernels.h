@@ -213,9 +213,9 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // With `rows` > 0 (and `blocks`), a product of at least `rows` rows a thread splits its rows over
 // the threads instead, each thread all the panels: the rows stay on the core whose kernels before
 // and after wrote and read them (row-split too), each thread reading the whole weight.
-// With `ahead` > 0 (AVX-512), a product of one row tile (up to 8 rows: a decode step's) splits
-// its columns over the threads in 16-column steps, each thread's range walked over the whole
-// depth, its tiles asking for the lines `ahead` bytes past the ones they read.
+// With `ahead` > 0, a product of one row tile (up to 8 rows with AVX-512, 6 with AVX2: a decode
+// step's) splits its columns over the threads in 16-column steps, each thread's range walked over
+// the whole depth, its tiles asking for the lines `ahead` bytes past the ones they read.
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
 struct PackedWalk {
   bool blocks = true;    // cpu_packed_blocks

@@ -297,21 +297,21 @@ class PackedMatmul : public mx::UnaryPrimitive {
         }
         g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
       };
-      if (stream > 0 && row_tiles == 1 && avx512) {
+      if (stream > 0 && row_tiles == 1) {
         // One row tile (a decode step's product): the weight is read once, from memory. The
-        // threads take equal column ranges in 16-column vectors (a panel at a boundary split
-        // between two: with whole panels a thread could get a panel more than the other, and
-        // the last one reading alone gets half the bandwidth), each its range over the whole
-        // depth, so that its lines form one stream the tile asks ahead on.
-        const int64_t vectors = (g.n + 15) / 16;
+        // threads take equal column ranges in 16-column vectors (an AVX-512 panel of three at a
+        // boundary split between two: with whole panels a thread could get a panel more than
+        // the other, and the last one reading alone gets half the bandwidth), each its range
+        // over the whole depth, so that its lines form one stream the tile asks ahead on.
+        const int64_t per = geo.cols / 16, vectors = (g.n + 15) / 16;
         const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), vectors)) : 1;
         g_stream_walks.fetch_add(1, std::memory_order_relaxed);
         cpu_parallel_for(vectors, threads, [&](int64_t v0, int64_t v1) {
-          for (int64_t panel = v0 / 3; panel * 3 < v1; ++panel) {
-            const int64_t lo = std::max<int64_t>(v0 - panel * 3, 0), hi = std::min<int64_t>(v1 - panel * 3, 3);
+          for (int64_t panel = v0 / per; panel * per < v1; ++panel) {
+            const int64_t lo = std::max<int64_t>(v0 - panel * per, 0), hi = std::min<int64_t>(v1 - panel * per, per);
             const int64_t col = panel * geo.cols + lo * 16;
             const int width = static_cast<int>(std::min<int64_t>(16 * (hi - lo), g.n - col));
-            tile_for(true, static_cast<int>(g.m), static_cast<int>(hi - lo))(
+            tile_for(avx512, static_cast<int>(g.m), static_cast<int>(hi - lo))(
                 xp, g.k, packed->data() + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
                 bp ? bp + col : nullptr, {}, stream);
           }
