@@ -97,11 +97,31 @@ def llm_prompt_case():
     return "llm_prompt", m.SerializeToString(), [feeds], ""
 
 
+def row_tile_products_case():
+    """A decode step's products: 3 rows (one row tile) by constant weights of 200 and 80 columns,
+    their columns split over the threads in 16s with a panel of 48 shared at the boundary
+    (cpu_packed_stream's walk), a fused bias and a Relu between them."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array((rng.standard_normal((256, 200)) / 16).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((200, 80)) / 16).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["p"]), helper.make_node("Add", ["p", "b1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "row_tile_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 80])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    feeds = {"x": rng.standard_normal((3, 256)).astype(np.float32)}
+    return "row_tile_products", m.SerializeToString(), [feeds], ""
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
     cases = [(name, model, [feeds], "") for name, model, feeds in load_cases()]
     cases.append(shape_family_case())
     cases.append(llm_prompt_case())
+    cases.append(row_tile_products_case())
     for name, model, sets, options in cases:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
