@@ -264,7 +264,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
                   yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = walk_.blocks,
-                  split_rows = walk_.rows, stream = walk_.ahead] {
+                  split_rows = walk_.rows, ahead = walk_.ahead] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
@@ -297,7 +297,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
         }
         g_prefetch_bytes.fetch_add(static_cast<uint64_t>(asked), std::memory_order_relaxed);
       };
-      if (stream > 0 && row_tiles == 1) {
+      if (ahead > 0 && row_tiles == 1) {
         // One row tile (a decode step's product): the weight is read once, from memory. The
         // threads take equal column ranges in 16-column vectors (an AVX-512 panel of three at a
         // boundary split between two: with whole panels a thread could get a panel more than
@@ -313,7 +313,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
             const int width = static_cast<int>(std::min<int64_t>(16 * (hi - lo), g.n - col));
             tile_for(avx512, static_cast<int>(g.m), static_cast<int>(hi - lo))(
                 xp, g.k, packed->data() + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
-                bp ? bp + col : nullptr, {}, stream);
+                bp ? bp + col : nullptr, {}, ahead);
           }
         });
         return;
