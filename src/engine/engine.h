@@ -73,6 +73,7 @@ struct Options {
   bool cpu_packed_blocks = true;   // ... its threads take panels, rows in blocks of 128, the next panel asked into L2
   int64_t cpu_packed_rows = 64;    // ... or rows, where each thread gets this many or more (0: never)
   int64_t cpu_packed_stream = 6144;  // ... or (one row tile) columns in 16s, lines this far ahead asked for (0: off)
+  int64_t cpu_packed_ahead = 6144;   // ... (several row tiles) each tile asks for its panel's lines this far ahead (0: off)
   bool cpu_skip_norm = true;       // on the CPU, a normalization and the Add before it as one kernel (graph/fuse_skip_norm)
   bool cpu_gqa_prompt = true;      // on the CPU, a prompt's GroupQueryAttention q, k, v laid out per head and rotated as one kernel
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
@@ -108,6 +109,7 @@ struct Options {
   bool cpu_attention = true;
   // MLX's CPU device: GELU written out as nodes as one Gelu node (graph/fuse_gelu.h).
   bool cpu_gelu = true;
+  bool cpu_product_gelu = true;  // on the CPU, a Gelu after a product by a constant applied by the product's kernel
   bool cpu_swiglu = true;  // on the CPU, Sigmoid(g) -> Mul(g) -> Mul(up) as one kernel (graph/fuse_swiglu.h)
   // MLX's CPU device with AVX-512 VNNI: MatMulNBits prompt rows with int8 blocks as integer
   // products (kernels/cpu/int4_gemv.cc, cpu_int4_gemm).

@@ -256,6 +256,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
   if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_activation) graph::fuse_conv_activation(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_attention && opt_.cpu_avx512 && ops::cpu_has_avx512f()) graph::fuse_attention(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_gelu) graph::fuse_gelu(graph_, output_names_);
+  if (!opt_.gpu && opt_.cpu_packed_matmul && opt_.cpu_product_gelu) graph::fuse_matmul_gelu(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_swiglu) graph::fuse_swiglu(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_skip_norm) graph::fuse_skip_norm(graph_, output_names_);
   std::vector<graph::Graph*> bodies;

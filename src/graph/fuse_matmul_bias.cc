@@ -1,5 +1,6 @@
 #include "graph/fuse_matmul_bias.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -32,6 +33,48 @@ int fuse_matmul_bias(Graph& g, const std::vector<std::string>& graph_outputs) {
     mm.attrs[kMatMulBias].type = AttrType::Int;
     mm.attrs[kMatMulBias].i = 1;
     gone[add.index] = true;
+    ++done;
+  }
+  if (done) erase_nodes(g, gone);
+  return done;
+}
+
+int fuse_matmul_gelu(Graph& g, const std::vector<std::string>& graph_outputs) {
+  const ValueUses uses(g, graph_outputs);
+  std::vector<bool> gone(g.nodes.size(), false);
+  auto is_gelu = [](const Node* n) {
+    return n && n->domain == "com.microsoft" && n->op_type == "Gelu" && n->inputs.size() == 1 && n->outputs.size() == 1 &&
+           n->has_output(0);
+  };
+  int done = 0;
+  for (auto& mm : g.nodes) {
+    // A MatMul (its bias fused or not: no other mark of the EP's) or a Gemm.
+    const bool matmul = mm.op_type == "MatMul";
+    const size_t marks = mm.has_attr(kMatMulBias) ? 1 : 0;
+    if (!mm.domain.empty() || (!matmul && mm.op_type != "Gemm") || mm.outputs.size() != 1 || !mm.has_output(0) ||
+        mm.inputs.size() < 2 || (matmul && (mm.inputs.size() != 2 + marks || mm.attrs.size() != marks)))
+      continue;
+    if (std::any_of(mm.attrs.begin(), mm.attrs.end(), [](const auto& a) {
+          return !a.first.empty() && a.first[0] == '_' && a.first != kMatMulBias;
+        }))
+      continue;
+    const ConstTensor* w = g.constant(mm.inputs[1]);
+    if (!w || w->dtype != DType::Float32 || w->shape.size() != 2) continue;
+    // The Gelu reads the product, or a Reshape of it (ORT writes a MatMul and Add of 3-D rows as
+    // a Gemm between Reshapes): an elementwise map commutes with the Reshape, which then takes
+    // the Gelu's output.
+    Node* reader = uses.only_reader(g, mm.outputs[0]);
+    Node* reshape = reader && reader->domain.empty() && reader->op_type == "Reshape" ? reader : nullptr;
+    const Node* gelu = reshape ? uses.only_reader(g, reshape->outputs[0]) : reader;
+    if (!is_gelu(gelu) || (reshape && (reshape->outputs.size() != 1 || reshape->inputs[0] != mm.outputs[0]))) continue;
+    if (reshape)
+      reshape->outputs[0] = gelu->outputs[0];
+    else
+      mm.outputs[0] = gelu->outputs[0];
+    mm.attrs[kMatMulGelu] = Attribute{};
+    mm.attrs[kMatMulGelu].type = AttrType::Int;
+    mm.attrs[kMatMulGelu].i = 1;
+    gone[gelu->index] = true;
     ++done;
   }
   if (done) erase_nodes(g, gone);

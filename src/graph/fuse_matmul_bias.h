@@ -23,4 +23,16 @@ inline constexpr const char* kMatMulBias = "_ortmlx_bias";
 // neither one of `graph_outputs` nor read inside a control-flow body. Returns how many Adds went.
 int fuse_matmul_bias(Graph& g, const std::vector<std::string>& graph_outputs);
 
+// The GELU after such a product as part of it too (an encoder's feed-forward layer): the kernel
+// applies it to each tile of the product as it stores it, while the tile is in L1, instead of a
+// pass of its own over the product.
+inline constexpr const char* kMatMulGelu = "_ortmlx_gelu";
+
+// Rewrites `g` in place: a MatMul (its bias fused or not) whose second input is a float32
+// constant 2-D [K, N] and whose output only a com.microsoft Gelu reads (graph/fuse_gelu's, or
+// the model's) takes the Gelu's output, marked by kMatMulGelu, and the Gelu goes. The product's
+// value must be neither one of `graph_outputs` nor read inside a control-flow body. Returns how
+// many Gelus went.
+int fuse_matmul_gelu(Graph& g, const std::vector<std::string>& graph_outputs);
+
 }  // namespace ortmlx::graph

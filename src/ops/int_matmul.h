@@ -17,8 +17,9 @@ mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s);
 // a @ b (+ bias [N]) for float32 rows a [..., K] (two or more) and a 2-D float32 b [K, N] that is a
 // constant of the program (its buffer never changes: the kernel lays it out once), through
 // cpu_packed_matmul (kernels/cpu/kernels.h), split over the threads from the switches'
-// cpu_conv_parallel_min_flops; std::nullopt when that path is off or does not fit.
+// cpu_conv_parallel_min_flops; std::nullopt when that path is off or does not fit. `gelu`: the
+// kernel applies cpu_unary's GELU to the product as it stores it.
 std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
-                                        const std::optional<mx::array>& bias = std::nullopt);
+                                        const std::optional<mx::array>& bias = std::nullopt, bool gelu = false);
 
 }  // namespace ortmlx::ops

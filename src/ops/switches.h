@@ -65,6 +65,8 @@ struct TranslationSwitches {
   // a product of one row tile: columns split in 16s, each range streamed with lines this many
   // bytes ahead asked for (0: the blocked walk)
   int64_t cpu_packed_stream = 6144;
+  // a product of several row tiles: each tile asks for its panel's lines this many bytes ahead
+  int64_t cpu_packed_ahead = 6144;
 };
 
 // The calling thread's current switches.

@@ -40,12 +40,13 @@ def _init(name, array):
     return onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
 
 
-def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimized=False, outputs=("y",), **options):
+def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimized=False, outputs=("y",), keep=None,
+         **options):
     """Runs a graph of `nodes` (inputs `feeds`, declared with their shapes or `shapes[name]`,
     outputs `outputs`) on the MLX EP's CPU device and on ORT's CPU EP, asserts the outputs
     agree, and returns the MLX primitives of the EP's last run (log_level=3). `unoptimized`:
     ORT's graph optimizations off for the EP's session (its own fusions would rewrite the nodes
-    first)."""
+    first). `keep`: a list the EP's last outputs are appended to."""
     import onnxruntime_mlx as om
     shapes = shapes or {}
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, shapes.get(k, list(v.shape))) for k, v in feeds.items()]
@@ -65,6 +66,8 @@ def _run(nodes, feeds, inits, capfd, rtol, atol, runs=3, shapes=None, unoptimize
     assert lines
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    if keep is not None:
+        keep.append(got)
     return {k: int(v) for k, v in re.findall(r" (\w+)=(\d+)", lines[-1].split("evaluates:")[1])}
 
 
@@ -978,6 +981,46 @@ def test_gelu_written_out_is_one_kernel(form, capfd):
     assert "ErfGelu" not in prims, prims
 
 
+@pytest.mark.parametrize("avx512", [1, 0])
+@pytest.mark.parametrize("rows,k,n,bias", [((2, 5), 40, 100, True), ((16,), 600, 64, True), ((1,), 64, 300, False),
+                                           ((200,), 32, 96, True), ((3,), 16, 40, True)])
+def test_product_gelu_is_applied_by_the_kernel(rows, k, n, bias, avx512, capfd):
+    """A GELU after a product by a constant (its bias Add fused first: an encoder's feed-forward
+    layer) joins the product (graph/fuse_matmul_bias, fuse_matmul_gelu): the packed kernel
+    applies it to each tile as it stores it, one PackedMatmulGelu primitive and no ErfGelu.
+    Rows of a batch taken flat with a ragged last panel, a depth over 512 (the tiles'
+    sums finished on the last block only), one row (the stream walk), 200 rows (the threads
+    taking rows); under 256 outputs (3 x 40) the GELU stays MLX's ops after the product, as the
+    unfused Gelu would run. The same bits as with cpu_product_gelu=0 (PackedMatmul, then
+    ErfGelu), and ORT's CPU EP within 1e-5. Broken by the GELU applied before a tile's last K
+    block, to a tile's columns past the product's, or not at all."""
+    if avx512 and not _avx512():
+        pytest.skip("no AVX-512 on this CPU")
+    rng = np.random.default_rng(k * n)
+    x = rng.standard_normal(rows + (k,)).astype(np.float32)
+    inits = [_init("w", rng.standard_normal((k, n)) / np.sqrt(k)), _init("c", np.sqrt(2)), _init("one", 1.0),
+             _init("half", 0.5)]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    if bias:
+        inits.append(_init("b", rng.standard_normal(n)))
+        nodes.append(helper.make_node("Add", ["p", "b"], ["q"]))
+    v = "q" if bias else "p"
+    nodes += [helper.make_node("Div", [v, "c"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+              helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", [v, "a"], ["m"]),
+              helper.make_node("Mul", ["m", "half"], ["y"])]
+    outs = []
+    opts = dict(cpu_avx512=avx512, cpu_program_parallel_min_flops=0, cpu_dnnl_parallel_min_flops=0)
+    fused = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, **opts)
+    apart = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, cpu_product_gelu=0, **opts)
+    if np.prod(rows) * n >= 256:
+        assert apart.get("PackedMatmul") == 1 and apart.get("ErfGelu") == 1, apart
+        assert fused.get("PackedMatmulGelu") == 1 and "PackedMatmul" not in fused, fused
+        assert not [p for p in fused if p.startswith(("Erf", "Add", "Mul", "Div", "Comp"))], fused
+    else:
+        assert fused.get("PackedMatmul") == 1 and "PackedMatmulGelu" not in fused and "ErfGelu" not in fused, fused
+    assert np.array_equal(outs[0][0], outs[1][0])
+
+
 @pytest.mark.parametrize("rows,k,block,zp", [(8, 512, 32, True), (37, 224, 32, False), (13, 320, 64, True),
                                              (16, 256, 128, True), (21, 200, 32, True), (3, 256, 32, True)])
 def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):
@@ -1298,18 +1341,18 @@ def test_packed_products_split_rows_where_each_thread_gets_a_row_block(tmp_path)
     assert got[0] == {"process_packed_matmuls": 6, "process_packed_row_splits": 0}, got
 
 
-_STREAM_WALKS = r"""
+# Products through the packed kernel in a subprocess: argv = option (cpu_packed_stream or
+# cpu_packed_ahead), its value, report path, cpu_avx512, shapes {name: [rows or "tile"/"tile+1"
+# (the tile's rows: 8 with AVX-512, 6 with AVX2), K, N]} as JSON. Checks each output against
+# float64, saves the outputs and prints the report's packed-kernel counters.
+_PACKED_WALKS = r"""
 import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
 from onnx import TensorProto as TP, helper, numpy_helper
-ahead, report, avx512 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+option, value, report, avx512 = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 rng = np.random.default_rng(7)
-# (rows, K, N): columns split between two threads inside an AVX-512 panel of 48 (80: 3 + 2
-# vectors of 16; 200: 7 + 6, a panel's first vector on one thread, its other two on the other, a
-# last vector of 8 columns), a depth over the blocked walk's 512, rows up to the tile's (8 with
-# AVX-512, 6 with AVX2), and one row more (two row tiles: the blocked walk).
 tile_rows = 8 if avx512 else 6
-shapes = {"a": (1, 64, 80), "b": (1, 700, 200), "c": (3, 96, 1000), "d": (tile_rows, 40, 16),
-          "e": (tile_rows + 1, 64, 200)}
+rows = lambda r: tile_rows if r == "tile" else tile_rows + 1 if r == "tile+1" else r  # noqa: E731
+shapes = {name: (rows(r), k, n) for name, (r, k, n) in json.loads(sys.argv[5]).items()}
 nodes, inits, inputs, feeds = [], [], [], {}
 for name, (m, k, n) in shapes.items():
     inits.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) / 8, "w_" + name))
@@ -1323,7 +1366,7 @@ g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y_" + 
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 9
 s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
-    "cpu", fallback=False, report_path=report, cpu_packed_stream=ahead, cpu_program_parallel_min_flops=0,
+    "cpu", fallback=False, report_path=report, **{option: value}, cpu_program_parallel_min_flops=0,
     cpu_dnnl_parallel_min_flops=0, cpu_avx512=avx512))
 w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in inits}
 for _ in range(3):
@@ -1334,8 +1377,16 @@ outs = s.run(None, feeds)
 del s
 line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
 np.savez(report + ".npz", *outs)
-print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_stream_walks")}))
+print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_stream_walks",
+                                         "process_packed_ahead_walks")}))
 """
+
+
+def _packed_walks(option, value, avx512, shapes, report):
+    out = subprocess.run([sys.executable, "-c", _PACKED_WALKS, option, str(value), str(report), str(avx512),
+                          json.dumps(shapes)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), np.load(str(report) + ".npz")
 
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
@@ -1350,15 +1401,41 @@ def test_one_row_tile_products_split_columns_in_sixteens(avx512, tmp_path):
     computed twice or not at all, a window's masks or bias misplaced, or the walk not taken."""
     if avx512 and not _avx512():
         pytest.skip("no AVX-512 on this CPU")
+    # (rows, K, N): columns split between two threads inside an AVX-512 panel of 48 (80: 3 + 2
+    # vectors of 16; 200: 7 + 6, a panel's first vector on one thread, its other two on the other,
+    # a last vector of 8 columns), a depth over the blocked walk's 512, rows up to the tile's, and
+    # one row more (two row tiles: the blocked walk).
+    shapes = {"a": [1, 64, 80], "b": [1, 700, 200], "c": [3, 96, 1000], "d": ["tile", 40, 16],
+              "e": ["tile+1", 64, 200]}
     got, outs = {}, {}
     for ahead in (6144, 0):
-        report = tmp_path / f"s{ahead}.jsonl"
-        out = subprocess.run([sys.executable, "-c", _STREAM_WALKS, str(ahead), str(report), str(avx512)],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        got[ahead] = json.loads(out.stdout.strip().splitlines()[-1])
-        outs[ahead] = np.load(str(report) + ".npz")
-    assert got[6144] == {"process_packed_matmuls": 20, "process_packed_stream_walks": 16}, got
-    assert got[0] == {"process_packed_matmuls": 20, "process_packed_stream_walks": 0}, got
+        got[ahead], outs[ahead] = _packed_walks("cpu_packed_stream", ahead, avx512, shapes, tmp_path / f"s{ahead}.jsonl")
+    assert {k: got[6144][k] for k in ("process_packed_matmuls", "process_packed_stream_walks")} == {
+        "process_packed_matmuls": 20, "process_packed_stream_walks": 16}, got
+    assert {k: got[0][k] for k in ("process_packed_matmuls", "process_packed_stream_walks")} == {
+        "process_packed_matmuls": 20, "process_packed_stream_walks": 0}, got
     for i in (0, 2, 3, 4):  # K <= 512: one block either way
+        assert np.array_equal(outs[6144][f"arr_{i}"], outs[0][f"arr_{i}"]), i
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
+@pytest.mark.parametrize("avx512", [1, 0])
+def test_tiles_of_several_row_tiles_ask_ahead(avx512, tmp_path):
+    """cpu_packed_ahead (kernels/cpu/packed_gemm.cc): the tiles of a product of several row tiles
+    ask for their panel's lines that many bytes ahead. Products of two row tiles with a ragged
+    last panel, of a depth over 512 (the tiles accumulating over K blocks), of 200 rows (the
+    threads taking rows), and one of one row tile (the stream walk, not counted): 4 runs of the 3
+    counted products, 12 walks asking ahead; with cpu_packed_ahead=0 none. Asking must change no
+    bit: the outputs equal those without it, and float64 within 1e-5. Broken by the option not
+    reaching the kernel, or a tile whose lines ahead are read instead of asked for past its panel
+    (the sanitizer runs of this file catch a read past the buffer)."""
+    if avx512 and not _avx512():
+        pytest.skip("no AVX-512 on this CPU")
+    shapes = {"a": ["tile+1", 384, 200], "b": [16, 700, 100], "c": [200, 96, 1000], "d": ["tile", 64, 80]}
+    got, outs = {}, {}
+    for ahead in (6144, 0):
+        got[ahead], outs[ahead] = _packed_walks("cpu_packed_ahead", ahead, avx512, shapes, tmp_path / f"a{ahead}.jsonl")
+    assert got[6144]["process_packed_ahead_walks"] == 12 and got[0]["process_packed_ahead_walks"] == 0, got
+    assert got[6144]["process_packed_matmuls"] == got[0]["process_packed_matmuls"] == 16, got
+    for i in range(len(shapes)):
         assert np.array_equal(outs[6144][f"arr_{i}"], outs[0][f"arr_{i}"]), i

@@ -183,8 +183,9 @@ std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s)
 // products MLX's, in that order, so the bits are those of the three ops apart. nullopt off the CPU,
 // for other dtypes or shapes, or below cpu_unary's size.
 std::optional<mx::array> cpu_swiglu(const mx::array& g, const mx::array& up, mx::Stream s);
-// y = f(x) over n floats with cpu_unary's formulas, on the calling thread (for other kernels' steps).
-void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n);
+// y = f(x) over n floats with cpu_unary's formulas, on the calling thread (for other kernels' steps;
+// `avx512` as cpu_unary's primitive takes it from cpu_avx512_kernels()).
+void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n, bool avx512 = false);
 
 // One of MLX's own elementwise primitives (by its name) computed by the calling thread into a
 // new row-contiguous `out`, for the evaluation on the caller (engine/caller_eval.h): float32
@@ -216,21 +217,28 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // With `ahead` > 0, a product of one row tile (up to 8 rows with AVX-512, 6 with AVX2: a decode
 // step's) splits its columns over the threads in 16-column steps, each thread's range walked over
 // the whole depth, its tiles asking for the lines `ahead` bytes past the ones they read.
+// With `tile_ahead` > 0, the tiles of the other products ask for their panel's lines `tile_ahead`
+// bytes past the ones they read (from L2 or the L3 into L1).
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
+// `epilogue`: cpu_unary's map applied to each tile of the product as it is stored (a fused Gelu),
+// the same bits as cpu_unary over the product; the primitive is then named PackedMatmulGelu.
 struct PackedWalk {
   bool blocks = true;    // cpu_packed_blocks
   int64_t rows = 64;     // cpu_packed_rows
   int64_t ahead = 6144;  // cpu_packed_stream
+  int64_t tile_ahead = 6144;  // cpu_packed_ahead
   bool operator==(const PackedWalk&) const = default;
 };
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
                                            const PackedWalk& walk, mx::Stream s,
-                                           const std::optional<mx::array>& bias = std::nullopt);
+                                           const std::optional<mx::array>& bias = std::nullopt,
+                                           std::optional<CpuUnary> epilogue = std::nullopt);
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 uint64_t cpu_packed_huge_page_bytes();  // bytes of its weights' panels asked for in 2 MiB pages
 uint64_t cpu_packed_prefetch_bytes();  // bytes of next panels its tiles asked into L2
 uint64_t cpu_packed_row_splits();  // products whose rows it split over the threads
 uint64_t cpu_packed_stream_walks();  // products of one row tile it split by columns, walked ahead
+uint64_t cpu_packed_ahead_walks();  // products of several row tiles whose tiles asked for lines ahead
 
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies
 // with groups: y[n, g*Mg + m, p] = bias[g*Mg + m] + sum_k w[g*Mg + m, k] x[n, g*Cg + k, p], then

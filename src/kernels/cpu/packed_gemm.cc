@@ -44,6 +44,7 @@ std::atomic<uint64_t> g_huge_bytes{0};
 std::atomic<uint64_t> g_prefetch_bytes{0};
 std::atomic<uint64_t> g_row_splits{0};
 std::atomic<uint64_t> g_stream_walks{0};
+std::atomic<uint64_t> g_ahead_walks{0};
 
 // Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
 // transparent huge pages are granted on request): a one-row product streams its whole weight
@@ -116,8 +117,9 @@ struct NextLines {
 // C[r, 0:width) = (C[r, 0:width) if `accumulate`, else bias[0:width) or 0) + sum_{k < kc} A[r, k] *
 // P[k, 0:16 V) for r < R; A's rows `lda` apart, C's `ldc`; P: kc rows of a panel, 48 floats apart,
 // of which the tile reads V vectors of 16 (a thread's window of a panel split between threads).
-// `ahead` > 0: the lines that far past the ones read are asked for, a one-row product streaming
-// its weight from memory (the hardware's prefetchers alone keep too few lines in flight).
+// `ahead` > 0: the lines that far past the ones read are asked for (the hardware's prefetchers
+// alone keep too few in flight: a one-row product streams its weight from memory, the tiles of
+// larger ones read their panel from L2 or the L3).
 template <int R, int V = 3>
 __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
                                                     int64_t ldc, int width, bool accumulate, const float* bias,
@@ -251,8 +253,9 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
-  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, const PackedWalk& walk)
-      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), walk_(walk),
+  PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, const PackedWalk& walk,
+               std::optional<CpuUnary> epilogue)
+      : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), walk_(walk), epilogue_(epilogue),
         cache_(std::make_shared<Packed>()) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -264,20 +267,26 @@ class PackedMatmul : public mx::UnaryPrimitive {
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
                   yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = walk_.blocks,
-                  split_rows = walk_.rows, ahead = walk_.ahead] {
+                  split_rows = walk_.rows, ahead = walk_.ahead, tile_ahead = walk_.tile_ahead, epilogue = epilogue_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
       const float* xp = x.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
+      // The epilogue over a tile's finished rows of C, while they are in L1.
+      auto finish = [&](float* c, int rows, int width) {
+        if (epilogue)
+          for (int r = 0; r < rows; ++r) cpu_unary_rows(*epilogue, c + r * g.n, c + r * g.n, width, avx512);
+      };
       auto tile = [&](int64_t panel, int64_t tile_row, int64_t k0, NextLines next) {
         const int64_t r0 = tile_row * geo.rows, kc = std::min(kDepthBlock, g.k - k0);
         const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
         const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
-        tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc,
-                               yp + r0 * g.n + panel * geo.cols, g.n, width, k0 > 0, bp ? bp + panel * geo.cols : nullptr,
-                               next, 0);
+        float* c = yp + r0 * g.n + panel * geo.cols;
+        tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc, c, g.n,
+                               width, k0 > 0, bp ? bp + panel * geo.cols : nullptr, next, tile_ahead);
+        if (k0 + kc == g.k) finish(c, rows, width);
       };
       // One thread's share of a walk, per K block; the walk's tile rows count from `row0`.
       auto walk_share = [&](const BlockWalk& walk, int64_t row0) {
@@ -314,10 +323,12 @@ class PackedMatmul : public mx::UnaryPrimitive {
             tile_for(avx512, static_cast<int>(g.m), static_cast<int>(hi - lo))(
                 xp, g.k, packed->data() + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
                 bp ? bp + col : nullptr, {}, ahead);
+            finish(yp + col, static_cast<int>(g.m), width);
           }
         });
         return;
       }
+      if (tile_ahead > 0) g_ahead_walks.fetch_add(1, std::memory_order_relaxed);
       const int64_t items = row_tiles * panels;
       const int64_t block_tiles = std::max<int64_t>(1, kRowBlock / geo.rows);
       const int threads = parallel ? static_cast<int>(std::min<int64_t>(cpu_threads(), items)) : 1;
@@ -350,10 +361,11 @@ class PackedMatmul : public mx::UnaryPrimitive {
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::logic_error("[PackedMatmul] runs on the CPU stream only");
   }
-  const char* name() const override { return "PackedMatmul"; }
+  const char* name() const override { return epilogue_ ? "PackedMatmulGelu" : "PackedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmul*>(&other);
-    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->walk_ == walk_;
+    return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->walk_ == walk_ &&
+           o->epilogue_ == epilogue_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -406,6 +418,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   bool parallel_;
   bool avx512_;
   PackedWalk walk_;
+  std::optional<CpuUnary> epilogue_;
   std::shared_ptr<Packed> cache_;
 };
 
@@ -416,9 +429,11 @@ uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_ord
 uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_stream_walks() { return g_stream_walks.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_ahead_walks() { return g_ahead_walks.load(std::memory_order_relaxed); }
 
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
-                                           const PackedWalk& walk, mx::Stream s, const std::optional<mx::array>& bias) {
+                                           const PackedWalk& walk, mx::Stream s, const std::optional<mx::array>& bias,
+                                           std::optional<CpuUnary> epilogue) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
@@ -431,7 +446,7 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   std::vector<mx::array> in{x, w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), walk),
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), walk, epilogue),
                    std::move(in));
 #else
   return std::nullopt;

@@ -302,7 +302,7 @@ class SwiGlu : public mx::UnaryPrimitive {
 
 }  // namespace
 
-void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n) { map_of(f, false)(x, y, n); }
+void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n, bool avx512) { map_of(f, avx512)(x, y, n); }
 
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||

@@ -90,12 +90,13 @@ int mantissa_bits(mx::Dtype t) { return t == mx::float64 ? 53 : 24; }
 // constant matrix on the CPU as the EP's packed-panel kernel, split over the threads from
 // cpu_dnnl_parallel_min_flops.
 std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
-                                        const std::optional<mx::array>& bias) {
+                                        const std::optional<mx::array>& bias, bool gelu) {
   const auto& sw = translation_switches();
   if (!sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
   const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
-  return cpu_packed_matmul(a, b, parallel_work(flops), {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream},
-                           s, bias);
+  return cpu_packed_matmul(a, b, parallel_work(flops),
+                           {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead}, s, bias,
+                           gelu ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt);
 }
 
 // Declared in ops/int_matmul.h (also used by ConvInteger/QLinearConv).
@@ -235,12 +236,21 @@ Outputs translate_matmul(OpContext& c) {
     if (!c.has(2)) c.fail("fused bias missing");
     bias = c.in(2);
   }
-  auto with_bias = [&](const mx::array& y) { return bias ? mx::add(y, *bias, c.s) : y; };
+  // A Gelu fused into the node (graph/fuse_matmul_bias.h): the kernel applies it where
+  // cpu_unary would compute it (the same bits), any other product gets it after, as the Gelu did.
+  const bool gelu = c.node.has_attr(graph::kMatMulGelu);
+  auto with_bias = [&](const mx::array& y) {
+    auto z = bias ? mx::add(y, *bias, c.s) : y;
+    return gelu ? gelu_erf(z, c.s) : z;
+  };
   const auto dt = a.dtype();
   // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
   // a view too, costs MLX's stream thread a task).
-  if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32))
-    if (auto y = packed_product(a, b, c.s, bias)) return {*y};
+  if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32)) {
+    const size_t outputs = a.size() / std::max(a.shape(-1), 1) * static_cast<size_t>(b.shape(-1));
+    const bool in_kernel = gelu && outputs >= kCpuUnaryMinElements;
+    if (auto y = packed_product(a, b, c.s, bias, in_kernel)) return {gelu && !in_kernel ? gelu_erf(*y, c.s) : *y};
+  }
   // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
@@ -320,6 +330,11 @@ Outputs translate_gemm(OpContext& c) {
   // A C of [N] with alpha and beta 1 (ORT's MatMul+Add fusion writes a bias so) can be the
   // packed kernel's start.
   const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
+  // A Gelu fused into the node (graph/fuse_matmul_bias.h): applied by the packed kernel where
+  // nothing comes after its sums and cpu_unary would compute it, else after, as the Gelu did.
+  const bool gelu = c.node.has_attr(graph::kMatMulGelu);
+  const bool gelu_kernel = gelu && static_cast<size_t>(a.shape(0)) * b.shape(1) >= kCpuUnaryMinElements;
+  bool gelu_done = false;
   mx::array y = [&] {
     // One row by a small constant matrix (a wake-word head's layers, a small CNN's classifier):
     // the packed kernel with the bias, one primitive on the EP's threads where BLAS's gemv, with
@@ -327,7 +342,10 @@ Outputs translate_gemm(OpContext& c) {
     // of the weight would double their memory.
     if (a.shape(0) == 1 && bias_first && c.is_constant(1) && !b32 && !f32 &&
         static_cast<int64_t>(b.size()) <= kPackedOneRowMaxWeights)
-      if (auto m = packed_product(a, b, c.s, cc)) return *m;
+      if (auto m = packed_product(a, b, c.s, cc, gelu_kernel)) {
+        gelu_done = gelu_kernel;
+        return *m;
+      }
     if (auto row = cpu_row_gemv(a, b, c.s)) {  // M == 1 on the CPU: gemv, then alpha and C
       auto m = alpha == 1.f ? *row : mx::multiply(*row, mx::array(alpha, row->dtype()), c.s);
       if (!cc) return m;
@@ -337,8 +355,13 @@ Outputs translate_gemm(OpContext& c) {
     // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start) or oneDNN.
     // (b32, f32: a half-precision B converted per program, no graph constant whose buffer the
     // kernel's cached layout may be tied to)
-    auto m = c.is_constant(1) && !b32 && !f32 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt) : std::nullopt;
-    if (m && bias_first) return *m;
+    auto m = c.is_constant(1) && !b32 && !f32
+                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, bias_first && gelu_kernel)
+                 : std::nullopt;
+    if (m && bias_first) {
+      gelu_done = gelu_kernel;
+      return *m;
+    }
     if (!m) m = product_through_library(a, b, c.s);
     if (m) {  // then alpha and C
       if (alpha != 1.f) m = mx::multiply(*m, mx::array(alpha, m->dtype()), c.s);
@@ -355,7 +378,8 @@ Outputs translate_gemm(OpContext& c) {
     bias = mx::broadcast_to(bias, {a.shape(0), b.shape(1)}, c.s);
     return mx::addmm(bias, a, b, alpha, beta, c.s);
   }();
-  return {f32 ? mx::astype(y, dt, c.s) : y};
+  if (f32) y = mx::astype(y, dt, c.s);
+  return {gelu && !gelu_done ? gelu_erf(y, c.s) : y};
 }
 
 // ---- MatMulInteger / QLinearMatMul ---------------------------------------------------------
