@@ -121,6 +121,40 @@ def test_conv_chain_runs_through_onednn_on_the_cpu(tmp_path):
         assert arrays["fused"] == arrays["unfused"], arrays
 
 
+@pytest.mark.parametrize("pool", ["AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_convolutions_pooled_to_one_position(tmp_path, pool, batch):
+    """A CNN's head: convolutions, then a pooling over the whole map to [N, C, 1, 1] and a
+    classifier Gemm. On MLX's CPU device the pooling reads the convolution's blocked output, and
+    its [N, C, 1, 1] lies in that layout as in ONNX's, so no reorder exists between them: its
+    unblocking copies the bytes (it once asked oneDNN for the missing reorder and gave NaN, an
+    inception's head). ORT's CPU EP's outputs, no oneDNN failure counted."""
+    rng = np.random.default_rng(batch)
+    w1 = (rng.standard_normal((32, 8, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((64, 32, 1, 1)) * 0.3).astype(np.float32)
+    fc = (rng.standard_normal((10, 64)) * 0.3).astype(np.float32)
+    attrs = {"kernel_shape": [8, 8]} if pool in ("AveragePool", "MaxPool") else {}
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["c"]), helper.make_node(pool, ["c"], ["p"], **attrs),
+         helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)],
+        "head", [helper.make_tensor_value_info("x", TP.FLOAT, [batch, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("fc", fc))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
+    ref = run_cpu(m, {"x": x})[0]
+    report = tmp_path / "r.jsonl"
+    s = om.InferenceSession(m.SerializeToString(), DEVICE, fallback=False, report_path=str(report))
+    for _ in range(3):
+        y = s.run(None, {"x": x})[0]
+    del s
+    line = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    assert line["process_dnnl_failures"] == 0
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
 def _activation_chain(steps):
     """Conv (8 -> 16 channels, 3x3 on 2 x 16 x 16) followed by `steps`, each an op of
     test_conv_activations_run_inside_the_convolution's list."""

@@ -414,6 +414,12 @@ class DnnlUnblock : public PlanPrimitive {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlUnblock] input must be row-contiguous");
     begin_output(inputs, out, stream());
     dispatch_task(stream(), [plan = plan_, xp = const_cast<float*>(inputs[0].data<float>()), yp = out.data<float>(), n = out.size()] {
+      // No reorder where the two layouts lie alike (one position a channel: [N, C, 1, 1] after
+      // a pooling to one position): the bytes as they are.
+      if (!plan->dst_out.p) {
+        std::memcpy(yp, xp, n * sizeof(float));
+        return;
+      }
       const ThreadLimit limit(plan->threads);
       Memory from(plan->dst_md, xp), to(plan->dst_plain, yp);
       if (!from.m || !to.m || !execute(plan->dst_out, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
