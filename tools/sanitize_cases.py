@@ -116,12 +116,40 @@ def row_tile_products_case():
     return "row_tile_products", m.SerializeToString(), [feeds], ""
 
 
+def gelu_products_case():
+    """An encoder's feed-forward products: 40 rows (five row tiles, panels split between the
+    threads, each tile asking ahead: cpu_packed_ahead) by a constant of 200 columns (a ragged last
+    panel) with a fused bias and the GELU written out after it, which the kernel applies to each
+    tile as it stores it (cpu_product_gelu), then a product of 700 deep (two K blocks)."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(13)
+    inits = [numpy_helper.from_array((rng.standard_normal((96, 200)) / 8).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b1"),
+             numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "c"),
+             numpy_helper.from_array(np.array(1, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array((rng.standard_normal((200, 700)) / 16).astype(np.float32), "w2"),
+             numpy_helper.from_array((rng.standard_normal((700, 64)) / 32).astype(np.float32), "w3")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["p"]), helper.make_node("Add", ["p", "b1"], ["h"]),
+             helper.make_node("Div", ["h", "c"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["h", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["q"]),
+             helper.make_node("MatMul", ["q", "w3"], ["y"])]
+    g = helper.make_graph(nodes, "gelu_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 96])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 64])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    feeds = {"x": rng.standard_normal((40, 96)).astype(np.float32)}
+    return "gelu_products", m.SerializeToString(), [feeds], ""
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
     cases = [(name, model, [feeds], "") for name, model, feeds in load_cases()]
     cases.append(shape_family_case())
     cases.append(llm_prompt_case())
     cases.append(row_tile_products_case())
+    cases.append(gelu_products_case())
     for name, model, sets, options in cases:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
