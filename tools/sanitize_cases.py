@@ -97,23 +97,27 @@ def llm_prompt_case():
     return "llm_prompt", m.SerializeToString(), [feeds], ""
 
 
+def _float_case(name, nodes, inits, x_shape, y_shape, rng):
+    """A case of one float32 input x and output y: (name, model bytes, [feeds], options)."""
+    from onnx import TensorProto
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return name, m.SerializeToString(), [{"x": rng.standard_normal(x_shape).astype(np.float32)}], ""
+
+
 def row_tile_products_case():
     """A decode step's products: 3 rows (one row tile) by constant weights of 200 and 80 columns,
     their columns split over the threads in 16s with a panel of 48 shared at the boundary
     (cpu_packed_stream's walk), a fused bias and a Relu between them."""
-    from onnx import TensorProto
     rng = np.random.default_rng(11)
     inits = [numpy_helper.from_array((rng.standard_normal((256, 200)) / 16).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b1"),
              numpy_helper.from_array((rng.standard_normal((200, 80)) / 16).astype(np.float32), "w2")]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["p"]), helper.make_node("Add", ["p", "b1"], ["h"]),
              helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
-    g = helper.make_graph(nodes, "row_tile_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 256])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 80])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    feeds = {"x": rng.standard_normal((3, 256)).astype(np.float32)}
-    return "row_tile_products", m.SerializeToString(), [feeds], ""
+    return _float_case("row_tile_products", nodes, inits, (3, 256), (3, 80), rng)
 
 
 def gelu_products_case():
@@ -121,7 +125,6 @@ def gelu_products_case():
     threads, each tile asking ahead: cpu_packed_ahead) by a constant of 200 columns (a ragged last
     panel) with a fused bias and the GELU written out after it, which the kernel applies to each
     tile as it stores it (cpu_product_gelu), then a product of 700 deep (two K blocks)."""
-    from onnx import TensorProto
     rng = np.random.default_rng(13)
     inits = [numpy_helper.from_array((rng.standard_normal((96, 200)) / 8).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b1"),
@@ -135,12 +138,7 @@ def gelu_products_case():
              helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["h", "a"], ["m"]),
              helper.make_node("Mul", ["m", "half"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["q"]),
              helper.make_node("MatMul", ["q", "w3"], ["y"])]
-    g = helper.make_graph(nodes, "gelu_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 96])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 64])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    feeds = {"x": rng.standard_normal((40, 96)).astype(np.float32)}
-    return "gelu_products", m.SerializeToString(), [feeds], ""
+    return _float_case("gelu_products", nodes, inits, (40, 96), (40, 64), rng)
 
 
 def main() -> int:
