@@ -28,11 +28,12 @@ int fuse_matmul_bias(Graph& g, const std::vector<std::string>& graph_outputs);
 // pass of its own over the product.
 inline constexpr const char* kMatMulGelu = "_ortmlx_gelu";
 
-// Rewrites `g` in place: a MatMul (its bias fused or not) whose second input is a float32
-// constant 2-D [K, N] and whose output only a com.microsoft Gelu reads (graph/fuse_gelu's, or
-// the model's) takes the Gelu's output, marked by kMatMulGelu, and the Gelu goes. The product's
-// value must be neither one of `graph_outputs` nor read inside a control-flow body. Returns how
-// many Gelus went.
+// Rewrites `g` in place: a MatMul (its bias fused or not) or a Gemm whose second input is a
+// float32 constant 2-D, and whose output only a com.microsoft Gelu reads (graph/fuse_gelu's, or
+// the model's), directly or through a Reshape only it reads (ORT's Gemm of 3-D rows), takes the
+// Gelu's output (or, with the Reshape, the Reshape does), marked by kMatMulGelu, and the Gelu
+// goes. The values between must be neither one of `graph_outputs` nor read inside a
+// control-flow body. Returns how many Gelus went.
 int fuse_matmul_gelu(Graph& g, const std::vector<std::string>& graph_outputs);
 
 }  // namespace ortmlx::graph

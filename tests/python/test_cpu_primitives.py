@@ -1021,6 +1021,37 @@ def test_product_gelu_is_applied_by_the_kernel(rows, k, n, bias, avx512, capfd):
     assert np.array_equal(outs[0][0], outs[1][0])
 
 
+@pytest.mark.parametrize("form", ["plain", "alpha_c", "trans_b"])
+def test_gemm_gelu_joins_the_product(form, capfd):
+    """A Gemm followed by a GELU joins it as a MatMul does (fuse_matmul_gelu): with nothing after
+    the kernel's sums (no C, alpha 1; or a transposed weight read through its strides) the kernel
+    applies it (PackedMatmulGelu); with alpha and a C applied after the sums, the GELU comes after
+    them (a PackedMatmul, its scaling and C, then ErfGelu's arithmetic). Outputs equal ORT's CPU EP
+    and, to the bit, cpu_product_gelu=0's."""
+    rng = np.random.default_rng(53)
+    x = rng.standard_normal((24, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 80)) / 8).astype(np.float32)
+    inits = [_init("w", w.T if form == "trans_b" else w), _init("c", np.sqrt(2)), _init("one", 1.0),
+             _init("half", 0.5)]
+    attrs, ins = {}, ["x", "w"]
+    if form == "alpha_c":
+        inits.append(_init("bias", rng.standard_normal(80)))
+        attrs, ins = {"alpha": 0.5}, ["x", "w", "bias"]
+    if form == "trans_b":
+        attrs = {"transB": 1}
+    nodes = [helper.make_node("Gemm", ins, ["p"], **attrs), helper.make_node("Div", ["p", "c"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"]),
+             helper.make_node("Mul", ["p", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    outs = []
+    fused = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, unoptimized=True)
+    _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, unoptimized=True, cpu_product_gelu=0)
+    if form == "alpha_c":
+        assert fused.get("PackedMatmul") == 1 and fused.get("ErfGelu") == 1, fused
+    else:
+        assert fused.get("PackedMatmulGelu") == 1 and "ErfGelu" not in fused, fused
+    assert np.array_equal(outs[0][0], outs[1][0])
+
+
 @pytest.mark.parametrize("rows,k,block,zp", [(8, 512, 32, True), (37, 224, 32, False), (13, 320, 64, True),
                                              (16, 256, 128, True), (21, 200, 32, True), (3, 256, 32, True)])
 def test_int4_prompt_rows_with_vnni(rows, k, block, zp, capfd):

@@ -355,10 +355,11 @@ Outputs translate_gemm(OpContext& c) {
     // Several rows: the EP's kernel (a C of [N] with alpha and beta 1 its start) or oneDNN.
     // (b32, f32: a half-precision B converted per program, no graph constant whose buffer the
     // kernel's cached layout may be tied to)
+    const bool sums_final = bias_first || (!cc && alpha == 1.f);  // nothing after the kernel's sums
     auto m = c.is_constant(1) && !b32 && !f32
-                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, bias_first && gelu_kernel)
+                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, sums_final && gelu_kernel)
                  : std::nullopt;
-    if (m && bias_first) {
+    if (m && sums_final) {
       gelu_done = gelu_kernel;
       return *m;
     }
