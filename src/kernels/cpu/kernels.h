@@ -218,7 +218,8 @@ bool cpu_mlx_primitive_on_caller(mx::Primitive& p, const std::vector<mx::array>&
 // step's) splits its columns over the threads in 16-column steps, each thread's range walked over
 // the whole depth, its tiles asking for the lines `ahead` bytes past the ones they read.
 // With `tile_ahead` > 0, the tiles of the other products ask for their panel's lines `tile_ahead`
-// bytes past the ones they read (from L2 or the L3 into L1).
+// bytes past the ones they read (from L2 or the L3 into L1; AVX2's tiles, whose panel rows are a
+// third as wide, a third as far: the same depth).
 // `bias`: a float32 [N] the sums start from (a MatMul's fused bias Add, graph/fuse_matmul_bias.h).
 // `epilogue`: cpu_unary's map applied to each tile of the product as it is stored (a fused Gelu),
 // the same bits as cpu_unary over the product; the primitive is then named PackedMatmulGelu.

@@ -274,6 +274,9 @@ class PackedMatmul : public mx::UnaryPrimitive {
       const float* xp = x.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
+      // The tiles' lines asked ahead, as many K steps ahead whatever the panel's width (an AVX2
+      // panel's row is a third of an AVX-512 one's).
+      const int64_t tile_bytes_ahead = tile_ahead * geo.cols / kAvx512.cols;
       // The epilogue over a tile's finished rows of C, while they are in L1.
       auto finish = [&](float* c, int rows, int width) {
         if (epilogue)
@@ -285,7 +288,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
         const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
         float* c = yp + r0 * g.n + panel * geo.cols;
         tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc, c, g.n,
-                               width, k0 > 0, bp ? bp + panel * geo.cols : nullptr, next, tile_ahead);
+                               width, k0 > 0, bp ? bp + panel * geo.cols : nullptr, next, tile_bytes_ahead);
         if (k0 + kc == g.k) finish(c, rows, width);
       };
       // One thread's share of a walk, per K block; the walk's tile rows count from `row0`.
