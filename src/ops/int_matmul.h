@@ -18,7 +18,8 @@ mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s);
 // constant of the program (its buffer never changes: the kernel lays it out once), through
 // cpu_packed_matmul (kernels/cpu/kernels.h), split over the threads from the switches'
 // cpu_conv_parallel_min_flops; std::nullopt when that path is off or does not fit. `gelu`: the
-// kernel applies cpu_unary's GELU to the product as it stores it.
+// GELU of the product, applied by the kernel as it stores it where cpu_unary would compute it
+// (the same bits), else by gelu_erf after it.
 std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
                                         const std::optional<mx::array>& bias = std::nullopt, bool gelu = false);
 

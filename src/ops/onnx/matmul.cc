@@ -94,9 +94,15 @@ std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, 
   const auto& sw = translation_switches();
   if (!sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
   const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
-  return cpu_packed_matmul(a, b, parallel_work(flops),
-                           {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead}, s, bias,
-                           gelu ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt);
+  // The kernel applies the GELU where cpu_unary would compute it (the same bits); under its
+  // size, MLX's ops after the product, as gelu_erf computes it there.
+  const size_t outputs = a.size() / std::max(a.shape(-1), 1) * static_cast<size_t>(b.shape(1));
+  const bool in_kernel = gelu && outputs >= kCpuUnaryMinElements;
+  auto y = cpu_packed_matmul(a, b, parallel_work(flops),
+                             {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead}, s,
+                             bias, in_kernel ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt);
+  if (y && gelu && !in_kernel) y = gelu_erf(*y, s);
+  return y;
 }
 
 // Declared in ops/int_matmul.h (also used by ConvInteger/QLinearConv).
@@ -236,21 +242,18 @@ Outputs translate_matmul(OpContext& c) {
     if (!c.has(2)) c.fail("fused bias missing");
     bias = c.in(2);
   }
-  // A Gelu fused into the node (graph/fuse_matmul_bias.h): the kernel applies it where
-  // cpu_unary would compute it (the same bits), any other product gets it after, as the Gelu did.
+  // A Gelu fused into the node (graph/fuse_matmul_bias.h): the packed kernel applies it (see
+  // packed_product), any other product gets it after its bias, as the Gelu did.
   const bool gelu = c.node.has_attr(graph::kMatMulGelu);
-  auto with_bias = [&](const mx::array& y) {
+  auto bias_and_gelu = [&](const mx::array& y) {
     auto z = bias ? mx::add(y, *bias, c.s) : y;
     return gelu ? gelu_erf(z, c.s) : z;
   };
   const auto dt = a.dtype();
   // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
   // a view too, costs MLX's stream thread a task).
-  if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32)) {
-    const size_t outputs = a.size() / std::max(a.shape(-1), 1) * static_cast<size_t>(b.shape(-1));
-    const bool in_kernel = gelu && outputs >= kCpuUnaryMinElements;
-    if (auto y = packed_product(a, b, c.s, bias, in_kernel)) return {gelu && !in_kernel ? gelu_erf(*y, c.s) : *y};
-  }
+  if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32))
+    if (auto y = packed_product(a, b, c.s, bias, gelu)) return {*y};
   // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
@@ -271,7 +274,7 @@ Outputs translate_matmul(OpContext& c) {
   auto y = is_int(p.a) ? integer_matmul(p.a, p.b, c.s) : float_matmul(p.a, p.b, c.s);
   y = unpromote(y, p, c.s);
   if (b32) y = mx::astype(y, dt, c.s);
-  return {with_bias(flat ? rows_to(y, batched, c.s) : y)};
+  return {bias_and_gelu(flat ? rows_to(y, batched, c.s) : y)};
 }
 
 // ---- Gemm ----------------------------------------------------------------------------------
@@ -330,10 +333,9 @@ Outputs translate_gemm(OpContext& c) {
   // A C of [N] with alpha and beta 1 (ORT's MatMul+Add fusion writes a bias so) can be the
   // packed kernel's start.
   const bool bias_first = cc && alpha == 1.f && beta == 1.f && cc->ndim() == 1 && cc->dtype() == mx::float32;
-  // A Gelu fused into the node (graph/fuse_matmul_bias.h): applied by the packed kernel where
-  // nothing comes after its sums and cpu_unary would compute it, else after, as the Gelu did.
+  // A Gelu fused into the node (graph/fuse_matmul_bias.h): given to the packed kernel where
+  // nothing comes after its sums (see packed_product), else applied last, as the Gelu did.
   const bool gelu = c.node.has_attr(graph::kMatMulGelu);
-  const bool gelu_kernel = gelu && static_cast<size_t>(a.shape(0)) * b.shape(1) >= kCpuUnaryMinElements;
   bool gelu_done = false;
   mx::array y = [&] {
     // One row by a small constant matrix (a wake-word head's layers, a small CNN's classifier):
@@ -342,8 +344,8 @@ Outputs translate_gemm(OpContext& c) {
     // of the weight would double their memory.
     if (a.shape(0) == 1 && bias_first && c.is_constant(1) && !b32 && !f32 &&
         static_cast<int64_t>(b.size()) <= kPackedOneRowMaxWeights)
-      if (auto m = packed_product(a, b, c.s, cc, gelu_kernel)) {
-        gelu_done = gelu_kernel;
+      if (auto m = packed_product(a, b, c.s, cc, gelu)) {
+        gelu_done = gelu;
         return *m;
       }
     if (auto row = cpu_row_gemv(a, b, c.s)) {  // M == 1 on the CPU: gemv, then alpha and C
@@ -357,10 +359,10 @@ Outputs translate_gemm(OpContext& c) {
     // kernel's cached layout may be tied to)
     const bool sums_final = bias_first || (!cc && alpha == 1.f);  // nothing after the kernel's sums
     auto m = c.is_constant(1) && !b32 && !f32
-                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, sums_final && gelu_kernel)
+                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, sums_final && gelu)
                  : std::nullopt;
     if (m && sums_final) {
-      gelu_done = gelu_kernel;
+      gelu_done = gelu;
       return *m;
     }
     if (!m) m = product_through_library(a, b, c.s);
