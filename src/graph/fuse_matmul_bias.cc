@@ -48,11 +48,10 @@ int fuse_matmul_gelu(Graph& g, const std::vector<std::string>& graph_outputs) {
   };
   int done = 0;
   for (auto& mm : g.nodes) {
-    // A MatMul (its bias fused or not: no other mark of the EP's) or a Gemm.
+    // A MatMul (its bias fused or not) or a Gemm, with no other mark of the EP's.
     const bool matmul = mm.op_type == "MatMul";
-    const size_t marks = mm.has_attr(kMatMulBias) ? 1 : 0;
     if (!mm.domain.empty() || (!matmul && mm.op_type != "Gemm") || mm.outputs.size() != 1 || !mm.has_output(0) ||
-        mm.inputs.size() < 2 || (matmul && (mm.inputs.size() != 2 + marks || mm.attrs.size() != marks)))
+        mm.inputs.size() < 2 || (matmul && mm.inputs.size() != (mm.has_attr(kMatMulBias) ? 3u : 2u)))
       continue;
     if (std::any_of(mm.attrs.begin(), mm.attrs.end(), [](const auto& a) {
           return !a.first.empty() && a.first[0] == '_' && a.first != kMatMulBias;
