@@ -881,15 +881,17 @@ def _attention_graph(case, rng):
     [B, N, T, H], scores scaled (Div or Mul by a constant), an additive mask [B, 1, 1, T],
     Softmax over the last axis, times V."""
     B, N, S, T, H, Hv = {"bert": (2, 3, 17, 17, 32, 32), "cross": (1, 2, 5, 37, 20, 72),
-                         "rank3": (6, 1, 9, 9, 16, 16), "nan": (1, 2, 6, 6, 16, 16)}[case]
+                         "rank3": (6, 1, 9, 9, 16, 16), "nan": (1, 2, 6, 6, 16, 16),
+                         "nan_row": (1, 2, 12, 40, 48, 24), "wide_value": (1, 2, 9, 20, 16, 56)}[case]
     rank3 = case == "rank3"
     lead = (B * N,) if rank3 else (B, N)
     q = rng.standard_normal(lead + (S, H)).astype(np.float32)
     k = rng.standard_normal(lead + (T, H)).astype(np.float32)
     v = rng.standard_normal(lead + (T, Hv)).astype(np.float32)
     mask = np.where(rng.random((B, 1, 1, T)) < 0.3, -10000.0, 0.0).astype(np.float32)
-    if case == "nan":
+    if case in ("nan", "nan_row"):
         q[0, 1, 2, 3] = np.nan  # one query row's scores all NaN
+    if case == "nan":
         mask[0, 0, 0, :] = -np.inf  # and every key masked: NaN rows, as a softmax gives
     feeds = {"q": q, "k": k, "v": v}
     perm = [0, 2, 1] if rank3 else [0, 1, 3, 2]
@@ -910,14 +912,16 @@ def _attention_graph(case, rng):
 
 
 @pytest.mark.skipif(not _avx512_core(), reason="the attention kernel is AVX-512's")
-@pytest.mark.parametrize("case", ["bert", "cross", "rank3", "nan"])
+@pytest.mark.parametrize("case", ["bert", "cross", "rank3", "nan", "nan_row", "wide_value"])
 def test_attention_is_one_kernel(case, capfd):
     """MatMul(Q, K^T) -> Div or Mul by a constant -> Add of a mask -> Softmax -> MatMul(., V) runs
     as one primitive (graph/fuse_attention, kernels/cpu/attention.cc): no Matmul, Softmax or
-    elementwise primitive around it. Query rows not a multiple of the kernel's four, keys and
-    value widths not multiples of 16 (masked tails), K^T read through its strides, cross
-    attention (S != T), rank 3, a NaN query row and a fully masked batch (NaN rows, as ORT's CPU
-    EP gives). With cpu_attention=0 the nodes run as before. Outputs equal ORT's CPU EP."""
+    elementwise primitive around it. Query rows not a multiple of the kernel's eight, keys and
+    value widths not multiples of 16 (masked tails), K^T read through its strides (transposed
+    in 16 x 16 blocks and edges), cross attention (S != T), rank 3, a NaN query row alone and
+    among seven finite ones, a fully masked batch (NaN rows, as ORT's CPU EP gives), a value
+    width whose last columns take four blocks of 16 (56: once left unwritten). With
+    cpu_attention=0 the nodes run as before. Outputs equal ORT's CPU EP."""
     nodes, feeds, inits = _attention_graph(case, np.random.default_rng(41))
     prims = _run(nodes, feeds, inits, capfd, 2e-5, 2e-5)
     assert prims.get("FusedAttention") == 1 and "Matmul" not in prims and "RowSoftmax" not in prims, prims
