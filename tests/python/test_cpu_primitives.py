@@ -331,7 +331,8 @@ def test_layer_norm_is_one_primitive(shape, bias, transposed, capfd):
                                 "SkipLayerNormalization", "AddLayerNormalization"])
 @pytest.mark.parametrize("skip_norm", [1, 0])
 @pytest.mark.parametrize("with_sum", [False, True])
-def test_transformer_norms_are_one_kernel(op, skip_norm, with_sum, capfd):
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_transformer_norms_are_one_kernel(op, skip_norm, with_sum, avx512, capfd):
     """RMS normalization (SimplifiedLayerNormalization) runs as the row kernel with the mean taken
     as 0 (RowRmsNorm). The skip forms, and a LayerNormalization over the last axis whose input
     is an Add read by it alone (graph/fuse_skip_norm: an encoder's residual connection), run
@@ -339,8 +340,9 @@ def test_transformer_norms_are_one_kernel(op, skip_norm, with_sum, capfd):
     each row's sum made and normalized in one pass, the sum a second output of the kernel when
     the node's fourth output is read (a decoder's residual stream); no Add, no Sum among the
     primitives. With cpu_skip_norm=0, MLX's Add and then the row kernel. Outputs equal ORT's
-    CPU EP. Broken by the add left out of the kernel (a row's sum wrong) or by the fusion
-    dropped."""
+    CPU EP, with the 16-lane rows (four sums in flight, rows of 67: a masked tail) and the 8-lane
+    ones (cpu_avx512=0). Broken by the add left out of the kernel (a row's sum wrong) or by the
+    fusion dropped."""
     if with_sum and op in ("SimplifiedLayerNormalization", "AddLayerNormalization"):
         pytest.skip("no sum output")
     rng = np.random.default_rng(13)
@@ -366,7 +368,7 @@ def test_transformer_norms_are_one_kernel(op, skip_norm, with_sum, capfd):
         if with_sum:
             outs = ["y", "", "", "sum"]
         nodes = [helper.make_node(op, ins, outs, domain="com.microsoft", epsilon=1e-6)]
-    prims = _run(nodes, feeds, inits, capfd, 1e-5, 1e-5, cpu_skip_norm=skip_norm,
+    prims = _run(nodes, feeds, inits, capfd, 1e-5, 1e-5, cpu_skip_norm=skip_norm, cpu_avx512=avx512,
                  outputs=[o for o in outs if o], unoptimized=op == "AddLayerNormalization")
     if op == "SimplifiedLayerNormalization":
         assert prims.get("RowRmsNorm") == 1 and "Sum" not in prims, prims

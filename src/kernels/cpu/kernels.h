@@ -186,6 +186,9 @@ std::optional<mx::array> cpu_swiglu(const mx::array& g, const mx::array& up, mx:
 // y = f(x) over n floats with cpu_unary's formulas, on the calling thread (for other kernels' steps;
 // `avx512` as cpu_unary's primitive takes it from cpu_avx512_kernels()).
 void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n, bool avx512 = false);
+// The function cpu_unary_rows calls, for a kernel that applies f to many short rows.
+using CpuUnaryFn = void (*)(const float* x, float* y, int64_t n);
+CpuUnaryFn cpu_unary_fn(CpuUnary f, bool avx512 = false);
 
 // One of MLX's own elementwise primitives (by its name) computed by the calling thread into a
 // new row-contiguous `out`, for the evaluation on the caller (engine/caller_eval.h): float32

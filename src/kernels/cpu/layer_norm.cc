@@ -64,6 +64,54 @@ __attribute__((target("avx2,fma"))) void norm_row_avx2(const float* x, const flo
   }
   for (; i < n; ++i) y[i] = (x[i] - mean) * inv * scale[i] + (bias ? bias[i] : 0.f);
 }
+
+// A row's values at [i, i + 16) under k: x, or in the skip forms x + skip (+ bias), kept in sum.
+__attribute__((target("avx512f"))) inline __m512 row_values(const float* x, const float* skip, const float* skip_bias,
+                                                            float* sum, int64_t i, __mmask16 k) {
+  __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+  if (skip) {
+    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, skip + i));
+    if (skip_bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, skip_bias + i));
+    _mm512_mask_storeu_ps(sum + i, k, v);
+  }
+  return v;
+}
+
+// The same row with 16 lanes and four sums in flight (a row's passes are otherwise bound by
+// their one sum's add latency), the skip forms' sum x + skip (+ bias) made in the first pass,
+// into `sum` (which may be y), instead of a pass of its own.
+__attribute__((target("avx512f"))) void norm_row_avx512(const float* x, const float* skip, const float* skip_bias,
+                                                        float* sum, const float* scale, const float* bias, float* y,
+                                                        int64_t n, float eps, bool rms) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = row_values(x, skip, skip_bias, sum, i, 0xFFFF);
+    if (!rms) acc[(i >> 4) & 3] = _mm512_add_ps(acc[(i >> 4) & 3], v);
+  }
+  if (i < n) {
+    const __m512 v = row_values(x, skip, skip_bias, sum, i, first_lanes(n - i));
+    if (!rms) acc[(i >> 4) & 3] = _mm512_add_ps(acc[(i >> 4) & 3], v);
+  }
+  const float* r = skip ? sum : x;
+  const float mean = hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) / static_cast<float>(n);
+  const __m512 m = _mm512_set1_ps(mean);
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 k = first_lanes(n - i);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, r + i), m);
+    acc[(i >> 4) & 3] = _mm512_fmadd_ps(d, d, acc[(i >> 4) & 3]);
+  }
+  const float sq = hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  const __m512 v = _mm512_set1_ps(1.f / std::sqrt(sq / static_cast<float>(n) + eps));
+  for (i = 0; i < n; i += 16) {
+    const __mmask16 k = first_lanes(n - i);
+    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, r + i), m), v),
+                             _mm512_maskz_loadu_ps(k, scale + i));
+    if (bias) t = _mm512_add_ps(t, _mm512_maskz_loadu_ps(k, bias + i));
+    _mm512_mask_storeu_ps(y + i, k, t);
+  }
+}
 #endif
 
 // out = (a + b) (+ bias) over n floats, in that order (as MLX's two adds).
@@ -113,7 +161,8 @@ struct NormInputs {
 // skip when given, scale, then beta and bias when given.
 class RowNorm : public mx::Primitive {
  public:
-  RowNorm(mx::Stream s, float eps, bool rms, NormInputs in) : mx::Primitive(s), eps_(eps), rms_(rms), in_(in) {}
+  RowNorm(mx::Stream s, float eps, bool rms, NormInputs in, bool avx512)
+      : mx::Primitive(s), eps_(eps), rms_(rms), in_(in), avx512_(avx512) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& o : outputs) begin_output(inputs, o, stream());
@@ -128,7 +177,7 @@ class RowNorm : public mx::Primitive {
     dispatch_task(stream(), [in = RowMajorInput(x), skip = std::move(skip), scale = std::move(scale),
                              beta = std::move(beta), bias = std::move(bias), yp = outputs[0].data<float>(),
                              sum_out = outputs.size() > 1 ? outputs[1].data<float>() : nullptr, n, rows, eps = eps_,
-                             rms = rms_] {
+                             rms = rms_, avx512 = avx512_] {
       static const NormRow row = pick_norm_row();
       static const AddRow add = pick_add_row();
       const float *xp = in.rows(), *sp = scale.rows();
@@ -137,6 +186,14 @@ class RowNorm : public mx::Primitive {
       const float* biasp = bias ? bias->rows() : nullptr;
       const int parts = rows * n >= (int64_t{1} << 16) ? cpu_threads() : 1;
       cpu_parallel_for(rows, parts, [&](int64_t r0, int64_t r1) {
+#ifdef ORTMLX_X86
+        if (avx512) {
+          for (int64_t r = r0; r < r1; ++r)
+            norm_row_avx512(xp + r * n, kp ? kp + r * n : nullptr, biasp, (sum_out ? sum_out : yp) + r * n, sp, betap,
+                            yp + r * n, n, eps, rms);
+          return;
+        }
+#endif
         for (int64_t r = r0; r < r1; ++r) {
           const float* src = xp + r * n;
           if (kp) {  // the sum where it is kept, else in the output row, normalized there in place
@@ -158,7 +215,7 @@ class RowNorm : public mx::Primitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const RowNorm*>(&other);
-    return o && o->eps_ == eps_ && o->rms_ == rms_ && o->in_ == in_;
+    return o && o->eps_ == eps_ && o->rms_ == rms_ && o->in_ == in_ && o->avx512_ == avx512_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return std::vector<mx::Shape>(in_.with_sum ? 2 : 1, inputs[0].shape());
@@ -168,7 +225,16 @@ class RowNorm : public mx::Primitive {
   float eps_;
   bool rms_;
   NormInputs in_;
+  bool avx512_;  // cpu_avx512_kernels() at translation, on a CPU that has AVX-512F
 };
+
+bool avx512_rows() {
+#ifdef ORTMLX_X86
+  return cpu_avx512_kernels() && cpu_has_avx512f();
+#else
+  return false;
+#endif
+}
 
 bool row_vector(const std::optional<mx::array>& v, int n) {
   return !v || (v->dtype() == mx::float32 && v->ndim() == 1 && v->shape(0) == n);
@@ -188,7 +254,8 @@ std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx
   std::vector<mx::array> in{x, skip, scale};
   if (beta) in.push_back(*beta);
   if (bias) in.push_back(*bias);
-  auto prim = std::make_shared<RowNorm>(s, eps, rms, NormInputs{true, beta.has_value(), bias.has_value(), with_sum});
+  auto prim = std::make_shared<RowNorm>(s, eps, rms, NormInputs{true, beta.has_value(), bias.has_value(), with_sum},
+                                        avx512_rows());
   if (!with_sum) return std::vector<mx::array>{mx::array(x.shape(), mx::float32, std::move(prim), std::move(in))};
   return mx::array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32}, std::move(prim), std::move(in));
 }
@@ -200,7 +267,8 @@ std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& sca
     return std::nullopt;
   std::vector<mx::array> in{x, scale};
   if (bias) in.push_back(*bias);
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowNorm>(s, eps, rms, NormInputs{.beta = bias.has_value()}),
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<RowNorm>(s, eps, rms, NormInputs{.beta = bias.has_value()}, avx512_rows()),
                    std::move(in));
 }
 

@@ -278,9 +278,10 @@ class PackedMatmul : public mx::UnaryPrimitive {
       // panel's row is a third of an AVX-512 one's).
       const int64_t tile_bytes_ahead = tile_ahead * geo.cols / kAvx512.cols;
       // The epilogue over a tile's finished rows of C, while they are in L1.
+      const CpuUnaryFn unary = epilogue ? cpu_unary_fn(*epilogue, avx512) : nullptr;
       auto finish = [&](float* c, int rows, int width) {
-        if (epilogue)
-          for (int r = 0; r < rows; ++r) cpu_unary_rows(*epilogue, c + r * g.n, c + r * g.n, width, avx512);
+        if (unary)
+          for (int r = 0; r < rows; ++r) unary(c + r * g.n, c + r * g.n, width);
       };
       auto tile = [&](int64_t panel, int64_t tile_row, int64_t k0, NextLines next) {
         const int64_t r0 = tile_row * geo.rows, kc = std::min(kDepthBlock, g.k - k0);

@@ -16,6 +16,17 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The sum of the 16 lanes, halves added pairwise (GCC 12's _mm512_reduce_add_ps starts from an
+// undefined vector, which its flow analysis reports as read uninitialized where it is inlined).
+__attribute__((target("avx512f"))) inline float hsum16(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  __m128 s = _mm512_castps512_ps128(v);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // Cephes' expf on 8 lanes (range reduction by ln 2 split in two, degree-5 polynomial): within
 // ~2 ulp of expf for d in [-87.3, 0]; 0 below (the true value underflows to a denormal there).
 // exp(x) = 2^fx * exp(r): fx = round(x / ln 2) (returned), exp(r) by Cephes' degree-5

@@ -173,7 +173,7 @@ __attribute__((target("avx2,fma"))) void map_avx2(const float* x, float* y, int6
 }
 #endif
 
-using MapFn = void (*)(const float*, float*, int64_t);
+using MapFn = CpuUnaryFn;
 
 template <CpuUnary F>
 void map_scalar(const float* x, float* y, int64_t n) {
@@ -303,6 +303,7 @@ class SwiGlu : public mx::UnaryPrimitive {
 }  // namespace
 
 void cpu_unary_rows(CpuUnary f, const float* x, float* y, int64_t n, bool avx512) { map_of(f, avx512)(x, y, n); }
+CpuUnaryFn cpu_unary_fn(CpuUnary f, bool avx512) { return map_of(f, avx512); }
 
 std::optional<mx::array> cpu_unary(CpuUnary f, const mx::array& x, mx::Stream s) {
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || x.dtype() != mx::float32 ||
