@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
     p.add_argument("--encoder", default="", help="encoder ONNX model with input_ids/attention_mask "
                    "(default: MiniLM-L3 from PyPI; tools/gen_encoder_model.py builds one offline)")
     p.add_argument("--repeat", type=int, default=0, help="timed repeats per figure")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every case this many times in turn; each figure is then the median over the "
+                   "rounds and each ratio the median of the rounds' paired ratios (a shared or throttled "
+                   "machine's slow phases then fall on both sides of a ratio)")
     p.add_argument("--prefill", default="", help="LLM prompt lengths, e.g. 128,512 (default: by mode)")
     p.add_argument("--decode", default="", help="LLM decode contexts, e.g. 128,1024 (default: by mode)")
     p.add_argument("--baselines", default="cpu,mlx-lm,torch",
@@ -708,27 +712,41 @@ BASELINES = ("cpu", "ort-cuda", "mlx-lm", "torch")
 BASELINE_NAMES = {"cpu": "CPU EP", "ort-cuda": "CUDA EP", "mlx-lm": "mlx-lm", "torch": "torch"}
 
 
+def _figure(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def summarize(results: list[dict]) -> dict:
-    """Ratios: EP / CPU EP and EP / native MLX, per figure (higher = EP faster)."""
+    """Ratios: EP / CPU EP and EP / native MLX, per figure (higher = EP faster). With several
+    rounds (`round` in each result) a figure is its median over the rounds and a ratio the median
+    of the rounds' ratios, each round's EP figure against the same round's baseline."""
     by = {}
     for r in results:
-        by.setdefault(r["group"], {}).setdefault(r["subject"], {})[r["provider"]] = r["result"]
+        by.setdefault(r["group"], {}).setdefault(r["subject"], {}).setdefault(r["provider"], {})[
+            r.get("round", 0)] = r["result"]
     ratios = []
     for group, subjects in by.items():
         for subject, provs in subjects.items():
-            ep = provs.get("mlx") or {}
-            if not _has_figures(ep):
+            ep_rounds = {k: v for k, v in (provs.get("mlx") or {}).items() if _has_figures(v)}
+            if not ep_rounds:
                 continue
-            for key, val in ep.items():
-                if not isinstance(val, (int, float)) or isinstance(val, bool) or key.startswith(("peak_rss", "rss_")):
-                    continue
+            keys = []
+            for res in ep_rounds.values():
+                keys += [k for k, v in res.items() if k not in keys and _figure(v)
+                         and not k.startswith(("peak_rss", "rss_"))]
+            for key in keys:
                 higher_better = "tok_s" in key
-                row = {"group": group, "subject": subject, "figure": key, "ep": val}
+                ep_vals = {k: res[key] for k, res in ep_rounds.items() if _figure(res.get(key))}
+                row = {"group": group, "subject": subject, "figure": key, "ep": statistics.median(ep_vals.values())}
+                if len(ep_vals) > 1:
+                    row["rounds"] = len(ep_vals)
                 for base in BASELINES:
-                    b = provs.get(base) or {}
-                    if _has_figures(b) and isinstance(b.get(key), (int, float)) and b[key] > 0 and val > 0:
-                        row[base] = b[key]
-                        row[f"ep/{base}"] = val / b[key] if higher_better else b[key] / val
+                    b_vals = {k: b[key] for k, b in (provs.get(base) or {}).items()
+                              if _has_figures(b) and _figure(b.get(key)) and b[key] > 0}
+                    paired = [(ep_vals[k], v) for k, v in b_vals.items() if k in ep_vals and ep_vals[k] > 0]
+                    if paired:
+                        row[base] = statistics.median(b_vals.values())
+                        row[f"ep/{base}"] = statistics.median(e / b if higher_better else b / e for e, b in paired)
                 ratios.append(row)
     return {"ratios": ratios}
 
@@ -749,6 +767,11 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
             f"{f(r.get(b))} | {f(r.get('ep/' + b), True)}" for b in shown) + " |")
     lines.append("")
     lines.append("Ratios: > 1 means the MLX EP is faster (tokens/s ratio, or inverse latency ratio).")
+    rounds = max((r.get("rounds", 1) for r in summary["ratios"]), default=1)
+    if rounds > 1:
+        lines.append(f"Each figure is the median of {rounds} rounds (every case once a round, in turn), each "
+                     "ratio the median of the rounds' paired ratios.")
+    results = [r for r in results if r.get("round", 0) == 0 or not r["result"].get("ok")]
     if overhead and overhead.get("ok"):
         lines.append("")
         lines.append("| EP overhead (1-token decode step, small model) | runs | step (ms) | outside MLX eval per run (us) | fraction of Compute |")
@@ -795,8 +818,9 @@ def table(summary: dict, overhead: dict | None, results: list[dict]) -> str:
                 "empty_operand_runs")) + " |")
     failed = [r for r in results if not r["result"].get("ok")]
     if failed:
-        lines += ["", "Failed cases:"] + [f"- {r['group']} {r['subject']} {r['provider']}: {r['result'].get('error')}"
-                                          for r in failed]
+        lines += ["", "Failed cases:"] + [f"- {r['group']} {r['subject']} {r['provider']}"
+                                          f"{' (round ' + str(r['round'] + 1) + ')' if r.get('round') else ''}: "
+                                          f"{r['result'].get('error')}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -836,12 +860,16 @@ def run(args) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cases = plan(args)
-    prog = Progress(len(cases))
+    rounds = max(1, getattr(args, "rounds", 1))
+    # (the cases that prepare files, and those measured once whatever the rounds, run in the first)
+    once = ("_demo_model", "_clear", "overhead", "coldstart")
+    runs = [(rnd, case) for rnd in range(rounds) for case in cases if rnd == 0 or case[2]["kind"] not in once]
+    prog = Progress(len(runs))
     results = []
     overhead = None
     t0 = time.perf_counter()
-    for group, label, spec in cases:
-        prog.step(label)
+    for rnd, (group, label, spec) in runs:
+        prog.step(label if rounds == 1 else f"{label} (round {rnd + 1})")
         if spec["kind"] == "_demo_model":
             from onnxruntime_mlx import demo_model
             demo_model.save(spec["path"], force=True)
@@ -856,7 +884,8 @@ def run(args) -> int:
         if spec["kind"] == "overhead":
             overhead = res
             subject, provider = label, "mlx"
-        results.append({"group": group, "subject": subject, "provider": provider, "spec": spec, "result": res})
+        results.append({"group": group, "subject": subject, "provider": provider, "spec": spec, "result": res,
+                        "round": rnd})
         # Partial results survive an interrupted run.
         (out / "bench.partial.json").write_text(json.dumps(results, indent=1))
     summary = summarize(results)
@@ -865,7 +894,7 @@ def run(args) -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m onnxruntime_mlx bench " +
             " ".join(sys.argv[2:] if len(sys.argv) > 2 else []), "device": args.device,
             "quick": args.quick, "onnxruntime": ort.__version__, "mlx": mx.__version__,
-            "cpus": os.cpu_count(), "elapsed_s": round(time.perf_counter() - t0, 1)}
+            "cpus": os.cpu_count(), "rounds": rounds, "elapsed_s": round(time.perf_counter() - t0, 1)}
     # Which sgemm kernels MLX's CPU products ran (OPENBLAS_CORETYPE, set machine-wide on some
     # hosts, halves them on an AVX-512 CPU; README Troubleshooting).
     from onnxruntime_mlx import doctor

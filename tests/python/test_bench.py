@@ -76,3 +76,36 @@ def test_gpu_plan_sets_one_tf32_for_every_system():
     cpu = p.parse_args(["--only", "cnn", "--quick"])
     assert all("tf32" not in spec for _, _, spec in bench.plan(cpu))
     assert bench._tf32_options({}, "ort-cuda") == {}
+
+
+def test_rounds_pair_each_ratio_with_its_own_round():
+    """With --rounds a figure is its median over the rounds and a ratio the median of the rounds'
+    paired ratios (each EP figure against the same round's baseline), so a slow phase that falls
+    on one round moves both sides of that round's ratio: here the medians' ratio would be 0.55,
+    the paired ones are 1.1, 2.0 and 0.5."""
+    from onnxruntime_mlx import bench
+    ep, cpu = [1.0, 10.0, 2.0], [1.1, 20.0, 1.0]
+    results = [{"group": "cnn", "subject": "m", "provider": p, "round": i, "result": {"ok": True, "latency_s": v[i]}}
+               for i in range(3) for p, v in (("mlx", ep), ("cpu", cpu))]
+    [row] = bench.summarize(results)["ratios"]
+    assert row["ep"] == 2.0 and row["cpu"] == 1.1 and row["rounds"] == 3, row
+    assert abs(row["ep/cpu"] - 1.1) < 1e-12, row
+    # A round whose baseline failed gives no pair; one round is the figures as measured.
+    results[-1]["result"] = {"ok": False, "error": "x"}
+    [row] = bench.summarize(results)["ratios"]
+    assert abs(row["ep/cpu"] - (1.1 + 2.0) / 2) < 1e-12, row
+    [row] = bench.summarize([r for r in results if r["round"] == 0])["ratios"]
+    assert row["ep"] == 1.0 and abs(row["ep/cpu"] - 1.1) < 1e-12 and "rounds" not in row, row
+
+
+def test_rounds_run_every_measured_case_each_round(tmp_path):
+    """`--rounds 2` runs each measured case twice, in turn (the demo model is written once), and
+    the table says how its figures were taken."""
+    r = subprocess.run([sys.executable, "-m", "onnxruntime_mlx", "bench", "--only", "demo", "--rounds", "2",
+                        "--repeat", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    runs = sorted((x["provider"], x["round"]) for x in data["results"])
+    assert runs == [("cpu", 0), ("cpu", 1), ("mlx", 0), ("mlx", 1)], runs
+    assert data["meta"]["rounds"] == 2 and all(row["rounds"] == 2 for row in data["ratios"]), data["ratios"]
+    assert "median of 2 rounds" in (tmp_path / "bench.md").read_text()
