@@ -182,7 +182,8 @@ void MlxEp::compile(const OrtGraph** graphs, const OrtNode** fused_nodes, size_t
       g = std::move(read_graph(graphs[i]).graph);
     }
     auto program = engine::make_program(fused_name, g, inputs, outputs, options_.engine);
-    infos[i] = new FusedNodeCompute(std::move(program), this);  // freed in ReleaseNodeComputeInfos
+    // (freed in ReleaseNodeComputeInfos)
+    infos[i] = new FusedNodeCompute(std::move(program), this, !options_.report_path.empty());
     // ORT passes the array even when no compiled model is asked for: the session key decides.
     if (ep_context_nodes && options_.context.enable) {
       // The saved graph's inputs and outputs are the program's signature: the fused node's.
