@@ -141,6 +141,39 @@ def gelu_products_case():
     return _float_case("gelu_products", nodes, inits, (40, 96), (40, 64), rng)
 
 
+def encoder_attention_case():
+    """An encoder layer's attention and residual norm: 2 x 20 rows of 72 (two heads of 36), Q, K
+    and V products, scores divided by sqrt(36), softmax, times V (cpu_attention: query rows eight
+    at a time and a block of four, K transposed in 16 x 16 blocks with edges), then the residual
+    Add and LayerNormalization as one row kernel (16 lanes, a masked tail of 8)."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(17)
+    B, S, N, H = 2, 20, 2, 36
+    E = N * H
+    w = lambda n: numpy_helper.from_array((rng.standard_normal((E, E)) / 8).astype(np.float32), n)  # noqa: E731
+    inits = [w("wq"), w("wk"), w("wv"), numpy_helper.from_array(np.array([B, S, N, H], np.int64), "s4"),
+             numpy_helper.from_array(np.array([B, S, E], np.int64), "s3"),
+             numpy_helper.from_array(np.array(np.sqrt(H), np.float32), "c"),
+             numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "b")]
+    nodes = []
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", "w" + n], [n]), helper.make_node("Reshape", [n, "s4"], [n + "4"])]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["qt", "kt"], ["sc"]), helper.make_node("Div", ["sc", "c"], ["sd"]),
+              helper.make_node("Softmax", ["sd"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vt"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "s3"], ["a"]), helper.make_node("Add", ["a", "x"], ["r"]),
+              helper.make_node("LayerNormalization", ["r", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    g = helper.make_graph(nodes, "encoder_attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, E])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, S, E])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return "encoder_attention", m.SerializeToString(), [{"x": rng.standard_normal((B, S, E)).astype(np.float32)}], ""
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
     cases = [(name, model, [feeds], "") for name, model, feeds in load_cases()]
@@ -148,6 +181,7 @@ def main() -> int:
     cases.append(llm_prompt_case())
     cases.append(row_tile_products_case())
     cases.append(gelu_products_case())
+    cases.append(encoder_attention_case())
     for name, model, sets, options in cases:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
