@@ -124,7 +124,7 @@ def gelu_products_case():
     """An encoder's feed-forward products: 40 rows (five row tiles, panels split between the
     threads, each tile asking ahead: cpu_packed_ahead) by a constant of 200 columns (a ragged last
     panel) with a fused bias and the GELU written out after it, which the kernel applies to each
-    tile as it stores it (cpu_product_gelu), then a product of 700 deep (two K blocks)."""
+    tile as it stores it (cpu_product_gelu), then a product of 700 deep (two K blocks of 512)."""
     rng = np.random.default_rng(13)
     inits = [numpy_helper.from_array((rng.standard_normal((96, 200)) / 8).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal(200).astype(np.float32), "b1"),
@@ -138,7 +138,8 @@ def gelu_products_case():
              helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["h", "a"], ["m"]),
              helper.make_node("Mul", ["m", "half"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["q"]),
              helper.make_node("MatMul", ["q", "w3"], ["y"])]
-    return _float_case("gelu_products", nodes, inits, (40, 96), (40, 64), rng)
+    name, model, feeds, _ = _float_case("gelu_products", nodes, inits, (40, 96), (40, 64), rng)
+    return name, model, feeds, "cpu_packed_depth=512\n"  # (K in blocks of 512: 700 deep takes two)
 
 
 def encoder_attention_case():

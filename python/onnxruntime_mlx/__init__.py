@@ -102,6 +102,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_packed_rows": (0, 1 << 30),
     "cpu_packed_stream": (0, 1 << 20),
     "cpu_packed_ahead": (0, 1 << 16),
+    "cpu_packed_depth": (0, 1 << 16),
     "cpu_skip_norm": (0, 1),
     "cpu_gqa_prompt": (0, 1),
     "cpu_dnnl_blocked": (0, 1),

@@ -76,6 +76,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_packed_row_splits\":" << ops::cpu_packed_row_splits()
     << ",\"process_packed_stream_walks\":" << ops::cpu_packed_stream_walks()
     << ",\"process_packed_ahead_walks\":" << ops::cpu_packed_ahead_walks()
+    << ",\"packed_default_depth\":" << ops::cpu_packed_default_depth()
     << ",\"process_int4_panel_layouts\":" << ops::cpu_int4_panel_layouts()
     << ",\"process_lstm_cells\":" << ops::cpu_lstm_cell_runs()
     << ",\"process_reused_outputs\":" << ops::cpu_reused_outputs()

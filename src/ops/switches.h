@@ -67,6 +67,8 @@ struct TranslationSwitches {
   int64_t cpu_packed_stream = 6144;
   // a product of several row tiles: each tile asks for its panel's lines this many bytes ahead
   int64_t cpu_packed_ahead = 6144;
+  // the packed kernel's K blocks this deep (0: from the L2's size)
+  int64_t cpu_packed_depth = 0;
 };
 
 // The calling thread's current switches.

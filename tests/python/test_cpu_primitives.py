@@ -701,8 +701,8 @@ def test_squeeze_excitation_reads_the_blocked_output(capfd):
 def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd):
     """Float32 rows times a constant matrix run as the EP's kernel (kernels/cpu/
     packed_gemm.cc: the weight laid out once as panels of 48 columns, 16 without AVX-512; 8 x 48
-    and 6 x 16 register tiles, masked at the last panel's edge, K in blocks of 512 summed into
-    the output, rows in blocks of 128): one primitive, no MLX Matmul. Rows not a multiple of the
+    and 6 x 16 register tiles, masked at the last panel's edge, K in blocks (of 512 here:
+    cpu_packed_depth) summed into the output, rows in blocks of 128): one primitive, no MLX Matmul. Rows not a multiple of the
     tile's or past one row block, columns not a
     multiple of the panel's, K past one block, a batch of rows taken flat, one row (a decode
     step's MatMul; a Gemm of one row with alpha or beta stays the row kernel, and so does one of
@@ -719,7 +719,7 @@ def test_products_by_a_constant_are_the_packed_kernel(m, k, n, op, avx512, capfd
     else:
         x = rng.standard_normal((2, m, k) if op == "MatMul3d" else (m, k)).astype(np.float32)
         inits, nodes = [_init("w", w)], [helper.make_node("MatMul", ["x", "w"], ["y"])]
-    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512)
+    prims = _run(nodes, {"x": x}, inits, capfd, 2e-5, 2e-5, cpu_avx512=avx512, cpu_packed_depth=512)
     if op.startswith("Gemm") and m == 1 and (op == "Gemm" or k * n > 1 << 20):
         assert prims.get("RowGemv") == 1 and "Matmul" not in prims, prims
     else:
@@ -994,8 +994,8 @@ def test_product_gelu_is_applied_by_the_kernel(rows, k, n, bias, avx512, capfd):
     """A GELU after a product by a constant (its bias Add fused first: an encoder's feed-forward
     layer) joins the product (graph/fuse_matmul_bias, fuse_matmul_gelu): the packed kernel
     applies it to each tile as it stores it, one PackedMatmulGelu primitive and no ErfGelu.
-    Rows of a batch taken flat with a ragged last panel, a depth over 512 (the tiles'
-    sums finished on the last block only), one row (the stream walk), 200 rows (the threads
+    Rows of a batch taken flat with a ragged last panel, a depth over 512 (K blocks of 512
+    here: the tiles' sums finished on the last block only), one row (the stream walk), 200 rows (the threads
     taking rows); under 256 outputs (3 x 40) the GELU stays MLX's ops after the product, as the
     unfused Gelu would run. The same bits as with cpu_product_gelu=0 (PackedMatmul, then
     ErfGelu), and ORT's CPU EP within 1e-5. Broken by the GELU applied before a tile's last K
@@ -1015,7 +1015,8 @@ def test_product_gelu_is_applied_by_the_kernel(rows, k, n, bias, avx512, capfd):
               helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", [v, "a"], ["m"]),
               helper.make_node("Mul", ["m", "half"], ["y"])]
     outs = []
-    opts = dict(cpu_avx512=avx512, cpu_program_parallel_min_flops=0, cpu_dnnl_parallel_min_flops=0)
+    opts = dict(cpu_avx512=avx512, cpu_program_parallel_min_flops=0, cpu_dnnl_parallel_min_flops=0,
+                cpu_packed_depth=512)
     fused = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, **opts)
     apart = _run(nodes, {"x": x}, inits, capfd, 1e-5, 1e-5, keep=outs, cpu_product_gelu=0, **opts)
     if np.prod(rows) * n >= 256:
@@ -1232,7 +1233,7 @@ for blocks, report in zip((0, 1), sys.argv[2:]):
     # one thread (no product splits): the walk is the whole product's
     s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
         "cpu", fallback=False, report_path=report, cpu_packed_blocks=blocks, cpu_dnnl_parallel_min_flops=10**12,
-        cpu_avx512=int(sys.argv[1])))
+        cpu_avx512=int(sys.argv[1]), cpu_packed_depth=512))
     for _ in range(3):
         np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
     del s
@@ -1246,7 +1247,7 @@ print(json.dumps(got))
 def test_packed_tiles_ask_for_the_next_panel(avx512, tmp_path):
     """The packed kernel's blocked walk (cpu_packed_blocks=1, kernels/cpu/packed_gemm.cc): rows
     in blocks of 128 (200 rows: 16 and 9 tiles of 8 with AVX-512, 21 and 13 of 6 with AVX2),
-    K in blocks of 512 (640: 512 and 128), and every tile asks for its part of the next panel's
+    K in blocks of 512 (cpu_packed_depth; 640: 512 and 128), and every tile asks for its part of the next panel's
     K block into L2, so that a panel's first tile does not wait on memory. On one thread, per K
     block the first row block asks for all its panels (6 of 48 columns, or 18 of 16; the last
     one for the first panel again, read next by the second row block) and the second for one
@@ -1378,8 +1379,8 @@ def test_packed_products_split_rows_where_each_thread_gets_a_row_block(tmp_path)
     assert got[0] == {"process_packed_matmuls": 6, "process_packed_row_splits": 0}, got
 
 
-# Products through the packed kernel in a subprocess: argv = option (cpu_packed_stream or
-# cpu_packed_ahead), its value, report path, cpu_avx512, shapes {name: [rows or "tile"/"tile+1"
+# Products through the packed kernel in a subprocess: argv = option (cpu_packed_stream,
+# cpu_packed_ahead or cpu_packed_depth, else 512), its value, report path, cpu_avx512, shapes {name: [rows or "tile"/"tile+1"
 # (the tile's rows: 8 with AVX-512, 6 with AVX2), K, N]} as JSON. Checks each output against
 # float64, saves the outputs and prints the report's packed-kernel counters.
 _PACKED_WALKS = r"""
@@ -1402,9 +1403,10 @@ g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y_" + 
                       inits)
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 9
+# (K in blocks of 512 unless the option is the depth: the 700-deep products take two)
 s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
-    "cpu", fallback=False, report_path=report, **{option: value}, cpu_program_parallel_min_flops=0,
-    cpu_dnnl_parallel_min_flops=0, cpu_avx512=avx512))
+    "cpu", fallback=False, report_path=report, **{"cpu_packed_depth": 512, option: value},
+    cpu_program_parallel_min_flops=0, cpu_dnnl_parallel_min_flops=0, cpu_avx512=avx512))
 w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in inits}
 for _ in range(3):
     for name, got in zip(shapes, s.run(None, feeds)):
@@ -1415,7 +1417,7 @@ del s
 line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
 np.savez(report + ".npz", *outs)
 print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_stream_walks",
-                                         "process_packed_ahead_walks")}))
+                                         "process_packed_ahead_walks", "packed_default_depth")}))
 """
 
 
@@ -1476,3 +1478,21 @@ def test_tiles_of_several_row_tiles_ask_ahead(avx512, tmp_path):
     assert got[6144]["process_packed_matmuls"] == got[0]["process_packed_matmuls"] == 16, got
     for i in range(len(shapes)):
         assert np.array_equal(outs[6144][f"arr_{i}"], outs[0][f"arr_{i}"]), i
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu" or (os.cpu_count() or 1) < 2, reason="the CPU kernel's threads")
+def test_packed_depth_follows_the_l2(tmp_path):
+    """The packed kernel's K blocks are as deep as half the L2 holds for a row block of A (128
+    rows) and a panel's block together, in multiples of 256 (cpu_packed_depth=0; 1536 with a
+    2 MiB L2, 768 with 1 MiB): the report says which. Products of 1100 to 1700 deep and 200, 40
+    or 16 rows (one block or two with 2 MiB; five to eight in blocks of 256) give float64's sums
+    within 1e-5 at either depth. Broken by a depth not from the L2, or by blocks that leave part
+    of K out or sum it twice."""
+    # (glibc's sysconf, as the kernel asks it: Python's os.sysconf does not name the caches)
+    got_l2 = subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True).stdout.strip()
+    l2 = int(got_l2) if got_l2.isdigit() and int(got_l2) > 0 else 1 << 20
+    want = min(max(l2 * 9 // 16 // (4 * (128 + 48)) // 256 * 256, 256), 4096)
+    shapes = {"a": [200, 1100, 96], "b": [16, 1600, 100], "c": [40, 1700, 48]}
+    got = {d: _packed_walks("cpu_packed_depth", d, 1 if _avx512() else 0, shapes, tmp_path / f"d{d}.jsonl")[0]
+           for d in (0, 256)}
+    assert got[0]["packed_default_depth"] == want and got[0]["process_packed_matmuls"] == 12, got

@@ -231,6 +231,7 @@ struct PackedWalk {
   int64_t rows = 64;     // cpu_packed_rows
   int64_t ahead = 6144;  // cpu_packed_stream
   int64_t tile_ahead = 6144;  // cpu_packed_ahead
+  int64_t depth = 0;          // cpu_packed_depth: K blocks this deep (0: from the L2's size)
   bool operator==(const PackedWalk&) const = default;
 };
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
@@ -243,6 +244,7 @@ uint64_t cpu_packed_prefetch_bytes();  // bytes of next panels its tiles asked i
 uint64_t cpu_packed_row_splits();  // products whose rows it split over the threads
 uint64_t cpu_packed_stream_walks();  // products of one row tile it split by columns, walked ahead
 uint64_t cpu_packed_ahead_walks();  // products of several row tiles whose tiles asked for lines ahead
+int64_t cpu_packed_default_depth();  // its K blocks' depth where cpu_packed_depth is 0 (from the L2's size)
 
 // A pointwise convolution (1x1 kernel, stride 1, no padding) of float32 NCHW... `x` as it lies
 // with groups: y[n, g*Mg + m, p] = bias[g*Mg + m] + sum_k w[g*Mg + m, k] x[n, g*Cg + k, p], then

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
@@ -37,8 +38,6 @@ struct Geometry {
 };
 constexpr Geometry kAvx512{8, 48};
 constexpr Geometry kAvx2{6, 16};
-// K is cut into blocks this deep, so that a panel's block stays in L2 while every row tile reads it.
-constexpr int64_t kDepthBlock = 512;
 
 std::atomic<uint64_t> g_huge_bytes{0};
 std::atomic<uint64_t> g_prefetch_bytes{0};
@@ -213,9 +212,22 @@ TileFn tile_for(bool avx512, int r, int vectors = 3) {
   return vectors == 1 ? k512_rows<1>[r - 1] : vectors == 2 ? k512_rows<2>[r - 1] : k512_rows<3>[r - 1];
 }
 
-// Rows are taken in blocks of this many (their share of A, 256 KiB at K = 512, stays in L2
-// while every panel of the thread passes over it).
+// Rows are taken in blocks of this many (their share of A stays in L2 while every panel of the
+// thread passes over it).
 constexpr int64_t kRowBlock = 128;
+
+// K is cut into blocks this deep by default: a row block's share of A and a panel's block
+// together about half the L2 (1536 with 2 MiB, 768 with 1 MiB), so that both stay there while
+// the row block's tiles read them; deeper blocks read and write C fewer times.
+int64_t depth_from_l2() {
+  static const int64_t depth = [] {
+    long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 <= 0) l2 = long{1} << 20;
+    const int64_t per_k = int64_t{sizeof(float)} * (kRowBlock + kAvx512.cols);
+    return std::clamp<int64_t>(l2 * 9 / 16 / per_k / 256 * 256, 256, 4096);
+  }();
+  return depth;
+}
 
 // One thread's share of the (panel, row tile) items, [i0, i1) in panel-major order (a run of
 // panels, the first and last perhaps in part), walked per K block as row blocks, then the
@@ -267,7 +279,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
     if (inputs.size() > 2) bias.emplace(inputs[2]);
     dispatch_task(stream(), [cache = cache_, x = RowMajorInput(inputs[0]), wp = w.data<float>(), sk, sn, bias = std::move(bias),
                   yp = out.data<float>(), g = g_, parallel = parallel_, avx512 = avx512_, blocks = walk_.blocks,
-                  split_rows = walk_.rows, ahead = walk_.ahead, tile_ahead = walk_.tile_ahead, epilogue = epilogue_] {
+                  split_rows = walk_.rows, ahead = walk_.ahead, tile_ahead = walk_.tile_ahead,
+                  depth = walk_.depth > 0 ? walk_.depth : depth_from_l2(), epilogue = epilogue_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
@@ -284,7 +297,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
           for (int r = 0; r < rows; ++r) unary(c + r * g.n, c + r * g.n, width);
       };
       auto tile = [&](int64_t panel, int64_t tile_row, int64_t k0, NextLines next) {
-        const int64_t r0 = tile_row * geo.rows, kc = std::min(kDepthBlock, g.k - k0);
+        const int64_t r0 = tile_row * geo.rows, kc = std::min(depth, g.k - k0);
         const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
         const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
         float* c = yp + r0 * g.n + panel * geo.cols;
@@ -295,8 +308,8 @@ class PackedMatmul : public mx::UnaryPrimitive {
       // One thread's share of a walk, per K block; the walk's tile rows count from `row0`.
       auto walk_share = [&](const BlockWalk& walk, int64_t row0) {
         int64_t asked = 0;  // counted once a share: one shared counter per tile is a contended line
-        for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
-          const int64_t block_bytes = std::min(kDepthBlock, g.k - k0) * geo.cols * int64_t{sizeof(float)};
+        for (int64_t k0 = 0; k0 < g.k; k0 += depth) {
+          const int64_t block_bytes = std::min(depth, g.k - k0) * geo.cols * int64_t{sizeof(float)};
           walk.for_each(block_bytes, [&](int64_t panel, int64_t tile_row, int64_t next_panel, int64_t next_offset,
                                          int64_t next_bytes) {
             NextLines next;
@@ -350,7 +363,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
       // a panel's block stays in the cache of the thread that reads it.
       cpu_parallel_for(items, threads, [&](int64_t i0, int64_t i1) {
         if (!blocks) {
-          for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock)
+          for (int64_t k0 = 0; k0 < g.k; k0 += depth)
             for (int64_t i = i0; i < i1; ++i) tile(i / row_tiles, i % row_tiles, k0, {});
           return;
         }
@@ -434,6 +447,13 @@ uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_
 uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_stream_walks() { return g_stream_walks.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_ahead_walks() { return g_ahead_walks.load(std::memory_order_relaxed); }
+int64_t cpu_packed_default_depth() {
+#ifdef ORTMLX_X86
+  return depth_from_l2();
+#else
+  return 0;
+#endif
+}
 
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
                                            const PackedWalk& walk, mx::Stream s, const std::optional<mx::array>& bias,

@@ -99,7 +99,8 @@ std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, 
   const size_t outputs = a.size() / std::max(a.shape(-1), 1) * static_cast<size_t>(b.shape(1));
   const bool in_kernel = gelu && outputs >= kCpuUnaryMinElements;
   auto y = cpu_packed_matmul(a, b, parallel_work(flops),
-                             {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead}, s,
+                             {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead,
+                              sw.cpu_packed_depth}, s,
                              bias, in_kernel ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt);
   if (y && gelu && !in_kernel) y = gelu_erf(*y, s);
   return y;
