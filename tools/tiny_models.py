@@ -1,7 +1,11 @@
 """Writes the small models the per-run floor is measured on (fixed weights from a seed):
 chain10.onnx, ten nodes over a [1, 64] input (MatMul, Add, Relu, MatMul, Add, Tanh, Mul,
-Sigmoid, Mul, Softmax), the size of a wake-word head; and mm_M_K_N.onnx, one MatMul of an
-[M, K] input by a constant [K, N] weight, for the encoder's and a prompt's product shapes.
+Sigmoid, Mul, Softmax), the size of a wake-word head; mm_M_K_N.onnx, one MatMul of an [M, K]
+input by a constant [K, N] weight, for the encoder's and a prompt's product shapes;
+attention_B_S.onnx, MiniLM's attention nodes alone (q, k, v [B, S, 384] in: Reshape to 12 heads
+of 32, Transposes, MatMul, Div by sqrt(32), Add of a [B, 1, 1, S] mask, Softmax, MatMul,
+Transpose, Reshape); and addnorm_B_S.onnx, an encoder's residual Add and LayerNormalization over
+[B, S, 384].
 
     python tools/tiny_models.py OUT_DIR"""
 import pathlib
@@ -43,6 +47,40 @@ def product(m, k, n):
     return model
 
 
+def attention(b, s, heads=12, d=32):
+    e = heads * d
+    inits = [numpy_helper.from_array(np.array([b, s, heads, d], np.int64), "s4"),
+             numpy_helper.from_array(np.array([b, s, e], np.int64), "s3"),
+             numpy_helper.from_array(np.array(np.sqrt(d), np.float32), "c")]
+    nodes = [helper.make_node("Reshape", [n, "s4"], [n + "4"]) for n in "qkv"]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["qt", "kt"], ["sc"]), helper.make_node("Div", ["sc", "c"], ["sd"]),
+              helper.make_node("Add", ["sd", "mask"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vt"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "s3"], ["y"])]
+    g = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, TP.FLOAT, [b, s, e]) for n in "qkv"]
+                          + [helper.make_tensor_value_info("mask", TP.FLOAT, [b, 1, 1, s])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [b, s, e])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def addnorm(b, s, e=384):
+    rng = np.random.default_rng(e)
+    inits = [numpy_helper.from_array(rng.standard_normal(e).astype(np.float32), n) for n in ("g", "beta")]
+    nodes = [helper.make_node("Add", ["x", "r"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "g", "beta"], ["y"], axis=-1, epsilon=1e-12)]
+    g = helper.make_graph(nodes, "addnorm", [helper.make_tensor_value_info(n, TP.FLOAT, [b, s, e]) for n in "xr"],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [b, s, e])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
 if __name__ == "__main__":
     out = pathlib.Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -51,3 +89,8 @@ if __name__ == "__main__":
     for m, k, n in PRODUCTS:
         onnx.save(product(m, k, n), out / f"mm_{m}_{k}_{n}.onnx")
         print(out / f"mm_{m}_{k}_{n}.onnx")
+    for b, s in ((1, 128), (8, 128), (8, 256)):
+        onnx.save(attention(b, s), out / f"attention_{b}_{s}.onnx")
+        print(out / f"attention_{b}_{s}.onnx")
+    onnx.save(addnorm(8, 128), out / "addnorm_8_128.onnx")
+    print(out / "addnorm_8_128.onnx")
