@@ -118,7 +118,9 @@ void column_blocks(int64_t cols, F&& f) {
 template <int R>
 void scores_rows(const float* const* q, const float* kt, int64_t H, int64_t cols, int64_t Tp, float* s,
                  int64_t s_stride) {
-  column_blocks<4>(cols, [&](auto nb, int64_t j0) { scores_block<R, decltype(nb)::value>(q, kt, H, Tp, j0, s, s_stride); });
+  column_blocks<4>(cols, [&](auto nb, int64_t j0) {
+    scores_block<R, decltype(nb)::value>(q, kt, H, Tp, j0, s, s_stride);
+  });
 }
 
 // Entries [j, j + 16) of a bias row (column stride bstep) under mask k.
@@ -269,8 +271,8 @@ __attribute__((target("avx512f"))) void transpose16(const float* src, int64_t ld
 }
 
 // One (batch, head) pair: K^T and V gathered into packed scratch (V's rows, as a head's slice of
-// wider rows, lie so many lines apart that they share few L1 sets), then the query rows eight at a time (scores, softmax, weighted values), every intermediate in
-// the thread's scratch.
+// wider rows, lie so many lines apart that they share few L1 sets), then the query rows eight at
+// a time (scores, softmax, weighted values), every intermediate in the thread's scratch.
 __attribute__((target("avx512f"))) void attend_pair(const AttentionShape& g, const View& q, const View& kt, const View& v,
                                                     const View* bias, float* out, int64_t b0, int64_t b1,
                                                     std::vector<float>& scratch) {

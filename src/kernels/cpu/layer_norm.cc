@@ -77,6 +77,11 @@ __attribute__((target("avx512f"))) inline __m512 row_values(const float* x, cons
   return v;
 }
 
+// The sum of four vectors' lanes.
+__attribute__((target("avx512f"))) inline float sum_of4(const __m512* acc) {
+  return hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
 // The same row with 16 lanes and four sums in flight (a row's passes are otherwise bound by
 // their one sum's add latency), the skip forms' sum x + skip (+ bias) made in the first pass,
 // into `sum` (which may be y), instead of a pass of its own.
@@ -94,7 +99,7 @@ __attribute__((target("avx512f"))) void norm_row_avx512(const float* x, const fl
     if (!rms) acc[(i >> 4) & 3] = _mm512_add_ps(acc[(i >> 4) & 3], v);
   }
   const float* r = skip ? sum : x;
-  const float mean = hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) / static_cast<float>(n);
+  const float mean = sum_of4(acc) / static_cast<float>(n);
   const __m512 m = _mm512_set1_ps(mean);
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (i = 0; i < n; i += 16) {
@@ -102,7 +107,7 @@ __attribute__((target("avx512f"))) void norm_row_avx512(const float* x, const fl
     const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, r + i), m);
     acc[(i >> 4) & 3] = _mm512_fmadd_ps(d, d, acc[(i >> 4) & 3]);
   }
-  const float sq = hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  const float sq = sum_of4(acc);
   const __m512 v = _mm512_set1_ps(1.f / std::sqrt(sq / static_cast<float>(n) + eps));
   for (i = 0; i < n; i += 16) {
     const __mmask16 k = first_lanes(n - i);
