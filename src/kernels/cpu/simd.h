@@ -16,12 +16,13 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The sum of the 16 lanes, halves added pairwise (GCC 12's _mm512_reduce_add_ps starts from an
-// undefined vector, which its flow analysis reports as read uninitialized where it is inlined).
+// The sum of the 16 lanes, halves added pairwise. (GCC 12's unmasked shuffles and extracts, and
+// _mm512_reduce_add_ps built on them, start from an undefined vector, which its flow analysis
+// reports as read uninitialized where they are inlined: the masked forms name their source.)
 __attribute__((target("avx512f"))) inline float hsum16(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-  __m128 s = _mm512_castps512_ps128(v);
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0xB1));
+  __m128 s = _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, v, 0);
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
