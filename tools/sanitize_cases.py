@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 from reliability import load_cases  # noqa: E402
+from tiny_models import attention_nodes  # noqa: E402
 
 
 def write_inputs(path: pathlib.Path, feeds: dict) -> None:
@@ -152,21 +153,11 @@ def encoder_attention_case():
     B, S, N, H = 2, 20, 2, 36
     E = N * H
     w = lambda n: numpy_helper.from_array((rng.standard_normal((E, E)) / 8).astype(np.float32), n)  # noqa: E731
-    inits = [w("wq"), w("wk"), w("wv"), numpy_helper.from_array(np.array([B, S, N, H], np.int64), "s4"),
-             numpy_helper.from_array(np.array([B, S, E], np.int64), "s3"),
-             numpy_helper.from_array(np.array(np.sqrt(H), np.float32), "c"),
-             numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "g"),
-             numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "b")]
-    nodes = []
-    for n in "qkv":
-        nodes += [helper.make_node("MatMul", ["x", "w" + n], [n]), helper.make_node("Reshape", [n, "s4"], [n + "4"])]
-    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
-              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
-              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
-              helper.make_node("MatMul", ["qt", "kt"], ["sc"]), helper.make_node("Div", ["sc", "c"], ["sd"]),
-              helper.make_node("Softmax", ["sd"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vt"], ["o"]),
-              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ot", "s3"], ["a"]), helper.make_node("Add", ["a", "x"], ["r"]),
+    nodes, inits = attention_nodes(B, S, N, H, mask=False, out="a")
+    inits += [w("wq"), w("wk"), w("wv"), numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "g"),
+              numpy_helper.from_array(rng.standard_normal(E).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w" + n], [n]) for n in "qkv"] + nodes
+    nodes += [helper.make_node("Add", ["a", "x"], ["r"]),
               helper.make_node("LayerNormalization", ["r", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
     g = helper.make_graph(nodes, "encoder_attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, E])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, S, E])], inits)

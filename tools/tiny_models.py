@@ -47,20 +47,30 @@ def product(m, k, n):
     return model
 
 
-def attention(b, s, heads=12, d=32):
-    e = heads * d
+def attention_nodes(b, s, heads, d, mask, out):
+    """An encoder's attention as exporters write it, (nodes, initializers): q, k, v [b, s, heads
+    d] in, out [b, s, heads d]; the scores divided by sqrt(d), plus the [b, 1, 1, s] input "mask"
+    with `mask`."""
     inits = [numpy_helper.from_array(np.array([b, s, heads, d], np.int64), "s4"),
-             numpy_helper.from_array(np.array([b, s, e], np.int64), "s3"),
+             numpy_helper.from_array(np.array([b, s, heads * d], np.int64), "s3"),
              numpy_helper.from_array(np.array(np.sqrt(d), np.float32), "c")]
     nodes = [helper.make_node("Reshape", [n, "s4"], [n + "4"]) for n in "qkv"]
     nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
               helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
               helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
-              helper.make_node("MatMul", ["qt", "kt"], ["sc"]), helper.make_node("Div", ["sc", "c"], ["sd"]),
-              helper.make_node("Add", ["sd", "mask"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["qt", "kt"], ["sc"]), helper.make_node("Div", ["sc", "c"], ["sd"])]
+    if mask:
+        nodes.append(helper.make_node("Add", ["sd", "mask"], ["sm"]))
+    nodes += [helper.make_node("Softmax", ["sm" if mask else "sd"], ["p"], axis=-1),
               helper.make_node("MatMul", ["p", "vt"], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ot", "s3"], ["y"])]
+              helper.make_node("Reshape", ["ot", "s3"], [out])]
+    return nodes, inits
+
+
+def attention(b, s, heads=12, d=32):
+    e = heads * d
+    nodes, inits = attention_nodes(b, s, heads, d, mask=True, out="y")
     g = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, TP.FLOAT, [b, s, e]) for n in "qkv"]
                           + [helper.make_tensor_value_info("mask", TP.FLOAT, [b, 1, 1, s])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, [b, s, e])], inits)
