@@ -120,7 +120,7 @@ struct NextLines {
 // alone keep too few in flight: a one-row product streams its weight from memory, the tiles of
 // larger ones read their panel from L2 or the L3).
 template <int R, int V = 3>
-__attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
+__attribute__((target("avx512f,prfchw"))) void tile_avx512(const float* a, int64_t lda, const float* p, int64_t kc, float* c,
                                                     int64_t ldc, int width, bool accumulate, const float* bias,
                                                     NextLines next, int64_t ahead) {
   __mmask16 m[V];
@@ -134,7 +134,12 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* a, int64_t lda,
   __m512 acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < V; ++j) acc[r][j] = start[j];
+    for (int j = 0; j < V; ++j) {
+      acc[r][j] = start[j];
+      // The tile's lines of C asked for, to write, while it computes: written cold at its end,
+      // each store waited on a line from memory or the other core's cache.
+      __builtin_prefetch(c + r * ldc + 16 * j, 1, 3);
+    }
   const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 48) {
     __m512 b[V];
