@@ -233,14 +233,6 @@ class RowNorm : public mx::Primitive {
   bool avx512_;  // cpu_avx512_kernels() at translation, on a CPU that has AVX-512F
 };
 
-bool avx512_rows() {
-#ifdef ORTMLX_X86
-  return cpu_avx512_kernels() && cpu_has_avx512f();
-#else
-  return false;
-#endif
-}
-
 bool row_vector(const std::optional<mx::array>& v, int n) {
   return !v || (v->dtype() == mx::float32 && v->ndim() == 1 && v->shape(0) == n);
 }
@@ -260,7 +252,7 @@ std::optional<std::vector<mx::array>> cpu_skip_norm(const mx::array& x, const mx
   if (beta) in.push_back(*beta);
   if (bias) in.push_back(*bias);
   auto prim = std::make_shared<RowNorm>(s, eps, rms, NormInputs{true, beta.has_value(), bias.has_value(), with_sum},
-                                        avx512_rows());
+                                        cpu_avx512_kernels());
   if (!with_sum) return std::vector<mx::array>{mx::array(x.shape(), mx::float32, std::move(prim), std::move(in))};
   return mx::array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32}, std::move(prim), std::move(in));
 }
@@ -273,7 +265,7 @@ std::optional<mx::array> cpu_layer_norm(const mx::array& x, const mx::array& sca
   std::vector<mx::array> in{x, scale};
   if (bias) in.push_back(*bias);
   return mx::array(x.shape(), mx::float32,
-                   std::make_shared<RowNorm>(s, eps, rms, NormInputs{.beta = bias.has_value()}, avx512_rows()),
+                   std::make_shared<RowNorm>(s, eps, rms, NormInputs{.beta = bias.has_value()}, cpu_avx512_kernels()),
                    std::move(in));
 }
 

@@ -134,15 +134,15 @@ __attribute__((target("avx512f,prfchw"))) void tile_avx512(const float* a, int64
   __m512 acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < V; ++j) {
-      acc[r][j] = start[j];
-      // The tile's lines of C asked for, to write, while it computes: written cold at its end,
-      // each store waited on a line from memory or the other core's cache.
-      __builtin_prefetch(c + r * ldc + 16 * j, 1, 3);
-    }
-  // MLX's buffers start 8 bytes past a 16-byte boundary: a row's 16 V floats span one line more.
+    for (int j = 0; j < V; ++j) acc[r][j] = start[j];
+  // The tile's lines of C asked for, to write, while it computes: written cold at its end, each
+  // store waited on a line from memory or the other core's cache. MLX's buffers start 8 bytes
+  // past a 16-byte boundary, so a row's 16 V floats span V + 1 lines.
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) __builtin_prefetch(c + r * ldc + 16 * V - 1, 1, 3);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < V; ++j) __builtin_prefetch(c + r * ldc + 16 * j, 1, 3);
+    __builtin_prefetch(c + r * ldc + 16 * V - 1, 1, 3);
+  }
   const int64_t every = next.spacing(kc);
   for (int64_t k = 0; k < kc; ++k, p += 48) {
     __m512 b[V];
