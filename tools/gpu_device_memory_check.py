@@ -396,7 +396,7 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
     kv_bytes = sum(v.tensor_size_in_bytes() for v in past.values()) \
         if hasattr(next(iter(past.values())), "tensor_size_in_bytes") else None
     info = {"model": str(model_dir), "steps": steps, "tokens": tokens, "kv_bytes_final": kv_bytes,
-            "during_decode": during}
+            "during_decode": during, "vector_runs": dec.vector_runs}
     del dec, past, logits
     gc.collect()
     return info
