@@ -72,6 +72,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()
     << ",\"process_packed_matmuls\":" << ops::cpu_packed_matmul_runs()
     << ",\"process_packed_huge_page_bytes\":" << ops::cpu_packed_huge_page_bytes()
+    << ",\"process_packed_panel_layouts\":" << ops::cpu_packed_panel_layouts()
     << ",\"process_packed_prefetch_bytes\":" << ops::cpu_packed_prefetch_bytes()
     << ",\"process_packed_row_splits\":" << ops::cpu_packed_row_splits()
     << ",\"process_packed_stream_walks\":" << ops::cpu_packed_stream_walks()

@@ -20,7 +20,11 @@ mx::array exact_matmul(mx::array a, mx::array b, int bits, mx::Stream s);
 // cpu_conv_parallel_min_flops; std::nullopt when that path is off or does not fit. `gelu`: the
 // GELU of the product, applied by the kernel as it stores it where cpu_unary would compute it
 // (the same bits), else by gelu_erf after it.
+// `weight_of`: the node (MatMul, Gemm) whose constant input 1 b is, or a view of (a transposed
+// B): b's panels are then laid out once for the program (OpContext::prepared), not by each
+// primitive that meets them.
 std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
-                                        const std::optional<mx::array>& bias = std::nullopt, bool gelu = false);
+                                        const std::optional<mx::array>& bias = std::nullopt, bool gelu = false,
+                                        const OpContext* weight_of = nullptr);
 
 }  // namespace ortmlx::ops

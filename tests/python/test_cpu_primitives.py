@@ -1300,7 +1300,49 @@ def test_large_packed_weights_ask_for_huge_pages(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["process_packed_matmuls"] >= 3, r
-    assert r["process_packed_huge_page_bytes"] >= 1024 * 1536 * 4, r
+    # the whole 2 MiB pages inside the 6 MiB of panels (MLX's buffer starts anywhere in a page)
+    assert r["process_packed_huge_page_bytes"] >= 2 * (2 << 20), r
+
+
+_PANELS_ONCE = r"""
+import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto as TP, helper, numpy_helper
+report = sys.argv[1]
+rng = np.random.default_rng(5)
+inits = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32) / 16, "w%d" % i)
+         for i in range(3)]
+nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"]), helper.make_node("Relu", ["h0"], ["r0"]),
+         helper.make_node("MatMul", ["r0", "w1"], ["h1"]), helper.make_node("Tanh", ["h1"], ["r1"]),
+         helper.make_node("Gemm", ["r1", "w2"], ["y"], transB=1)]
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["rows", 256])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, report_path=report))
+cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+for rows in (1, 2, 3, 1, 4, 2, 5, 6, 7, 8, 9, 1, 1, 1):  # new signatures (eager runs), then cached ones
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+del s
+line = next(json.loads(ln) for ln in open(report) if '"fused_node"' in ln)
+print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed_panel_layouts")}))
+"""
+
+
+@pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's packed kernel")
+def test_constant_weights_are_laid_out_once_a_session(tmp_path):
+    """Each constant weight of the packed products (two MatMuls, a Gemm's transposed B) is laid
+    out as panels once for the session's program (ops/onnx/matmul.cc: prepared_panels), however
+    many runs and new signatures follow: an eager run's primitives go with the run, and each
+    laid every weight out again (a decode session's first prompt and first steps, ~50 ms each
+    for a 60M model). Outputs equal ORT's CPU EP. Broken by the panels left to each primitive
+    (a layout per weight and eager run)."""
+    out = subprocess.run([sys.executable, "-c", _PANELS_ONCE, str(tmp_path / "r.jsonl")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["process_packed_matmuls"] >= 2 * 14, r  # (a one-row Gemm without a bias goes to gemv)
+    assert r["process_packed_panel_layouts"] == 3, r
 
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's gate kernel")

@@ -234,10 +234,20 @@ struct PackedWalk {
   int64_t depth = 0;          // cpu_packed_depth: K blocks this deep (0: from the L2's size)
   bool operator==(const PackedWalk&) const = default;
 };
+// `panels`: w laid out already (cpu_packed_panels, for this process's tiles), read in place of
+// w's own panels; ignored when they do not fit w's shape.
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
                                            const PackedWalk& walk, mx::Stream s,
                                            const std::optional<mx::array>& bias = std::nullopt,
-                                           std::optional<CpuUnary> epilogue = std::nullopt);
+                                           std::optional<CpuUnary> epilogue = std::nullopt,
+                                           const std::optional<mx::array>& panels = std::nullopt);
+// An evaluated float32 w [K, N] laid out now as cpu_packed_matmul's panels (in 2 MiB pages from
+// 4 MiB), as an array that owns them. Why: the primitive's own layout lives while a primitive
+// holds it, and an eager run's primitives go with the run, so a session's first prompt and its
+// first decode steps each laid every weight out again; a program keeps these (constant_memo)
+// for its lifetime. std::nullopt where cpu_packed_matmul declines, or w is not evaluated.
+std::optional<mx::array> cpu_packed_panels(const mx::array& w);
+uint64_t cpu_packed_panel_layouts();  // weights laid out as panels in this process (either way)
 uint64_t cpu_packed_matmul_runs();  // products computed by it in this process
 uint64_t cpu_packed_huge_page_bytes();  // bytes of its weights' panels asked for in 2 MiB pages
 uint64_t cpu_packed_prefetch_bytes();  // bytes of next panels its tiles asked into L2

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <map>
 #include <mutex>
@@ -40,6 +41,7 @@ constexpr Geometry kAvx512{8, 48};
 constexpr Geometry kAvx2{6, 16};
 
 std::atomic<uint64_t> g_huge_bytes{0};
+std::atomic<uint64_t> g_layouts{0};
 std::atomic<uint64_t> g_prefetch_bytes{0};
 std::atomic<uint64_t> g_row_splits{0};
 std::atomic<uint64_t> g_stream_walks{0};
@@ -76,22 +78,40 @@ struct HugePageAllocator {
 };
 using PanelBuffer = std::vector<float, HugePageAllocator<float>>;
 
-// w [K, N] (element (k, n) at w[k * sk + n * sn]) as panels of `cols` columns, each its K rows of
-// `cols` floats side by side ([N / cols][K][cols], the last panel's missing columns zero).
-PanelBuffer pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
+// w [K, N] (element (k, n) at w[k * sk + n * sn]) as panels of `cols` columns into `out`, each its K
+// rows of `cols` floats side by side ([N / cols][K][cols], the last panel's missing columns zero).
+void pack_panels_into(float* out, const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
+  g_layouts.fetch_add(1, std::memory_order_relaxed);
   const int64_t panels = (N + cols - 1) / cols;
-  PanelBuffer out(static_cast<size_t>(panels * K * cols), 0.f);
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * cols, width = std::min<int64_t>(cols, N - n0);
-    float* o = out.data() + p * K * cols;
-    for (int64_t k = 0; k < K; ++k, o += cols)
+    float* o = out + p * K * cols;
+    for (int64_t k = 0; k < K; ++k, o += cols) {
       if (sn == 1) {
         std::memcpy(o, w + k * sk + n0, static_cast<size_t>(width) * sizeof(float));
       } else {
         for (int64_t j = 0; j < width; ++j) o[j] = w[k * sk + (n0 + j) * sn];
       }
+      std::fill(o + width, o + cols, 0.f);
+    }
   }
+}
+
+int64_t panel_floats(int64_t K, int64_t N, int cols) { return (N + cols - 1) / cols * K * cols; }
+
+PanelBuffer pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
+  PanelBuffer out(static_cast<size_t>(panel_floats(K, N, cols)));
+  pack_panels_into(out.data(), w, K, N, sk, sn, cols);
   return out;
+}
+
+// The whole 2 MiB pages inside [p, p + bytes) in huge pages, asked before they are first touched.
+void advise_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (bytes >= 2 * kHuge && e > b && ::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) == 0)
+    g_huge_bytes.fetch_add(e - b, std::memory_order_relaxed);
 }
 
 // Cache lines of the panel a thread reads next, asked into L2 by a tile while it computes: a
@@ -273,15 +293,16 @@ struct GemmShape {
 
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
+  // `prepacked`: input 1 is w's panels (cpu_packed_panels) instead of w.
   PackedMatmul(mx::Stream st, const GemmShape& g, bool parallel, bool avx512, const PackedWalk& walk,
-               std::optional<CpuUnary> epilogue)
+               std::optional<CpuUnary> epilogue, bool prepacked)
       : mx::UnaryPrimitive(st), g_(g), parallel_(parallel), avx512_(avx512), walk_(walk), epilogue_(epilogue),
-        cache_(std::make_shared<Packed>()) {}
+        prepacked_(prepacked), cache_(prepacked ? nullptr : std::make_shared<Packed>()) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
 #ifdef ORTMLX_X86
     const auto& w = inputs[1];
-    const int64_t sk = w.strides()[0], sn = w.strides()[1];
+    const int64_t sk = prepacked_ ? 0 : w.strides()[0], sn = prepacked_ ? 0 : w.strides()[1];
     begin_output(inputs, out, stream());
     std::optional<RowMajorInput> bias;
     if (inputs.size() > 2) bias.emplace(inputs[2]);
@@ -291,7 +312,9 @@ class PackedMatmul : public mx::UnaryPrimitive {
                   depth = walk_.depth > 0 ? walk_.depth : depth_from_l2(), epilogue = epilogue_] {
       g_runs.fetch_add(1, std::memory_order_relaxed);
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
-      const auto packed = cache->panels_for(wp, sk, sn, g, geo.cols);
+      // The panels: the prepacked input's, else the ones laid out for w's buffer.
+      const auto laid_out = cache ? cache->panels_for(wp, sk, sn, g, geo.cols) : nullptr;
+      const float* panel_data = laid_out ? laid_out->data() : wp;
       const float* xp = x.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
@@ -309,7 +332,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
         const int rows = static_cast<int>(std::min<int64_t>(geo.rows, g.m - r0));
         const int width = static_cast<int>(std::min<int64_t>(geo.cols, g.n - panel * geo.cols));
         float* c = yp + r0 * g.n + panel * geo.cols;
-        tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, packed->data() + (panel * g.k + k0) * geo.cols, kc, c, g.n,
+        tile_for(avx512, rows)(xp + r0 * g.k + k0, g.k, panel_data + (panel * g.k + k0) * geo.cols, kc, c, g.n,
                                width, k0 > 0, bp ? bp + panel * geo.cols : nullptr, next, tile_bytes_ahead);
         if (k0 + kc == g.k) finish(c, rows, width);
       };
@@ -322,7 +345,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
                                          int64_t next_bytes) {
             NextLines next;
             if (next_panel >= 0) {
-              next.line = reinterpret_cast<const char*>(packed->data() + (next_panel * g.k + k0) * geo.cols) + next_offset;
+              next.line = reinterpret_cast<const char*>(panel_data + (next_panel * g.k + k0) * geo.cols) + next_offset;
               next.count = (next_bytes + 63) / 64;
               asked += next.count * 64;
             }
@@ -346,7 +369,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
             const int64_t col = panel * geo.cols + lo * 16;
             const int width = static_cast<int>(std::min<int64_t>(16 * (hi - lo), g.n - col));
             tile_for(avx512, static_cast<int>(g.m), static_cast<int>(hi - lo))(
-                xp, g.k, packed->data() + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
+                xp, g.k, panel_data + panel * g.k * geo.cols + lo * 16, g.k, yp + col, g.n, width, false,
                 bp ? bp + col : nullptr, {}, ahead);
             finish(yp + col, static_cast<int>(g.m), width);
           }
@@ -390,7 +413,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmul*>(&other);
     return o && o->g_ == g_ && o->parallel_ == parallel_ && o->avx512_ == avx512_ && o->walk_ == walk_ &&
-           o->epilogue_ == epilogue_;
+           o->epilogue_ == epilogue_ && o->prepacked_ == prepacked_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     mx::Shape out = inputs[0].shape();
@@ -444,13 +467,15 @@ class PackedMatmul : public mx::UnaryPrimitive {
   bool avx512_;
   PackedWalk walk_;
   std::optional<CpuUnary> epilogue_;
-  std::shared_ptr<Packed> cache_;
+  bool prepacked_;
+  std::shared_ptr<Packed> cache_;  // null when prepacked
 };
 
 }  // namespace
 
 uint64_t cpu_packed_matmul_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_huge_page_bytes() { return g_huge_bytes.load(std::memory_order_relaxed); }
+uint64_t cpu_packed_panel_layouts() { return g_layouts.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_prefetch_bytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_row_splits() { return g_row_splits.load(std::memory_order_relaxed); }
 uint64_t cpu_packed_stream_walks() { return g_stream_walks.load(std::memory_order_relaxed); }
@@ -463,9 +488,29 @@ int64_t cpu_packed_default_depth() {
 #endif
 }
 
+std::optional<mx::array> cpu_packed_panels(const mx::array& w) {
+#ifdef ORTMLX_X86
+  if (!cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || w.dtype() != mx::float32 || w.ndim() != 2 ||
+      w.size() == 0 || !w.is_available())
+    return std::nullopt;
+  const int cols = (cpu_avx512_kernels() ? kAvx512 : kAvx2).cols;
+  const int64_t K = w.shape(0), N = w.shape(1), floats = panel_floats(K, N, cols);
+  if (floats > std::numeric_limits<int>::max()) return std::nullopt;
+  // MLX's own buffer (its allocator knows the size: a contiguous() of it shares it, no copy).
+  auto data = mx::allocator::malloc(static_cast<size_t>(floats) * sizeof(float));
+  auto* p = static_cast<float*>(data.buffer().raw_ptr());
+  advise_huge_pages(p, static_cast<size_t>(floats) * sizeof(float));
+  pack_panels_into(p, w.data<float>(), K, N, w.strides()[0], w.strides()[1], cols);
+  return mx::array(std::move(data), mx::Shape{static_cast<int>(floats)}, mx::float32);
+#else
+  (void)w;
+  return std::nullopt;
+#endif
+}
+
 std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& w, bool parallel,
                                            const PackedWalk& walk, mx::Stream s, const std::optional<mx::array>& bias,
-                                           std::optional<CpuUnary> epilogue) {
+                                           std::optional<CpuUnary> epilogue, const std::optional<mx::array>& panels) {
 #ifdef ORTMLX_X86
   if (s.device != mx::Device::cpu || !cpu_row_kernels_enabled() || !cpu_has_avx2_fma() || x.dtype() != mx::float32 ||
       w.dtype() != mx::float32 || x.ndim() < 2 || w.ndim() != 2 || x.shape(-1) != w.shape(0) || w.size() == 0 ||
@@ -475,10 +520,15 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   if (M < 1) return std::nullopt;
   mx::Shape out = x.shape();
   out.back() = static_cast<int>(N);
-  std::vector<mx::array> in{x, w};
+  // Panels laid out for this process's tiles (the same geometry the primitive takes).
+  const bool avx512 = cpu_avx512_kernels();
+  const int64_t cols = (avx512 ? kAvx512 : kAvx2).cols;
+  const bool prepacked = panels && panels->dtype() == mx::float32 && panels->ndim() == 1 &&
+                         static_cast<int64_t>(panels->size()) == panel_floats(K, N, static_cast<int>(cols));
+  std::vector<mx::array> in{x, prepacked ? *panels : w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,
-                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, cpu_avx512_kernels(), walk, epilogue),
+                   std::make_shared<PackedMatmul>(s, GemmShape{M, K, N}, parallel, avx512, walk, epilogue, prepacked),
                    std::move(in));
 #else
   return std::nullopt;

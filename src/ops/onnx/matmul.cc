@@ -86,11 +86,31 @@ int mantissa_bits(mx::Dtype t) { return t == mx::float64 ? 53 : 24; }
 
 }  // namespace
 
+namespace {
+
+// b (the node's constant input 1, or a view of it such as Gemm's transposed B) laid out as the
+// packed kernel's panels once for the program (OpContext::prepared): every run's product reads
+// them. std::nullopt in a compile trace no earlier run prepared for (its constants are
+// placeholders), or where the kernel declines.
+std::optional<mx::array> prepared_panels(const OpContext& c, const mx::array& b) {
+  auto panels = c.prepared("packed_panels", {1}, [&] {
+    if (!c.in(1).is_available()) return mx::array(0.0f);  // a scalar: none
+    mx::array w = b;
+    w.eval();
+    auto p = cpu_packed_panels(w);
+    return p ? *p : mx::array(0.0f);
+  });
+  if (panels.ndim() != 1) return std::nullopt;
+  return panels;
+}
+
+}  // namespace
+
 // Declared in ops/int_matmul.h (also used by MatMulNBits' prompts): several float32 rows by a
 // constant matrix on the CPU as the EP's packed-panel kernel, split over the threads from
 // cpu_dnnl_parallel_min_flops.
 std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, mx::Stream s,
-                                        const std::optional<mx::array>& bias, bool gelu) {
+                                        const std::optional<mx::array>& bias, bool gelu, const OpContext* weight_of) {
   const auto& sw = translation_switches();
   if (!sw.cpu_packed_matmul || b.ndim() != 2 || a.ndim() < 2) return std::nullopt;
   const double flops = 2.0 * static_cast<double>(a.size()) * b.shape(1);
@@ -98,10 +118,16 @@ std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, 
   // size, MLX's ops after the product, as gelu_erf computes it there.
   const size_t outputs = a.size() / std::max(a.shape(-1), 1) * static_cast<size_t>(b.shape(1));
   const bool in_kernel = gelu && outputs >= kCpuUnaryMinElements;
-  auto y = cpu_packed_matmul(a, b, parallel_work(flops),
+  auto product = [&](const std::optional<mx::array>& panels) {
+    return cpu_packed_matmul(a, b, parallel_work(flops),
                              {sw.cpu_packed_blocks, sw.cpu_packed_rows, sw.cpu_packed_stream, sw.cpu_packed_ahead,
                               sw.cpu_packed_depth}, s,
-                             bias, in_kernel ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt);
+                             bias, in_kernel ? std::optional<CpuUnary>(CpuUnary::Gelu) : std::nullopt, panels);
+  };
+  auto y = product(std::nullopt);
+  // Once the kernel takes the product: with the program's panels of b.
+  if (y && weight_of)
+    if (auto panels = prepared_panels(*weight_of, b)) y = product(panels);
   if (y && gelu && !in_kernel) y = gelu_erf(*y, s);
   return y;
 }
@@ -254,7 +280,7 @@ Outputs translate_matmul(OpContext& c) {
   // The EP's CPU kernel takes the batch of rows as it is (no views around it: each primitive,
   // a view too, costs MLX's stream thread a task).
   if (a.dtype() == mx::float32 && c.is_constant(1) && (!bias || bias->dtype() == mx::float32))
-    if (auto y = packed_product(a, b, c.s, bias, gelu)) return {*y};
+    if (auto y = packed_product(a, b, c.s, bias, gelu, &c)) return {*y};
   // A batch of rows by a matrix: the product of the rows taken flat (as_rows), its result
   // reshaped back last, so that a consumer reading rows flat looks through that view too. MLX's
   // matmul would flatten the batch itself; the CPU row kernel takes a batch of one row as it is,
@@ -345,7 +371,7 @@ Outputs translate_gemm(OpContext& c) {
     // of the weight would double their memory.
     if (a.shape(0) == 1 && bias_first && c.is_constant(1) && !b32 && !f32 &&
         static_cast<int64_t>(b.size()) <= kPackedOneRowMaxWeights)
-      if (auto m = packed_product(a, b, c.s, cc, gelu)) {
+      if (auto m = packed_product(a, b, c.s, cc, gelu, &c)) {
         gelu_done = gelu;
         return *m;
       }
@@ -360,7 +386,7 @@ Outputs translate_gemm(OpContext& c) {
     // kernel's cached layout may be tied to)
     const bool sums_final = bias_first || (!cc && alpha == 1.f);  // nothing after the kernel's sums
     auto m = c.is_constant(1) && !b32 && !f32
-                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, sums_final && gelu)
+                 ? packed_product(a, b, c.s, bias_first ? cc : std::nullopt, sums_final && gelu, &c)
                  : std::nullopt;
     if (m && sums_final) {
       gelu_done = gelu;
