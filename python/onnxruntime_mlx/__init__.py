@@ -99,6 +99,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_caller_replay": (0, 1),
     "cpu_packed_matmul": (0, 1),
     "cpu_packed_blocks": (0, 1),
+    "cpu_packed_prepared": (0, 1),
     "cpu_packed_rows": (0, 1 << 30),
     "cpu_packed_stream": (0, 1 << 20),
     "cpu_packed_ahead": (0, 1 << 16),

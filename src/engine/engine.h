@@ -75,6 +75,7 @@ struct Options {
   int64_t cpu_packed_stream = 6144;  // ... or (one row tile) columns in 16s, lines this far ahead asked for (0: off)
   int64_t cpu_packed_ahead = 6144;   // ... (several row tiles) each tile asks for its panel's lines this far ahead (0: off)
   int64_t cpu_packed_depth = 0;      // ... K in blocks this deep (0: from the L2's size)
+  bool cpu_packed_prepared = true;   // ... a MatMul's or Gemm's constant weight laid out once for the program
   bool cpu_skip_norm = true;       // on the CPU, a normalization and the Add before it as one kernel (graph/fuse_skip_norm)
   bool cpu_gqa_prompt = true;      // on the CPU, a prompt's GroupQueryAttention q, k, v laid out per head and rotated as one kernel
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)

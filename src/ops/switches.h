@@ -69,6 +69,8 @@ struct TranslationSwitches {
   int64_t cpu_packed_ahead = 6144;
   // the packed kernel's K blocks this deep (0: from the L2's size)
   int64_t cpu_packed_depth = 0;
+  // a MatMul's or Gemm's constant weight laid out as panels once for the program
+  bool cpu_packed_prepared = true;
 };
 
 // The calling thread's current switches.

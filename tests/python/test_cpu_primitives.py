@@ -1307,7 +1307,7 @@ def test_large_packed_weights_ask_for_huge_pages(tmp_path):
 _PANELS_ONCE = r"""
 import json, sys, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
 from onnx import TensorProto as TP, helper, numpy_helper
-report = sys.argv[1]
+report, prepared = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(5)
 inits = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32) / 16, "w%d" % i)
          for i in range(3)]
@@ -1318,7 +1318,8 @@ g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, 
                       [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 9
-s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options("cpu", fallback=False, report_path=report))
+s = ort.InferenceSession(m.SerializeToString(), sess_options=om.session_options(
+    "cpu", fallback=False, report_path=report, cpu_packed_prepared=prepared))
 cpu = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
 for rows in (1, 2, 3, 1, 4, 2, 5, 6, 7, 8, 9, 1, 1, 1):  # new signatures (eager runs), then cached ones
     x = rng.standard_normal((rows, 256)).astype(np.float32)
@@ -1330,19 +1331,23 @@ print(json.dumps({k: line[k] for k in ("process_packed_matmuls", "process_packed
 
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's packed kernel")
-def test_constant_weights_are_laid_out_once_a_session(tmp_path):
+@pytest.mark.parametrize("prepared", [1, 0])
+def test_constant_weights_are_laid_out_once_a_session(tmp_path, prepared):
     """Each constant weight of the packed products (two MatMuls, a Gemm's transposed B) is laid
     out as panels once for the session's program (ops/onnx/matmul.cc: prepared_panels), however
     many runs and new signatures follow: an eager run's primitives go with the run, and each
     laid every weight out again (a decode session's first prompt and first steps, ~50 ms each
     for a 60M model). Outputs equal ORT's CPU EP. Broken by the panels left to each primitive
-    (a layout per weight and eager run)."""
-    out = subprocess.run([sys.executable, "-c", _PANELS_ONCE, str(tmp_path / "r.jsonl")], capture_output=True,
-                         text=True, timeout=300)
+    (a layout per weight and eager run: what cpu_packed_prepared=0 does)."""
+    out = subprocess.run([sys.executable, "-c", _PANELS_ONCE, str(tmp_path / "r.jsonl"), str(prepared)],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["process_packed_matmuls"] >= 2 * 14, r  # (a one-row Gemm without a bias goes to gemv)
-    assert r["process_packed_panel_layouts"] == 3, r
+    if prepared:
+        assert r["process_packed_panel_layouts"] == 3, r
+    else:
+        assert r["process_packed_panel_layouts"] > 3, r
 
 
 @pytest.mark.skipif(oracle.DEVICE != "cpu", reason="the CPU device's gate kernel")

@@ -99,19 +99,23 @@ void pack_panels_into(float* out, const float* w, int64_t K, int64_t N, int64_t 
 
 int64_t panel_floats(int64_t K, int64_t N, int cols) { return (N + cols - 1) / cols * K * cols; }
 
+// cpu_packed_panels' buffer: panels of 4 MiB and more start at its first 2 MiB boundary and end
+// inside it on one, all in huge pages (MLX's allocator puts its buffers anywhere in a page; the
+// pages of the slack around them are never touched).
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+bool in_huge_pages(int64_t floats) { return floats * int64_t{sizeof(float)} >= int64_t{2 * kHugePage}; }
+int64_t panel_buffer_floats(int64_t floats) {
+  return floats + (in_huge_pages(floats) ? int64_t{2 * kHugePage / sizeof(float)} : 0);
+}
+const float* panels_start(const float* buffer, int64_t floats) {
+  if (!in_huge_pages(floats)) return buffer;
+  return reinterpret_cast<const float*>((reinterpret_cast<uintptr_t>(buffer) + kHugePage - 1) & ~(kHugePage - 1));
+}
+
 PanelBuffer pack_panels(const float* w, int64_t K, int64_t N, int64_t sk, int64_t sn, int cols) {
   PanelBuffer out(static_cast<size_t>(panel_floats(K, N, cols)));
   pack_panels_into(out.data(), w, K, N, sk, sn, cols);
   return out;
-}
-
-// The whole 2 MiB pages inside [p, p + bytes) in huge pages, asked before they are first touched.
-void advise_huge_pages(void* p, size_t bytes) {
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (bytes >= 2 * kHuge && e > b && ::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) == 0)
-    g_huge_bytes.fetch_add(e - b, std::memory_order_relaxed);
 }
 
 // Cache lines of the panel a thread reads next, asked into L2 by a tile while it computes: a
@@ -314,7 +318,7 @@ class PackedMatmul : public mx::UnaryPrimitive {
       const Geometry geo = avx512 ? kAvx512 : kAvx2;
       // The panels: the prepacked input's, else the ones laid out for w's buffer.
       const auto laid_out = cache ? cache->panels_for(wp, sk, sn, g, geo.cols) : nullptr;
-      const float* panel_data = laid_out ? laid_out->data() : wp;
+      const float* panel_data = laid_out ? laid_out->data() : panels_start(wp, panel_floats(g.k, g.n, geo.cols));
       const float* xp = x.rows();
       const float* bp = bias ? bias->rows() : nullptr;
       const int64_t row_tiles = (g.m + geo.rows - 1) / geo.rows, panels = (g.n + geo.cols - 1) / geo.cols;
@@ -494,14 +498,17 @@ std::optional<mx::array> cpu_packed_panels(const mx::array& w) {
       w.size() == 0 || !w.is_available())
     return std::nullopt;
   const int cols = (cpu_avx512_kernels() ? kAvx512 : kAvx2).cols;
-  const int64_t K = w.shape(0), N = w.shape(1), floats = panel_floats(K, N, cols);
-  if (floats > std::numeric_limits<int>::max()) return std::nullopt;
+  const int64_t K = w.shape(0), N = w.shape(1), floats = panel_floats(K, N, cols), total = panel_buffer_floats(floats);
+  if (total > std::numeric_limits<int>::max()) return std::nullopt;
   // MLX's own buffer (its allocator knows the size: a contiguous() of it shares it, no copy).
-  auto data = mx::allocator::malloc(static_cast<size_t>(floats) * sizeof(float));
-  auto* p = static_cast<float*>(data.buffer().raw_ptr());
-  advise_huge_pages(p, static_cast<size_t>(floats) * sizeof(float));
+  auto data = mx::allocator::malloc(static_cast<size_t>(total) * sizeof(float));
+  auto* p = const_cast<float*>(panels_start(static_cast<float*>(data.buffer().raw_ptr()), floats));
+  if (in_huge_pages(floats)) {
+    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHugePage - 1) & ~(kHugePage - 1);
+    if (::madvise(p, bytes, MADV_HUGEPAGE) == 0) g_huge_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
   pack_panels_into(p, w.data<float>(), K, N, w.strides()[0], w.strides()[1], cols);
-  return mx::array(std::move(data), mx::Shape{static_cast<int>(floats)}, mx::float32);
+  return mx::array(std::move(data), mx::Shape{static_cast<int>(total)}, mx::float32);
 #else
   (void)w;
   return std::nullopt;
@@ -524,7 +531,7 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   const bool avx512 = cpu_avx512_kernels();
   const int64_t cols = (avx512 ? kAvx512 : kAvx2).cols;
   const bool prepacked = panels && panels->dtype() == mx::float32 && panels->ndim() == 1 &&
-                         static_cast<int64_t>(panels->size()) == panel_floats(K, N, static_cast<int>(cols));
+                         static_cast<int64_t>(panels->size()) == panel_buffer_floats(panel_floats(K, N, static_cast<int>(cols)));
   std::vector<mx::array> in{x, prepacked ? *panels : w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,

@@ -126,7 +126,7 @@ std::optional<mx::array> packed_product(const mx::array& a, const mx::array& b, 
   };
   auto y = product(std::nullopt);
   // Once the kernel takes the product: with the program's panels of b.
-  if (y && weight_of)
+  if (y && weight_of && sw.cpu_packed_prepared)
     if (auto panels = prepared_panels(*weight_of, b)) y = product(panels);
   if (y && gelu && !in_kernel) y = gelu_erf(*y, s);
   return y;
