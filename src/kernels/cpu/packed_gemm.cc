@@ -529,9 +529,9 @@ std::optional<mx::array> cpu_packed_matmul(const mx::array& x, const mx::array& 
   out.back() = static_cast<int>(N);
   // Panels laid out for this process's tiles (the same geometry the primitive takes).
   const bool avx512 = cpu_avx512_kernels();
-  const int64_t cols = (avx512 ? kAvx512 : kAvx2).cols;
+  const int cols = (avx512 ? kAvx512 : kAvx2).cols;
   const bool prepacked = panels && panels->dtype() == mx::float32 && panels->ndim() == 1 &&
-                         static_cast<int64_t>(panels->size()) == panel_buffer_floats(panel_floats(K, N, static_cast<int>(cols)));
+                         static_cast<int64_t>(panels->size()) == panel_buffer_floats(panel_floats(K, N, cols));
   std::vector<mx::array> in{x, prepacked ? *panels : w};
   if (bias) in.push_back(*bias);
   return mx::array(std::move(out), mx::float32,

@@ -93,7 +93,8 @@ namespace {
 // them. std::nullopt in a compile trace no earlier run prepared for (its constants are
 // placeholders), or where the kernel declines.
 std::optional<mx::array> prepared_panels(const OpContext& c, const mx::array& b) {
-  auto panels = c.prepared("packed_panels", {1}, [&] {
+  // (keyed by the tiles' width: the kernels' AVX-512 forms are a program's option)
+  auto panels = c.prepared(cpu_avx512_kernels() ? "packed_panels/avx512" : "packed_panels/avx2", {1}, [&] {
     if (!c.in(1).is_available()) return mx::array(0.0f);  // a scalar: none
     mx::array w = b;
     w.eval();
