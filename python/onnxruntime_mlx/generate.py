@@ -3,8 +3,10 @@ input_ids, attention_mask, past_key_values.N.key/value -> logits, present.N.key/
 
 The KV cache is kept between steps: each step feeds the previous step's present.* back as past.*.
 With the EP's device memory (Decoder(..., device_memory=1), which registers the EP library with
-ORT_MLX_DEVICE_MEMORY=1) the present.* outputs are bound to the EP's memory with IOBinding and
-fed back as they are: the cache never crosses to the host; only the logits do.
+ORT_MLX_DEVICE_MEMORY=1) the present.* outputs are left in the EP's memory (the session's
+OrtValue-vector run with their output devices; IOBinding where that is missing or the shared
+buffer is bound) and fed back as they are: the cache never crosses to the host; only the
+logits do.
 
 With share_buffer=True (onnxruntime-genai's past_present_share_buffer, its default for
 GroupQueryAttention models) past and present are one [batch, kv_heads, max_length, head] buffer
