@@ -122,7 +122,7 @@ class Decoder:
             return self._step_resident(feeds, logits_to_host)
         if self.share_buffer:
             return self._step_shared_host(feeds)
-        names = [o.name for o in self.session.get_outputs()]
+        names = self.output_names
         outs = dict(zip(names, self.session.run(None, feeds)))
         new_past = {}
         for i in range(self.num_layers):
@@ -151,7 +151,7 @@ class Decoder:
                 io.bind_cpu_input(k, v)
             else:
                 io.bind_ortvalue_input(k, v)
-        names = [o.name for o in self.session.get_outputs()]
+        names = self.output_names
         for n in names:
             if n.startswith("present."):
                 io.bind_ortvalue_output(n, feeds[self._past_name(n)])
@@ -169,7 +169,7 @@ class Decoder:
                 io.bind_cpu_input(k, v)       # token ids, mask, the empty past of a prompt
             else:
                 io.bind_ortvalue_input(k, v)  # last step's present, where the EP left it
-        names = [o.name for o in self.session.get_outputs()]
+        names = self.output_names
         for n in names:
             if n == "logits" and logits_to_host:
                 io.bind_output(n)             # to the host: ORT copies it out of EP memory

@@ -50,6 +50,13 @@ std::atomic<uint64_t> g_ahead_walks{0};
 // Panels of 4 MiB and more in 2 MiB pages (asked of the kernel before the first touch, where
 // transparent huge pages are granted on request): a one-row product streams its whole weight
 // once a call, and in 4 KiB pages every page of it was a TLB miss.
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+bool huge_panels(size_t bytes) { return bytes >= 2 * kHugePage; }
+// [p, p + bytes), p on a 2 MiB boundary, into huge pages (counted in the report).
+void advise_huge_pages(void* p, size_t bytes) {
+  if (::madvise(p, bytes, MADV_HUGEPAGE) == 0) g_huge_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -57,16 +64,15 @@ struct HugePageAllocator {
   template <class U>
   HugePageAllocator(const HugePageAllocator<U>&) {}
   T* allocate(size_t n) {
-    constexpr size_t kHuge = size_t{2} << 20;
     const size_t bytes = n * sizeof(T);
-    if (bytes < 2 * kHuge) return std::allocator<T>().allocate(n);
-    void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+    if (!huge_panels(bytes)) return std::allocator<T>().allocate(n);
+    void* p = std::aligned_alloc(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
     if (!p) throw std::bad_alloc();
-    if (::madvise(p, bytes, MADV_HUGEPAGE) == 0) g_huge_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    advise_huge_pages(p, bytes);
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t n) {
-    if (n * sizeof(T) < 2 * (size_t{2} << 20))
+    if (!huge_panels(n * sizeof(T)))
       std::allocator<T>().deallocate(p, n);
     else
       std::free(p);
@@ -102,8 +108,7 @@ int64_t panel_floats(int64_t K, int64_t N, int cols) { return (N + cols - 1) / c
 // cpu_packed_panels' buffer: panels of 4 MiB and more start at its first 2 MiB boundary and end
 // inside it on one, all in huge pages (MLX's allocator puts its buffers anywhere in a page; the
 // pages of the slack around them are never touched).
-constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-bool in_huge_pages(int64_t floats) { return floats * int64_t{sizeof(float)} >= int64_t{2 * kHugePage}; }
+bool in_huge_pages(int64_t floats) { return huge_panels(static_cast<size_t>(floats) * sizeof(float)); }
 int64_t panel_buffer_floats(int64_t floats) {
   return floats + (in_huge_pages(floats) ? int64_t{2 * kHugePage / sizeof(float)} : 0);
 }
@@ -503,10 +508,8 @@ std::optional<mx::array> cpu_packed_panels(const mx::array& w) {
   // MLX's own buffer (its allocator knows the size: a contiguous() of it shares it, no copy).
   auto data = mx::allocator::malloc(static_cast<size_t>(total) * sizeof(float));
   auto* p = const_cast<float*>(panels_start(static_cast<float*>(data.buffer().raw_ptr()), floats));
-  if (in_huge_pages(floats)) {
-    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + kHugePage - 1) & ~(kHugePage - 1);
-    if (::madvise(p, bytes, MADV_HUGEPAGE) == 0) g_huge_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  }
+  if (in_huge_pages(floats))
+    advise_huge_pages(p, (static_cast<size_t>(floats) * sizeof(float) + kHugePage - 1) & ~(kHugePage - 1));
   pack_panels_into(p, w.data<float>(), K, N, w.strides()[0], w.strides()[1], cols);
   return mx::array(std::move(data), mx::Shape{static_cast<int>(total)}, mx::float32);
 #else
