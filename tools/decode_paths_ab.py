@@ -24,13 +24,14 @@ def main() -> int:
     p.add_argument("--block", type=int, default=6)
     a = p.parse_args()
     dec = Decoder(a.model, "mlx", a.device, device_memory="1")
-    paths = {"iobinding": dec._step_resident, "vector": dec._step_resident_vector}
+    paths = {"iobinding": lambda feeds, past: dec._step_resident({**feeds, **past}),
+             "vector": dec._step_resident_vector}
 
     def step(path, token, past, total):
-        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, total), np.int64), **past}
+        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, total), np.int64)}
         if "position_ids" in dec.inputs:
             feeds["position_ids"] = np.array([[total - 1]], np.int64)
-        return paths[path](feeds)
+        return paths[path](feeds, past)
 
     ids = np.random.default_rng(0).integers(3, 1000, (1, a.context))
     times = {k: [] for k in paths}

@@ -360,7 +360,7 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
     next step's past_key_values.* as is); only the logits come back to the host (exact count
     and bytes); no device-to-device copy. The tokens must equal ORT's CPU EP decoding the
     same prompt with numpy feeds."""
-    from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder
+    from onnxruntime_mlx.generate import DEFAULT_PROMPT, Decoder, ResidentPast
     if not (pathlib.Path(model_dir) / "model.onnx").is_file():
         return {"skipped": f"no model at {model_dir}"}
     ref_tokens, ref_logits, _ = Decoder(model_dir, "cpu").generate(DEFAULT_PROMPT, steps)
@@ -373,6 +373,7 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
     tokens, first_logits = [], None
     before = counters()
     host_feed_bytes = logits_bytes = 0
+    resident_pasts = 0  # steps fed the last step's values as the run gave them (ResidentPast)
     for _ in range(steps):
         last = logits[0, -1].astype(np.float32)
         first_logits = last if first_logits is None else first_logits
@@ -382,6 +383,7 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
         total += 1
         # fed from the host: the token id, the attention mask (and position ids, if any)
         host_feed_bytes += 8 + 8 * total + (8 if "position_ids" in dec.inputs else 0)
+        resident_pasts += isinstance(past, ResidentPast) and past.wrapped() == 0
         logits, past = dec.step(np.array([[tokens[-1]]], np.int64), past, total)
         logits_bytes += logits.nbytes
     during = delta(before, counters())
@@ -396,7 +398,7 @@ def case_llm(steps=8, model_dir=ROOT / "tests" / "models" / "llm" / "llama-fp32"
     kv_bytes = sum(v.tensor_size_in_bytes() for v in past.values()) \
         if hasattr(next(iter(past.values())), "tensor_size_in_bytes") else None
     info = {"model": str(model_dir), "steps": steps, "tokens": tokens, "kv_bytes_final": kv_bytes,
-            "during_decode": during, "vector_runs": dec.vector_runs}
+            "during_decode": during, "vector_runs": dec.vector_runs, "resident_pasts": resident_pasts}
     del dec, past, logits
     gc.collect()
     return info

@@ -21,6 +21,7 @@ with IOBinding), the last two as baselines.
 """
 from __future__ import annotations
 
+import collections.abc
 import json
 import pathlib
 import time
@@ -35,6 +36,37 @@ def uses_group_query_attention(model_path: pathlib.Path) -> bool:
     import onnx
     m = onnx.load(str(model_path), load_external_data=False)
     return any(n.op_type == "GroupQueryAttention" for n in m.graph.node)
+
+
+class ResidentPast(collections.abc.Mapping):
+    """A resident step's present.* as the next step's past (name -> OrtValue in the EP's memory).
+    The next step feeds the run's own values back as they came out; the Python wrappers
+    (onnxruntime.OrtValue) are made only for the names read here. Why: wrapping two values a
+    layer, and unwrapping them again for the next run, cost a decode step more Python time than
+    the rest of its Python (after a step's run has streamed the weights through the caches,
+    every Python object it touches is a cache miss)."""
+
+    __slots__ = ("raw", "_wrapped")
+
+    def __init__(self, raw: dict):
+        self.raw = raw          # name -> the run's OrtValue (onnxruntime's C++ binding)
+        self._wrapped = {}
+
+    def __getitem__(self, name: str) -> ort.OrtValue:
+        value = self._wrapped.get(name)
+        if value is None:
+            value = self._wrapped[name] = ort.OrtValue(self.raw[name])
+        return value
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def wrapped(self) -> int:
+        """How many values were read (wrapped) so far."""
+        return len(self._wrapped)
 
 
 class Decoder:
@@ -86,6 +118,7 @@ class Decoder:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.vector_runs = 0  # steps run through _step_resident_vector
         self._vector_state = None  # what that path keeps between steps (made on its first)
+        self._ones = np.ones((1, 0), np.int64)  # attention masks of no padding are its views
         kv_type = self.inputs["past_key_values.0.key"].type
         self.kv_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(kv_type, np.float32)
 
@@ -110,15 +143,15 @@ class Decoder:
             width = self.max_length if self.share_buffer else total_len
             if total_len > width:
                 raise ValueError(f"{total_len} tokens do not fit the shared buffer of {width}")
-            attention_mask = np.zeros((ids.shape[0], width), np.int64)
-            attention_mask[:, :total_len] = 1
-        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": attention_mask, **past}
+            attention_mask = self._ones_mask(ids.shape[0], total_len, width)
+        feeds = {"input_ids": np.asarray(ids, np.int64), "attention_mask": attention_mask}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)
+        if self.resident and self._vector_run_possible(past):
+            return self._step_resident_vector(feeds, past, logits_to_host)
+        feeds.update(past)
         if self.resident:
-            if self._vector_run_possible(feeds):
-                return self._step_resident_vector(feeds, logits_to_host)
             return self._step_resident(feeds, logits_to_host)
         if self.share_buffer:
             return self._step_shared_host(feeds)
@@ -129,6 +162,17 @@ class Decoder:
             new_past[f"past_key_values.{i}.key"] = outs[f"present.{i}.key"]
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
         return outs["logits"], new_past
+
+    def _ones_mask(self, batch: int, total_len: int, width: int) -> np.ndarray:
+        """[batch, width] int64, ones for the first total_len positions: for one sequence without
+        padding a view of a kept row of ones (a decode loop's mask grows by one each step)."""
+        if width != total_len or batch != 1:
+            mask = np.zeros((batch, width), np.int64)
+            mask[:, :total_len] = 1
+            return mask
+        if self._ones.shape[1] < total_len:
+            self._ones = np.ones((1, max(2 * total_len, 256)), np.int64)
+        return self._ones[:, :total_len]
 
     @staticmethod
     def _past_name(present: str) -> str:
@@ -185,39 +229,53 @@ class Decoder:
             new_past[f"past_key_values.{i}.value"] = outs[f"present.{i}.value"]
         return (outs["logits"].numpy() if logits_to_host else outs["logits"]), new_past
 
-    def _vector_run_possible(self, feeds: dict) -> bool:
+    def _vector_run_possible(self, past) -> bool:
         """The EP's memory (not CUDA's), no output bound to a given buffer (shared KV) and the
         binding's entry point in this onnxruntime."""
         if not hasattr(self.session, "_sess") or not hasattr(self.session._sess, "run_with_ortvaluevector"):
             return False
         if isinstance(self._ep_memory, str):
             return False
-        return not (self.share_buffer and any(not isinstance(feeds[self._past_name(n)], np.ndarray)
-                                              for n in self.output_names if n.startswith("present.")))
+        return not (self.share_buffer and (isinstance(past, ResidentPast) or
+                                           any(not isinstance(v, np.ndarray) for v in past.values())))
 
-    def _step_resident_vector(self, feeds: dict, logits_to_host: bool = True):
+    def _step_resident_vector(self, feeds: dict, past, logits_to_host: bool = True):
         """The resident step through the session's OrtValue-vector run: the same session Run an
         IOBinding reaches (the present.* outputs allocated in the EP's memory, the logits on the
         host or there), without an IOBinding's per-step construction and per-name bind calls,
-        which cost more Python time a step than the CPU EP's session.run."""
+        which cost more Python time a step than the CPU EP's session.run. `feeds`: the host
+        inputs (numpy); `past`: numpy arrays (a prompt), OrtValues, or the last step's
+        ResidentPast, whose values go back in as the run gave them."""
         from onnxruntime.capi import _pybind_state as C
         if self._vector_state is None:
             host = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
             devices = {h: [host if n == "logits" and h else self._ep_memory for n in self.output_names]
                        for h in (True, False)}
             pasts = [(i, self._past_name(n)) for i, n in enumerate(self.output_names) if n.startswith("present.")]
-            self._vector_state = (host, C.RunOptions(), devices, pasts, self.output_names.index("logits"))
-        host, run_options, devices, pasts, logits_at = self._vector_state
+            self._vector_state = (host, C.RunOptions(), devices, pasts, self.output_names.index("logits"), {})
+        host, run_options, devices, pasts, logits_at, names_memo = self._vector_state
         values = C.OrtValueVector()
         for v in feeds.values():
-            values.push_back(C.OrtValue.ortvalue_from_numpy(v, host) if isinstance(v, np.ndarray) else v._ortvalue)
+            values.push_back(C.OrtValue.ortvalue_from_numpy(v, host))
+        if isinstance(past, ResidentPast):
+            for v in past.raw.values():
+                values.push_back(v)
+        else:
+            for v in past.values():
+                values.push_back(C.OrtValue.ortvalue_from_numpy(v, host) if isinstance(v, np.ndarray) else v._ortvalue)
+        key = (tuple(feeds), tuple(past))
+        names = names_memo.get(key)
+        if names is None:
+            names = names_memo[key] = list(key[0] + key[1])
         fetches = C.OrtValueVector()
-        self.session._sess.run_with_ortvaluevector(run_options, list(feeds), values, self.output_names, fetches,
+        self.session._sess.run_with_ortvaluevector(run_options, names, values, self.output_names, fetches,
                                                    devices[logits_to_host])
         self.vector_runs += 1
-        new_past = {name: ort.OrtValue(fetches[i]) for i, name in pasts}
-        logits = ort.OrtValue(fetches[logits_at])
-        return (logits.numpy() if logits_to_host else logits), new_past
+        # By index: the vector's iterator ties each item to the vector (a pybind keep-alive),
+        # which costs more than the item.
+        new_past = ResidentPast({name: fetches[i] for i, name in pasts})
+        logits = fetches[logits_at]
+        return (logits.numpy() if logits_to_host else ort.OrtValue(logits)), new_past
 
     def generate(self, prompt: list[int], tokens: int) -> tuple[list[int], list[np.ndarray], dict]:
         """Greedy decode: returns (new token ids, last-position logits per step, timings)."""

@@ -170,6 +170,9 @@ def test_llm_greedy_decode_with_kv_in_ep_memory(results):
         pytest.skip(r["skipped"])
     # every step (the prompt's too) through the OrtValue-vector run (generate.py), not IOBinding
     assert r["vector_runs"] == STEPS, r
+    # each decode step fed the last run's values back as they came out (ResidentPast), none
+    # wrapped into Python OrtValues and unwrapped again
+    assert r["resident_pasts"] == STEPS - 1, r
     d = r["during_decode"]
     # (the logits are bound to the host: handed over as they are with CPU-type EP memory, one
     # d2h copy per decode step with GPU-type memory; the tool checks the exact bytes)
