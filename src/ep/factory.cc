@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
@@ -15,6 +16,7 @@
 #include "ep/ep.h"
 #include "ep/ep_context.h"
 #include "ep/error_wall.h"
+#include "ep/memory_limits.h"
 #include "kernels/cuda/backend.h"
 #include "trace/trace_file.h"
 
@@ -87,7 +89,9 @@ class Limits {
       // reuses, and a larger cache holds them instead of handing the memory back to malloc.
       constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
       const size_t floor = std::min(mx::get_memory_limit() / 4, kDefaultCacheBytes);
-      set_cache(std::max(mx::set_cache_limit(floor), floor));
+      const size_t limit = std::max(mx::set_cache_limit(floor), floor);
+      set_cache(limit);
+      fitted_.store(limit, std::memory_order_relaxed);
     }
     if (o.cache_limit_mb != SIZE_MAX) {
       size_t before = mx::set_cache_limit(o.cache_limit_mb << 20);
@@ -108,6 +112,20 @@ class Limits {
     }
   }
 
+  // See memory_limits.h, fit_cache_to_run: `freed`, what the last run freed of MLX's memory.
+  void fit_run(size_t freed) {
+    if (freed <= fitted_.load(std::memory_order_relaxed)) return;  // (every run: no lock)
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cache_.empty() || !cache_raised_) return;  // a session's own limit holds
+    const size_t want = std::min(mx::get_memory_limit() / 4, freed + freed / 4);
+    if (want <= fitted_.load(std::memory_order_relaxed)) return;
+    set_cache(want);
+    fitted_.store(want, std::memory_order_relaxed);
+    raises_.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t raises() const { return raises_.load(std::memory_order_relaxed); }
+  size_t fitted() const { return fitted_.load(std::memory_order_relaxed); }
+
  private:
   // MLX's cache limit, and as much for the freed buffers the EP's device allocator keeps.
   static void set_cache(size_t bytes) {
@@ -119,9 +137,19 @@ class Limits {
   std::multiset<size_t> memory_, cache_;
   size_t default_memory_ = 0, default_cache_ = 0;
   bool cache_raised_ = false;
+  std::atomic<size_t> fitted_{0};  // the default mode's limit (0 before it is set)
+  std::atomic<uint64_t> raises_{0};
 };
 
 }  // namespace
+
+void fit_cache_to_run() {
+  const size_t peak = mx::get_peak_memory(), active = mx::get_active_memory();
+  mx::reset_peak_memory();
+  if (peak > active) Limits::get().fit_run(peak - active);
+}
+uint64_t cache_limit_raises() { return Limits::get().raises(); }
+size_t cache_limit_bytes() { return Limits::get().fitted(); }
 
 MlxEpFactory::MlxEpFactory(const OrtLogger* default_logger)
     : OrtEpFactory{}, default_logger_(default_logger) {

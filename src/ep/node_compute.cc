@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ep/error_wall.h"
+#include "ep/memory_limits.h"
 #include "ep/tensor_io.h"
 #include "trace/trace.h"
 
@@ -65,6 +66,8 @@ OrtStatus* ORT_API_CALL FusedNodeCompute::ComputeImpl(OrtNodeComputeInfo*, void*
     const bool timed = self->timed;
     const auto t_start = timed ? Clock::now() : Clock::time_point{};
     const trace::ScopedOwner owner(self->owner);
+    // (the last run's buffers are freed by now, its outputs too: see memory_limits.h)
+    fit_cache_to_run();
     trace::Span span("fused_node", program->name().c_str());
     size_t n_in = 0, n_out = 0;
     check(g_ort->KernelContext_GetInputCount(ctx, &n_in));

@@ -13,6 +13,7 @@
 #include "kernels/cuda/graph_replay.h"
 #include "kernels/cuda/pinned_inputs.h"
 #include "kernels/cuda/skip_rms_norm.h"
+#include "ep/memory_limits.h"
 #include "ep/ort_api.h"
 #include "trace/trace.h"
 
@@ -63,6 +64,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_device_copies\":" << kernels::cuda::host_copies()
     << ",\"process_pinned_inputs\":" << kernels::cuda::pinned_copies()
     << ",\"process_pinned_bytes\":" << kernels::cuda::pinned_bytes()
+    << ",\"process_cache_limit_raises\":" << cache_limit_raises()
+    << ",\"process_cache_limit_bytes\":" << cache_limit_bytes()
     << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
     << ",\"process_dnnl_one_thread_convs\":" << ops::cpu_dnnl_conv_one_thread_runs()
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()

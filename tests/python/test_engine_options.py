@@ -4,6 +4,7 @@ option or through their environment alias (ORT_MLX_<NAME>), and change nothing i
 Each test sees the switch's effect in what MLX evaluates (log_level=3 names every primitive of an
 evaluation). step_order: test_host_fold.py (test_family_orders_fixed_steps_together), on a
 decoder whose graph order cuts its fixed steps apart."""
+import json
 import re
 from collections import Counter
 
@@ -368,6 +369,62 @@ for _ in range(3):
 import mlx.core as mx
 print("CACHE", mx.get_cache_memory())
 """
+
+# A run whose own buffers come to more than the default cache: a 320 MiB x * x -> Relu (its
+# output computed in MLX's memory, then copied into ORT's). Prints the report's cache fields,
+# the minor page faults of each of the last runs, and the largest difference from numpy.
+_LARGE_RUN_PROBE = """
+import gc, json, resource, sys, tempfile, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+from onnx import TensorProto, helper
+g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [80, 1024, 1024])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 9
+report = tempfile.mktemp(suffix=".jsonl")
+opts = dict(a.split("=") for a in sys.argv[1:])
+s = ort.InferenceSession(m.SerializeToString(),
+                         sess_options=om.session_options("cpu", fallback=False, report_path=report, **opts))
+x = np.linspace(-3, 3, 80 << 20, dtype=np.float32).reshape(80, 1024, 1024)
+faults = []
+for _ in range(6):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    y = s.run(None, {"x": x})[0]
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    diff = float(np.abs(y - np.maximum(x * x, 0)).max())
+    del y
+del s
+gc.collect()
+st = next(json.loads(ln) for ln in open(report) if "process_cache_limit_raises" in ln)
+print("PROBE", json.dumps({"raises": st["process_cache_limit_raises"], "limit": st["process_cache_limit_bytes"],
+                           "faults": faults[3:], "diff": diff}))
+"""
+
+
+def test_cpu_cache_fits_a_runs_large_buffers():
+    """A run whose own buffers (here a 320 MiB output, computed in MLX's memory and copied into
+    ORT's) come to more than the default 256 MiB cache got them back from the OS as fresh pages,
+    each zeroed on its first touch, every run (a 256 MiB x * x -> Relu 0.39x the time once it
+    stopped; ep/memory_limits.h). Unless a session sets cache_limit_mb, the next run raises the
+    limit to hold them: the later runs take (almost) no page faults. A session's own limit still
+    holds. Outputs equal numpy. Broken by the limit not raised (81920 faults a run with 4 KiB
+    pages) or raised over a session's own limit."""
+    import subprocess
+    import sys
+
+    def probe(*opts):
+        r = subprocess.run([sys.executable, "-c", _LARGE_RUN_PROBE, *opts], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.split("PROBE", 1)[1])
+
+    fitted = probe()
+    assert fitted["diff"] == 0.0, fitted
+    assert fitted["raises"] >= 1 and fitted["limit"] >= 320 << 20, fitted
+    assert max(fitted["faults"]) < 2000, fitted
+    own = probe("cache_limit_mb=256")
+    assert own["raises"] == 0 and own["diff"] == 0.0, own
+
 
 # A KV cache's growth: a [rows, 1024] float32 input one row longer every run, concatenated
 # with a row (4 MiB and more a run, each size new).
