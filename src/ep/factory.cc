@@ -1,10 +1,10 @@
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
