@@ -144,7 +144,8 @@ class Decoder:
             if total_len > width:
                 raise ValueError(f"{total_len} tokens do not fit the shared buffer of {width}")
             attention_mask = self._ones_mask(ids.shape[0], total_len, width)
-        feeds = {"input_ids": np.asarray(ids, np.int64), "attention_mask": attention_mask}
+        # (contiguous: the vector run wraps the buffer as it is; no copy when ids already are)
+        feeds = {"input_ids": np.ascontiguousarray(ids, dtype=np.int64), "attention_mask": attention_mask}
         if "position_ids" in self.inputs:
             s = ids.shape[1]
             feeds["position_ids"] = np.arange(total_len - s, total_len, dtype=np.int64)[None].repeat(ids.shape[0], 0)
