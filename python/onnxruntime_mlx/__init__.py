@@ -107,6 +107,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_skip_norm": (0, 1),
     "cpu_gqa_prompt": (0, 1),
     "cpu_dnnl_blocked": (0, 1),
+    "cpu_dnnl_add": (0, 1),
     "cpu_depthwise": (0, 1),
     "cpu_patch_deconv": (0, 1),
     "gpu_graph_replay": (0, 1),

@@ -80,6 +80,7 @@ struct Options {
   bool cpu_gqa_prompt = true;      // on the CPU, a prompt's GroupQueryAttention q, k, v laid out per head and rotated as one kernel
   bool cpu_dnnl_matmul = false;    // on the CPU, float32 products of several rows through oneDNN's sgemm (not signal-safe)
   bool cpu_dnnl_blocked = true;    // ... convolutions hand the next one their output in oneDNN's blocked layout
+  bool cpu_dnnl_add = true;        // ... a residual Add after a convolution as its Sum post-op
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
   bool cpu_patch_deconv = true;    // on the CPU, 2-D float32 ConvTranspose with kernel = stride as the EP's kernel
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul

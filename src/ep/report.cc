@@ -68,6 +68,8 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_cache_limit_bytes\":" << cache_limit_bytes()
     << ",\"process_dnnl_convs\":" << ops::cpu_dnnl_conv_runs()
     << ",\"process_dnnl_one_thread_convs\":" << ops::cpu_dnnl_conv_one_thread_runs()
+    << ",\"process_dnnl_conv_adds\":" << ops::cpu_dnnl_conv_add_runs()
+    << ",\"process_dnnl_conv_adds_in_place\":" << ops::cpu_dnnl_conv_add_in_place()
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
     << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()

@@ -1,5 +1,6 @@
 #include "graph/fuse_conv_activation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -50,6 +51,12 @@ class Fuser {
     if (steps.empty()) return folded;
     conv.outputs[0] = v;
     if (!residual.empty()) {
+      if (residual_free(conv, residual, taken)) {
+        Attribute one;
+        one.type = AttrType::Int;
+        one.i = 1;
+        conv.attrs[kConvResidualFree] = one;
+      }
       conv.inputs.resize(3);  // (an absent bias stays "")
       conv.inputs.push_back(residual);
     }
@@ -216,8 +223,10 @@ class Fuser {
     return b;
   }
 
-  // The residual Add after a grouped 1x1 Conv (stride 1, no padding: the pointwise kernel's
-  // convolutions) whose other operand exists before the Conv; its output is the next value.
+  // The residual Add after a Conv whose other operand exists before the Conv; its output is the
+  // next value. The Conv: one of a single group with a constant float32 weight (oneDNN adds the
+  // residual as its Sum post-op), or a grouped 1x1 (stride 1, no padding: the pointwise
+  // kernel's convolutions).
   std::optional<std::string> residual_add(const Node& conv, const Node& n, const std::string& v,
                                           std::vector<ConvActivation>& steps, std::vector<size_t>& taken,
                                           std::string& residual) const {
@@ -226,18 +235,57 @@ class Fuser {
     if (g_.constant(r)) return std::nullopt;  // (a constant's Add is a scalar step or nothing)
     if (auto p = producer_.find(r); p != producer_.end() && p->second >= conv.index) return std::nullopt;
     const ConstTensor* w = g_.constant(conv.inputs[1]);
-    if (conv.attr_int("group", 1) < 2 || !w || w->shape.size() != 4 || w->shape[2] != 1 || w->shape[3] != 1)
-      return std::nullopt;
-    for (auto st : conv.attr_ints("strides"))
-      if (st != 1) return std::nullopt;
-    for (auto pd : conv.attr_ints("pads"))
-      if (pd != 0) return std::nullopt;
-    if (conv.attr_string("auto_pad", "NOTSET") != "NOTSET" && conv.attr_string("auto_pad", "NOTSET") != "VALID")
-      return std::nullopt;
+    if (!w) return std::nullopt;
+    const bool single_group = conv.attr_int("group", 1) == 1 && w->dtype == DType::Float32 && !w->transposed;
+    if (!single_group && !pointwise_grouped(conv, *w)) return std::nullopt;
     steps.push_back({Kind::AddInput});
     taken.push_back(n.index);
     residual = r;
     return n.outputs[0];
+  }
+
+  // Whether the fused `conv` may write over `residual` (kConvResidualFree): produced by a node,
+  // not kept, and read otherwise only by Convs `conv` depends on (`taken`: the fused nodes, the
+  // residual's Add among them).
+  bool residual_free(const Node& conv, const std::string& residual, const std::vector<size_t>& taken) const {
+    if (kept_.count(residual) || !producer_.count(residual)) return false;
+    for (size_t r : readers(residual)) {
+      if (std::find(taken.begin(), taken.end(), r) != taken.end()) continue;
+      const Node& n = g_.nodes[r];
+      if (gone_[r] || !n.domain.empty() || n.op_type != "Conv" || !depends_on(conv, r)) return false;
+    }
+    return true;
+  }
+
+  // Whether node `target` is among the nodes whose outputs `n` reads, directly or through others
+  // (nodes lie in topological order: none after `n`, none before `target`, is on the way).
+  bool depends_on(const Node& n, size_t target) const {
+    std::vector<size_t> stack{n.index};
+    std::unordered_set<size_t> seen;
+    while (!stack.empty()) {
+      const Node& m = g_.nodes[stack.back()];
+      stack.pop_back();
+      auto visit = [&](const std::string& v) {
+        auto p = producer_.find(v);
+        if (p == producer_.end() || p->second < target || p->second >= m.index || !seen.insert(p->second).second) return;
+        stack.push_back(p->second);
+      };
+      for (const auto& v : m.inputs)
+        if (!v.empty()) visit(v);
+      for (const auto& v : m.implicit_inputs) visit(v);
+    }
+    return seen.count(target) > 0;
+  }
+
+  // A grouped 1x1 Conv of stride 1 without padding.
+  static bool pointwise_grouped(const Node& conv, const ConstTensor& w) {
+    if (conv.attr_int("group", 1) < 2 || w.shape.size() != 4 || w.shape[2] != 1 || w.shape[3] != 1) return false;
+    for (auto st : conv.attr_ints("strides"))
+      if (st != 1) return false;
+    for (auto pd : conv.attr_ints("pads"))
+      if (pd != 0) return false;
+    const std::string pad = conv.attr_string("auto_pad", "NOTSET");
+    return pad == "NOTSET" || pad == "VALID";
   }
 
   // A step whose one node reads `v` alone; its output is the next value.

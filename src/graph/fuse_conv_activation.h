@@ -18,6 +18,12 @@ namespace ortmlx::graph {
 // The attributes a fused Conv carries (internal names: ONNX attributes never start with '_').
 inline constexpr const char* kConvActivation = "_ortmlx_activation";
 inline constexpr const char* kConvActivationParams = "_ortmlx_activation_params";
+// Set (1) on a Conv with a fused residual Add when its output may be written over the residual's
+// buffer: the residual is produced by a node of the graph, is not one of its outputs, and every
+// other node reading it is a Conv that the fused Conv depends on (so it has read the residual
+// before, in any order that runs the graph's nodes after their inputs), and a Conv's output
+// never shares its input's buffer.
+inline constexpr const char* kConvResidualFree = "_ortmlx_residual_free";
 
 // One fused step, applied in order to the convolution's output y.
 struct ConvActivation {
@@ -43,10 +49,11 @@ const char* activation_name(ConvActivation::Kind k);
 // The steps a (possibly) fused Conv node carries; empty when it carries none.
 std::vector<ConvActivation> conv_activations(const Node& conv);
 
-// A residual Add (or two-input Sum) after a grouped 1x1 Conv of stride 1 without padding (the
-// EP's pointwise kernel adds it in its tiles) is the first step, AddInput, its other operand
-// the Conv's input 3 (input 2 empty without a bias); that operand must be produced before the
-// Conv (or be a graph input or constant).
+// A residual Add (or two-input Sum) right after a Conv of one group with a constant float32
+// weight (oneDNN adds it as its Sum post-op), or after a grouped 1x1 Conv of stride 1 without
+// padding (the EP's pointwise kernel adds it in its tiles), is the first step, AddInput, its
+// other operand the Conv's input 3 (input 2 empty without a bias); that operand must be
+// produced before the Conv (or be a graph input).
 //
 // Rewrites `g` in place (nodes stay in topological order and are renumbered). A value between
 // two fused steps (or between the Conv and its first step) must be read by the pattern's nodes

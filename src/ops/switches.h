@@ -71,6 +71,8 @@ struct TranslationSwitches {
   int64_t cpu_packed_depth = 0;
   // a MatMul's or Gemm's constant weight laid out as panels once for the program
   bool cpu_packed_prepared = true;
+  // a residual Add after a oneDNN convolution as its Sum post-op (kernels.h, cpu_dnnl_conv_add)
+  bool cpu_conv_add = true;
 };
 
 // The calling thread's current switches.

@@ -387,7 +387,7 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
     (DnnlConvBlocked) behind an unblocking (DnnlUnblock); the next convolution takes the blocked
     buffer, and a residual Add of two blocked outputs in one layout adds the blocked buffers
     (kernels.h, cpu_dnnl_blocked_steps: the EP's kernel), so the one unblocking evaluated is the
-    pool's input. With
+    pool's input (cpu_dnnl_add=0: the Add as a step of its own, not the convolution's post-op). With
     0 every convolution writes NCHW. Outputs equal ORT's CPU EP either way."""
     rng = np.random.default_rng(17)
     x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
@@ -399,7 +399,7 @@ def test_convolutions_hand_on_their_blocked_output(blocked, capfd):
              helper.make_node("Conv", ["b", "w3"], ["c"]),                      # and this one too
              helper.make_node("Add", ["c", "r"], ["s"]),                        # on the blocked buffers
              helper.make_node("MaxPool", ["s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]  # reads NCHW
-    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_blocked=blocked)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_dnnl_blocked=blocked, cpu_dnnl_add=0)
     if blocked:
         assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1 and "DnnlConv" not in prims, prims
         if _avx512():  # (the two blocked buffers added by the chain kernel; MLX's Add elsewhere)
@@ -412,7 +412,8 @@ def test_residual_sum_and_relu_stay_blocked(capfd):
     """A ResNet block as Caffe2 exports it: Sum of a convolution and the block's input (itself a
     convolution's output), Relu, then the next convolution: the Sum and the Relu run on the blocked
     buffers (they map zeros to zero, so the layout's channel padding stays zero), and only the
-    model's output is unblocked. Outputs equal ORT's CPU EP."""
+    model's output is unblocked (cpu_dnnl_add=0: the Sum not the convolution's post-op). Outputs
+    equal ORT's CPU EP."""
     rng = np.random.default_rng(19)
     x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
     inits = [_init(n, rng.standard_normal(s) * 0.2) for n, s in
@@ -422,10 +423,101 @@ def test_residual_sum_and_relu_stay_blocked(capfd):
              helper.make_node("Sum", ["b", "a"], ["s"]),
              helper.make_node("Relu", ["s"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["y"])]
-    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_fuse=1)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, cpu_fuse=1, cpu_dnnl_add=0)
     assert prims.get("DnnlConvBlocked") == 3 and prims.get("DnnlUnblock") == 1, prims
     if _avx512():
         assert prims.get("BlockedSteps") == 1 and not [k for k in prims if k.startswith(("Add", "Maximum", "Compiled"))]
+
+
+def _resnet_stage(rng, C, read_after):
+    """Three ResNet bottleneck-like blocks (a projection block, two identity blocks), each
+    Conv -> BN -> Relu -> Conv -> BN, its Add/Sum with the shortcut, Relu. `read_after`: the
+    first block's output also read after the second block's Add (a GlobalAveragePool, an output)
+    and the second block's output an output of the graph: those residuals must stay as they are."""
+    def w(name, shape):
+        return _init(name, rng.standard_normal(shape) * (2.0 / np.prod(shape[1:])) ** 0.5)
+    inits, nodes = [], []
+
+    def bn(name, x, y):
+        inits.extend([_init(name + "s", rng.uniform(0.5, 1.5, C)), _init(name + "b", rng.standard_normal(C) * 0.1),
+                      _init(name + "m", rng.standard_normal(C) * 0.1), _init(name + "v", rng.uniform(0.5, 2, C))])
+        nodes.append(helper.make_node("BatchNormalization", [x, name + "s", name + "b", name + "m", name + "v"], [y]))
+
+    inits.append(w("w0", (C, 8, 3, 3)))
+    nodes += [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"])]
+    shortcut = "r0"
+    for k in range(3):
+        inits += [w(f"wa{k}", (C // 2, C, 1, 1)), w(f"wb{k}", (C, C // 2, 3, 3))]
+        nodes += [helper.make_node("Conv", [shortcut, f"wa{k}"], [f"a{k}"]), helper.make_node("Relu", [f"a{k}"], [f"ar{k}"]),
+                  helper.make_node("Conv", [f"ar{k}", f"wb{k}"], [f"b{k}"], pads=[1, 1, 1, 1])]
+        bn(f"n{k}", f"b{k}", f"bn{k}")
+        res = shortcut
+        if k == 0:  # the projection: a convolution of the block's input, added in the other order
+            inits.append(w("wp", (C, C, 1, 1)))
+            nodes.append(helper.make_node("Conv", [shortcut, "wp"], ["p"]))
+            res = "p"
+        add = helper.make_node("Sum", [res, f"bn{k}"], [f"s{k}"]) if k == 0 else \
+            helper.make_node("Add", [f"bn{k}", res], [f"s{k}"])
+        nodes += [add, helper.make_node("Relu", [f"s{k}"], [f"r{k + 1}"])]
+        shortcut = f"r{k + 1}"
+    nodes.append(helper.make_node("Identity", ["r3"], ["y"]))
+    outputs = ["y"]
+    if read_after:
+        nodes.append(helper.make_node("GlobalAveragePool", ["r1"], ["g"]))
+        outputs += ["g", "r2"]
+    return nodes, inits, outputs
+
+
+@pytest.mark.parametrize("read_after", [False, True])
+def test_residual_add_is_the_convolutions_post_op(read_after, capfd, tmp_path):
+    """A ResNet's residual Add/Sum after a convolution (and BN folded into it), and the Relu after
+    it, are the convolution's post-ops (oneDNN's Sum, then Relu: kernels.h, cpu_dnnl_conv_add):
+    one DnnlConvAdd a block, no BlockedSteps, Add or Maximum; the shortcut's buffer becomes the
+    output where nothing reads it afterwards (graph/fuse_conv_activation.h, kConvResidualFree: the
+    report's process_dnnl_conv_adds_in_place), and stays as it is where something does (an output,
+    a later reader). Outputs equal ORT's CPU EP, with cpu_dnnl_add=0 too. Broken by the Sum
+    post-op left out or applied to the wrong buffer, or by a residual written over while it is
+    still to be read."""
+    import onnxruntime_mlx as om
+    rng = np.random.default_rng(41)
+    C = 32
+    x = rng.standard_normal((1, 8, 14, 14)).astype(np.float32)
+    nodes, inits, outputs = _resnet_stage(rng, C, read_after)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, outputs=outputs, runs=4)
+    assert prims.get("DnnlConvAdd") == 3, prims
+    assert not [k for k in prims if k.startswith(("BlockedSteps", "Add", "Maximum", "Compiled"))], prims
+    off = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, outputs=outputs, cpu_dnnl_add=0)
+    assert "DnnlConvAdd" not in off, off
+    # the in-place count of a fresh process (the report's counters are the process's)
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    report = tmp_path / "r.jsonl"
+    code = f"""
+import json, numpy as np, onnxruntime as ort, onnxruntime_mlx as om
+x = np.load({str(tmp_path / "x.npy")!r})
+s = ort.InferenceSession({str(model)!r}, sess_options=om.session_options("cpu", fallback=False, report_path={str(report)!r}))
+want = ort.InferenceSession({str(model)!r}, providers=["CPUExecutionProvider"]).run(None, {{"x": x}})
+for _ in range(6):
+    got = s.run(None, {{"x": x}})
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+del s
+line = [json.loads(ln) for ln in open({str(report)!r}) if "process_dnnl_conv_adds" in ln][-1]
+print(json.dumps([line["process_dnnl_conv_adds"], line["process_dnnl_conv_adds_in_place"]]))
+"""
+    np.save(tmp_path / "x.npy", x)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    adds, in_place = json.loads(out.stdout.strip().splitlines()[-1])
+    assert adds >= 3 * 6, (adds, in_place)
+    # every block's shortcut is free without later readers; with them, only the third block's
+    # (the second's output is a graph output, the first's is read after the second block)
+    if read_after:
+        assert 0 < in_place <= adds // 3, (adds, in_place)
+    else:
+        assert in_place >= adds * 2 // 3, (adds, in_place)
 
 
 @pytest.mark.parametrize("channels,hw", [(32, (12, 12)), (48, (7, 9)), (64, (3, 70))])
@@ -437,8 +529,9 @@ def test_blocked_chains_are_one_kernel(channels, hw, avx512, capfd):
     BlockedSteps primitive over the blocked buffer (split over the threads, tiles of positions
     with the channel block's lanes), no MLX Multiply, Add, Maximum or generated kernel. Positions
     not a multiple of the tile's, channels of two and more blocks; NaN kept through the Relu.
-    Outputs equal ORT's CPU EP. Broken by a step reading the wrong channel's parameter, a tile
-    left out, or a chain computed as two kernels."""
+    Outputs equal ORT's CPU EP (cpu_dnnl_add=0: the residual Add not the convolution's post-op).
+    Broken by a step reading the wrong channel's parameter, a tile left out, or a chain computed
+    as two kernels."""
     rng = np.random.default_rng(channels + hw[1])
     C, (H, W) = channels, hw
     x = rng.standard_normal((1, 16, H, W)).astype(np.float32)
@@ -458,7 +551,8 @@ def test_blocked_chains_are_one_kernel(channels, hw, avx512, capfd):
              helper.make_node("Mul", ["c3", "m"], ["p"]), helper.make_node("Add", ["a", "p"], ["q"]),
              helper.make_node("Conv", ["q", "w4"], ["c4"]),
              helper.make_node("Add", ["c4", "c3"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
-    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, unoptimized=True, cpu_avx512=avx512, cpu_fuse=1)
+    prims = _run(nodes, {"x": x}, inits, capfd, 1e-4, 1e-4, unoptimized=True, cpu_avx512=avx512, cpu_fuse=1,
+                 cpu_dnnl_add=0)
     if not (avx512 and _avx512()):  # (the kernel is AVX-512's: MLX's generated kernel elsewhere)
         assert "BlockedSteps" not in prims, prims
         return

@@ -105,10 +105,26 @@ void begin_output(const std::vector<mx::array>&, mx::array& out, mx::Stream) {
   if (!take_binding(out)) allocate_output(out);
 }
 
+namespace {
+// A buffer `out` can take over as it is: row-contiguous from its start, of out's size and type.
+bool fits_over(const mx::array& donor, const mx::array& out) {
+  return donor.flags().row_contiguous && donor.dtype() == out.dtype() && donor.data_size() == out.size() &&
+         donor.data<void>() == donor.buffer().raw_ptr();
+}
+}  // namespace
+
 void begin_output_over(const mx::array& donor, mx::array& out) {
   if (take_binding(out)) return;
-  if (donor.is_donatable() && donor.flags().row_contiguous && donor.dtype() == out.dtype() &&
-      donor.data_size() == out.size() && donor.data<void>() == donor.buffer().raw_ptr()) {
+  if (donor.is_donatable() && fits_over(donor, out)) {
+    out.copy_shared_buffer(donor);
+    return;
+  }
+  allocate_output(out);
+}
+
+void begin_output_over_last_read(const mx::array& donor, mx::array& out) {
+  if (take_binding(out)) return;
+  if (donor.is_available() && donor.data_shared_ptr() && donor.data_shared_ptr()->is_owned() && fits_over(donor, out)) {
     out.copy_shared_buffer(donor);
     return;
   }

@@ -68,6 +68,10 @@ void begin_output(const std::vector<mx::array>& inputs, mx::array& out, mx::Stre
 // `out` takes donor's buffer when nothing else holds it (as MLX's elementwise kernels donate
 // theirs), so a chain over a large activation writes no new buffer.
 void begin_output_over(const mx::array& donor, mx::array& out);
+// The same where the caller knows that nothing reads `donor` after this kernel (every other
+// reader runs before it on the stream; graph/fuse_conv_activation.h, kConvResidualFree): its
+// buffer whoever still holds it (an MLX buffer of its own, row-contiguous from its start).
+void begin_output_over_last_read(const mx::array& donor, mx::array& out);
 
 // Gives `out` a buffer for out.nbytes(): inside a ReuseOutputsScope the one it already holds,
 // when nothing else holds that buffer, else a new one from MLX's allocator.

@@ -123,6 +123,7 @@ dnnl_alg_kind_t eltwise_alg(ConvPostOp::Kind k) {
     case ConvPostOp::Logistic: return dnnl_eltwise_logistic;
     case ConvPostOp::Tanh: return dnnl_eltwise_tanh;
     case ConvPostOp::Swish: return dnnl_eltwise_swish;
+    case ConvPostOp::Sum: break;  // (not an eltwise post-op)
   }
   return dnnl_alg_kind_undef;
 }
@@ -179,7 +180,9 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   if (attr_ok && !g.post_ops.empty()) {
     attr_ok = l.post_ops_create(&ops) == dnnl_success;
     for (const auto& op : g.post_ops)
-      attr_ok = attr_ok && l.post_ops_append_eltwise(ops, 1.f, eltwise_alg(op.kind), op.alpha, op.beta) == dnnl_success;
+      attr_ok = attr_ok && (op.kind == ConvPostOp::Sum
+                                ? l.post_ops_append_sum(ops, 1.f)
+                                : l.post_ops_append_eltwise(ops, 1.f, eltwise_alg(op.kind), op.alpha, op.beta)) == dnnl_success;
     attr_ok = attr_ok && l.primitive_attr_set_post_ops(attr, ops) == dnnl_success;
   }
   dnnl_primitive_desc_t pd = nullptr;
@@ -283,9 +286,42 @@ bool execute(const Step& st, std::initializer_list<dnnl_exec_arg_t> args) {
   return lib().primitive_execute(st.p, thread_stream(), static_cast<int>(all.size()), all.data()) == dnnl_success;
 }
 
+// y[0, n) = x[0, n): in AVX-512 registers where the CPU has them. Why: a channels-last
+// concatenation copies each position's channels of each input (a few hundred bytes), and
+// memcpy's call and size dispatch cost more than such a copy.
+using CopyFloats = void (*)(float*, const float*, int64_t);
+#ifdef ORTMLX_X86
+__attribute__((target("avx512f"))) void copy_floats_avx512(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_loadu_ps(x + i));
+  if (i < n) {
+    const __mmask16 m = first_lanes(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_loadu_ps(m, x + i));
+  }
+}
+#endif
+void copy_floats_memcpy(float* y, const float* x, int64_t n) { std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float)); }
+CopyFloats copy_floats_fn() {
+#ifdef ORTMLX_X86
+  if (cpu_has_avx512f()) return copy_floats_avx512;
+#endif
+  return copy_floats_memcpy;
+}
+
+// y[0, n) = x[0, n) over the threads (a convolution's residual into its destination).
+void copy_floats_parallel(float* y, const float* x, int64_t n) {
+  const auto copy_floats = copy_floats_fn();
+  constexpr int64_t kChunk = int64_t{1} << 14;  // floats a work item
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  cpu_parallel_for(chunks, static_cast<int>(std::min<int64_t>(cpu_threads(), chunks / 4 + 1)), [&](int64_t c0, int64_t c1) {
+    copy_floats(y + c0 * kChunk, x + c0 * kChunk, std::min(n, c1 * kChunk) - c0 * kChunk);
+  });
+}
+
 // Runs on MLX's stream thread, where nothing may throw: a failure leaves NaN in the output
 // (never a plausible value) and is counted.
 std::atomic<uint64_t> g_failures{0};
+std::atomic<uint64_t> g_add_runs{0}, g_add_in_place{0};
 void fail_output(float* y, size_t n) {
   g_failures.fetch_add(1, std::memory_order_relaxed);
   std::fill(y, y + n, std::numeric_limits<float>::quiet_NaN());
@@ -351,22 +387,39 @@ class DnnlConvWeights : public PlanPrimitive {
 // is a pass over the activations (a fifth to a quarter of the CNNs' oneDNN time).
 class DnnlConv : public PlanPrimitive {
  public:
-  DnnlConv(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, bool blocked_in, bool blocked_out)
-      : PlanPrimitive(s, std::move(plan)), blocked_in_(blocked_in), blocked_out_(blocked_out) {}
+  // `add_dst`: the plan's first post-op is Sum, and the last input is the residual, in the
+  // layout the convolution writes (cpu_dnnl_conv_add).
+  // `over_residual`: nothing reads the residual after this convolution (cpu_dnnl_conv_add).
+  DnnlConv(mx::Stream s, std::shared_ptr<const DnnlConvPlan> plan, bool blocked_in, bool blocked_out,
+           bool add_dst = false, bool over_residual = false)
+      : PlanPrimitive(s, std::move(plan)),
+        blocked_in_(blocked_in),
+        blocked_out_(blocked_out),
+        add_dst_(add_dst),
+        over_residual_(over_residual) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[1].flags().row_contiguous) throw std::runtime_error("[DnnlConv] the prepared weights must be row-contiguous");
-    begin_output(inputs, out, stream());
+    // The residual's buffer when nothing reads it later (or nothing else holds it).
+    if (add_dst_ && over_residual_) begin_output_over_last_read(inputs.back(), out);
+    else if (add_dst_) begin_output_over(inputs.back(), out);
+    else begin_output(inputs, out, stream());
     auto ptr = [](const mx::array& a) { return const_cast<float*>(a.data<float>()); };
-    // x and the bias may be any view: gathered in the task when not row-contiguous
-    std::optional<RowMajorInput> b;
-    if (inputs.size() > 2) b.emplace(inputs[2]);
+    // x, the bias and the residual may be any view: gathered in the task when not row-contiguous
+    std::optional<RowMajorInput> b, r;
+    if (inputs.size() > (add_dst_ ? 3u : 2u)) b.emplace(inputs[2]);
+    if (add_dst_) r.emplace(inputs.back());
     dispatch_task(stream(), [plan = plan_, x = RowMajorInput(inputs[0]), wp = ptr(inputs[1]), b = std::move(b),
-                  yp = out.data<float>(), n = out.size(), reorder_in = plan_->src_in.p && !blocked_in_,
-                  reorder_out = plan_->dst_out.p && !blocked_out_] {
+                  r = std::move(r), yp = out.data<float>(), n = out.size(),
+                  reorder_in = plan_->src_in.p && !blocked_in_, reorder_out = plan_->dst_out.p && !blocked_out_] {
       float* xp = const_cast<float*>(x.rows());
       float* bp = b ? const_cast<float*>(b->rows()) : nullptr;
       const ThreadLimit limit(plan->threads);
+      if (r) {  // the destination starts as the residual (the Sum post-op adds what it holds)
+        g_add_runs.fetch_add(1, std::memory_order_relaxed);
+        if (r->rows() == yp) g_add_in_place.fetch_add(1, std::memory_order_relaxed);
+        else copy_floats_parallel(yp, r->rows(), static_cast<int64_t>(n));
+      }
       float* s = reorder_in ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
       float* d = reorder_out ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
       if (!s || !d) return fail_output(yp, n);
@@ -394,12 +447,15 @@ class DnnlConv : public PlanPrimitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const DnnlConv*>(&other);
-    return o && PlanPrimitive::is_equivalent(other) && o->blocked_in_ == blocked_in_ && o->blocked_out_ == blocked_out_;
+    return o && PlanPrimitive::is_equivalent(other) && o->blocked_in_ == blocked_in_ &&
+           o->blocked_out_ == blocked_out_ && o->add_dst_ == add_dst_ && o->over_residual_ == over_residual_;
   }
-  const char* name() const override { return blocked_out_ ? "DnnlConvBlocked" : "DnnlConv"; }
+  const char* name() const override {
+    return add_dst_ ? "DnnlConvAdd" : blocked_out_ ? "DnnlConvBlocked" : "DnnlConv";
+  }
 
  private:
-  bool blocked_in_, blocked_out_;
+  bool blocked_in_, blocked_out_, add_dst_, over_residual_;
 };
 
 // A convolution's output from the layout it wrote (DnnlConv with blocked_out) into ONNX's plain
@@ -436,28 +492,6 @@ class DnnlUnblock : public PlanPrimitive {
 // The output is `images` runs, each the inputs' next `sizes` floats in turn: a channel-blocked
 // layout's run is an image (its blocks of each input), channels-last's a position of an image
 // (its channels of each input).
-// y[0, n) = x[0, n): in AVX-512 registers where the CPU has them. Why: a channels-last
-// concatenation copies each position's channels of each input (a few hundred bytes), and
-// memcpy's call and size dispatch cost more than such a copy.
-using CopyFloats = void (*)(float*, const float*, int64_t);
-#ifdef ORTMLX_X86
-__attribute__((target("avx512f"))) void copy_floats_avx512(float* y, const float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_loadu_ps(x + i));
-  if (i < n) {
-    const __mmask16 m = first_lanes(n - i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_loadu_ps(m, x + i));
-  }
-}
-#endif
-void copy_floats_memcpy(float* y, const float* x, int64_t n) { std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float)); }
-CopyFloats copy_floats_fn() {
-#ifdef ORTMLX_X86
-  if (cpu_has_avx512f()) return copy_floats_avx512;
-#endif
-  return copy_floats_memcpy;
-}
-
 struct BlockedConcatParams {
   int64_t images;
   std::vector<int64_t> sizes;  // floats of one run of each input
@@ -1123,25 +1157,65 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
   return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
 }
 
-mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
-                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
-                        bool blocked_out) {
-  // x as a previous convolution wrote it, where that is the layout this one reads: its blocked
-  // output, and the DnnlUnblock in between is never evaluated (unless something else reads it).
+namespace {
+// The convolution's inputs: x as a previous convolution wrote it, where that is the layout this
+// one reads (its blocked output: the DnnlUnblock in between is never evaluated unless something
+// else reads it), the weight, the bias; `blocked_in` says which x it is.
+std::vector<mx::array> conv_inputs(const DnnlConvPlan& plan, const mx::array& x, const mx::array& w_prepared,
+                                   const std::optional<mx::array>& bias, mx::Stream s, bool& blocked_in) {
   mx::array src = mx::astype(x, mx::float32, s);
-  bool blocked_in = false;
-  if (plan->src_in.p && x.has_primitive() && !x.is_available())
+  blocked_in = false;
+  if (plan.src_in.p && x.has_primitive() && !x.is_available())
     if (const auto* u = dynamic_cast<const DnnlUnblock*>(&x.primitive());
-        u && lib().memory_desc_equal(&u->plan().dst_md, &plan->src_md)) {
+        u && lib().memory_desc_equal(&u->plan().dst_md, &plan.src_md)) {
       src = x.inputs()[0];
       blocked_in = true;
     }
   std::vector<mx::array> in{src, w_prepared};
   if (bias) in.push_back(mx::astype(*bias, mx::float32, s));
+  return in;
+}
+}  // namespace
+
+mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
+                        const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
+                        bool blocked_out) {
+  bool blocked_in = false;
+  auto in = conv_inputs(*plan, x, w_prepared, bias, s, blocked_in);
   if (!blocked_out || !plan->dst_out.p)
     return mx::array(g.y, mx::float32, std::make_shared<DnnlConv>(s, plan, blocked_in, false), std::move(in));
   const int n = static_cast<int>(plan->dst_bytes / sizeof(float));
   auto flat = mx::array({n}, mx::float32, std::make_shared<DnnlConv>(s, plan, blocked_in, true), std::move(in));
+  return mx::array(g.y, mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
+}
+
+uint64_t cpu_dnnl_conv_add_runs() { return g_add_runs.load(std::memory_order_relaxed); }
+uint64_t cpu_dnnl_conv_add_in_place() { return g_add_in_place.load(std::memory_order_relaxed); }
+
+std::optional<mx::array> cpu_dnnl_conv_add(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g,
+                                           const mx::array& x, const std::function<mx::array()>& weights,
+                                           const std::optional<mx::array>& bias, const mx::array& residual,
+                                           bool over_residual, mx::Stream s) {
+  if (g.post_ops.empty() || g.post_ops[0].kind != ConvPostOp::Sum || residual.dtype() != mx::float32) return std::nullopt;
+  // The residual in the layout the convolution writes: another convolution's blocked output of
+  // that layout, or, where that layout is ONNX's own, the residual as it is.
+  std::optional<mx::array> r;
+  if (!plan->dst_out.p) {
+    if (residual.shape() == g.y) r = residual;
+  } else if (const DnnlUnblock* u = unblocking(residual);
+             u && residual.shape() == g.y && lib().memory_desc_equal(&u->plan().dst_md, &plan->dst_md) &&
+             residual.inputs()[0].size() * sizeof(float) == plan->dst_bytes) {
+    r = residual.inputs()[0];
+  }
+  if (!r) return std::nullopt;
+  bool blocked_in = false;
+  auto in = conv_inputs(*plan, x, weights(), bias, s, blocked_in);
+  const bool blocked = plan->dst_out.p != nullptr;
+  in.push_back(*r);  // (as it is, of any shape: a view would keep its buffer from being taken over)
+  auto conv = std::make_shared<DnnlConv>(s, plan, blocked_in, blocked, /*add_dst=*/true, over_residual);
+  if (!blocked) return mx::array(g.y, mx::float32, conv, std::move(in));
+  const int n = static_cast<int>(plan->dst_bytes / sizeof(float));
+  auto flat = mx::array({n}, mx::float32, conv, std::move(in));
   return mx::array(g.y, mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
 }
 
@@ -1183,6 +1257,13 @@ std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array&, const std::vec
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&, const mx::array&,
                         const mx::array&, const std::optional<mx::array>&, mx::Stream, bool) {
   throw std::logic_error("oneDNN is not in this build");
+}
+uint64_t cpu_dnnl_conv_add_runs() { return 0; }
+uint64_t cpu_dnnl_conv_add_in_place() { return 0; }
+std::optional<mx::array> cpu_dnnl_conv_add(const std::shared_ptr<const DnnlConvPlan>&, const DnnlConvShape&,
+                                           const mx::array&, const std::function<mx::array()>&,
+                                           const std::optional<mx::array>&, const mx::array&, bool, mx::Stream) {
+  return std::nullopt;
 }
 
 }  // namespace ortmlx::ops

@@ -35,7 +35,7 @@ namespace ortmlx::ops {
   X(primitive_create) X(primitive_destroy) X(primitive_execute) X(primitive_attr_create)      \
   X(primitive_attr_destroy) X(primitive_attr_set_scratchpad_mode)                             \
   X(primitive_attr_set_post_ops) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise) \
-  X(sgemm)
+  X(post_ops_append_sum) X(sgemm)
 
 // The library, its functions and the one CPU engine every plan uses. engine is null when the
 // library or any function is missing: then nothing here may be called.

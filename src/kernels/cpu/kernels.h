@@ -348,9 +348,10 @@ std::optional<mx::array> cpu_concat(const std::vector<mx::array>& xs, int axis, 
 // An elementwise step oneDNN applies to each block of a convolution's output while it is in
 // cache (a post-op), in order.
 struct ConvPostOp {
-  enum Kind { Relu, Clip, Linear, HardSwish, Logistic, Tanh, Swish };
+  enum Kind { Relu, Clip, Linear, HardSwish, Logistic, Tanh, Swish, Sum };
   Kind kind = Relu;
-  // Relu: the slope below 0; Clip: the bounds; Linear: alpha * y + beta; Swish: y * sigmoid(alpha * y)
+  // Relu: the slope below 0; Clip: the bounds; Linear: alpha * y + beta; Swish: y * sigmoid(alpha * y);
+  // Sum: y + what the destination held (cpu_dnnl_conv_add's residual), only as the first
   float alpha = 0.f, beta = 0.f;
 };
 struct DnnlConvShape {
@@ -377,6 +378,22 @@ mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>& plan,
 mx::array cpu_dnnl_conv(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g, const mx::array& x,
                         const mx::array& w_prepared, const std::optional<mx::array>& bias, mx::Stream s,
                         bool blocked_out = false);
+// y = conv(x, w) + bias + residual, then the plan's other post-ops, in one pass: a plan whose
+// post-ops start with Sum, the residual added in the kernel's registers while the output block
+// is written (a ResNet's shortcut, ORT's Conv + Add (+ Relu) fusion). The output is the blocked
+// one cpu_dnnl_conv's `blocked_out` gives (or plain where the layouts agree), over the
+// residual's buffer when nothing else holds it. std::nullopt when the residual does not lie in
+// the plan's destination layout (not a convolution's blocked output of that layout, nor plain
+// where the layout is plain).
+uint64_t cpu_dnnl_conv_add_runs();  // runs in this process (and how many took the residual's buffer)
+uint64_t cpu_dnnl_conv_add_in_place();
+// `weights` gives the prepared weight (cpu_dnnl_conv_weights), asked for only when the residual
+// fits. `over_residual`: nothing reads the residual after this convolution, whatever still holds
+// it (graph/fuse_conv_activation.h, kConvResidualFree), so the output takes its buffer.
+std::optional<mx::array> cpu_dnnl_conv_add(const std::shared_ptr<const DnnlConvPlan>& plan, const DnnlConvShape& g,
+                                           const mx::array& x, const std::function<mx::array()>& weights,
+                                           const std::optional<mx::array>& bias, const mx::array& residual,
+                                           bool over_residual, mx::Stream s);
 // An elementwise f of convolutions' outputs that keeps them blocked: when every x is the
 // unblocking of a convolution's blocked output, all in one layout and shape, f of the blocked
 // buffers under a new unblocking (so a following convolution takes the result blocked too);

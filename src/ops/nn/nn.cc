@@ -307,6 +307,38 @@ std::vector<ConvPostOp> post_ops_of(const std::vector<ConvActivation>& steps, si
 
 }  // namespace
 
+namespace {
+
+// A convolution whose steps start with a residual Add (graph/fuse_conv_activation: AddInput)
+// through oneDNN with the Add as its first post-op (Sum) and the steps after it that oneDNN
+// takes: the residual added while each output block is in registers, written over the residual's
+// buffer where nothing else holds it (ORT's Conv + Add + Relu fusion does the same). std::nullopt
+// when oneDNN has no fast kernel with those post-ops or the residual is not in the layout the
+// convolution writes.
+std::optional<mx::array> conv_add_through_library(OpContext& c, const mx::array& x0, const mx::array& w0,
+                                                  DnnlConvShape gt, const std::vector<graph::ConvActivation>& steps,
+                                                  const mx::array& residual) {
+  if (steps.empty() || residual.shape() != gt.y || compute_dtype(residual, c.s) != mx::float32) return std::nullopt;
+  size_t covered = 0;
+  const std::vector<graph::ConvActivation> after(steps.begin() + 1, steps.end());
+  gt.post_ops = post_ops_of(after, covered);
+  gt.post_ops.insert(gt.post_ops.begin(), ConvPostOp{ConvPostOp::Sum});
+  auto plan = cpu_dnnl_conv_plan(gt, c.s);
+  if (!plan) return std::nullopt;
+  auto weights = [&] {
+    return c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
+  };
+  std::optional<mx::array> bias;
+  if (c.has(2)) bias = c.in(2);
+  const bool over_residual = c.node.attr_int(graph::kConvResidualFree, 0) == 1;
+  auto y = cpu_dnnl_conv_add(plan, gt, x0, weights, bias, residual, over_residual, c.s);
+  if (!y) return std::nullopt;
+  return apply_activations({after.begin() + static_cast<std::ptrdiff_t>(covered), after.end()},
+                           mx::astype(*y, x0.dtype(), c.s), c.s);
+}
+
+}  // namespace
+
 // A float32 convolution (or, g.transposed, a ConvTranspose) on MLX's CPU device through oneDNN
 // (kernels/cpu/dnnl_conv.cc), in ONNX's own layout, with the weight laid out for it once per
 // program; std::nullopt when that path is off, unavailable for this geometry or too small.
@@ -323,6 +355,10 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   DnnlConvShape gt = g;
   if (!parallel_work(flops)) gt.threads = 1;
+  const auto residual = conv_residual(c);
+  if (!steps.empty() && steps[0].kind == graph::ConvActivation::Kind::AddInput && residual &&
+      translation_switches().cpu_conv_add && translation_switches().cpu_conv_blocked)
+    if (auto y = conv_add_through_library(c, x0, w0, gt, steps, *residual)) return y;
   size_t covered = 0;
   gt.post_ops = post_ops_of(steps, covered);
   auto plan = cpu_dnnl_conv_plan(gt, c.s);
@@ -342,11 +378,21 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   // scalar constants: run on the blocked buffer they leave the output blocked, so the next
   // convolution reads it without an unblocking and a reorder back (PP-LCNet's affine after
   // HardSwish after an affine).
-  const bool residual_add = !rest.empty() && rest[0].kind == graph::ConvActivation::Kind::AddInput;
+  if (rest[0].kind == graph::ConvActivation::Kind::AddInput) {
+    // The residual as the Add node would have taken it: over two blocked buffers of one layout
+    // (BlockedSteps), a Relu after it joining that pass; else as MLX ops.
+    if (!residual) throw std::invalid_argument("a fused residual Add without its operand");
+    auto z = blocked_steps(y, {{CpuBlockedStep::Kind::AddBuffer, *residual}}, c.s);
+    if (!z) return apply_activations(rest, y, c.s, residual);
+    size_t next = 1;
+    for (; next < rest.size() && rest[next].kind == graph::ConvActivation::Kind::Relu; ++next)
+      if (auto r = blocked_steps(*z, {{CpuBlockedStep::Kind::Relu, std::nullopt}}, c.s)) z = r;
+      else break;
+    return apply_activations({rest.begin() + static_cast<std::ptrdiff_t>(next), rest.end()}, *z, c.s);
+  }
   auto on_buffer = [&](const std::vector<mx::array>& a) { return apply_activations(rest, a[0], c.s); };
-  if (!residual_add)  // (a residual is in ONNX's layout, not the blocked buffer's)
-    if (auto z = cpu_dnnl_blocked_channel_map(y, {}, on_buffer, c.s)) return z;
-  return apply_activations(rest, y, c.s, conv_residual(c));
+  if (auto z = cpu_dnnl_blocked_channel_map(y, {}, on_buffer, c.s)) return z;
+  return apply_activations(rest, y, c.s);
 }
 
 // 2 x the weight's elements x the batch x the positions of `positions` (spatial dims from 2).
