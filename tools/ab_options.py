@@ -3,7 +3,7 @@ and model, then rounds that time each setting in turn (alternating, so drift hit
 Prints per-round medians of run latency and each setting's median over rounds.
 
     python tools/ab_options.py MODEL.onnx... --settings "device_copies=1;device_copies=0"
-        [--device gpu] [--rounds 5] [--runs 200] [--dim name=value]
+        [--device gpu] [--rounds 5] [--runs 200] [--dim name=value | --shape 1x3x48x192]
 
 A setting is `,`-separated key=value provider options; settings are `;`-separated.
 `--cuda-ep` adds ORT's CUDA EP (its defaults, host inputs and outputs, as the MLX EP's sessions
@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--dim", action="append", default=[])
+    ap.add_argument("--shape", default="", help="one float32 input of this shape, e.g. 1x3x48x192")
     ap.add_argument("--cuda-ep", action="store_true")
     ap.add_argument("--cpu-ep", action="store_true")
     args = ap.parse_args()
@@ -39,7 +40,12 @@ def main():
         for provider, _ in baselines:
             import onnxruntime as ort
             sessions.append(ort.InferenceSession(model, providers=[provider]))
-        feeds = runner.random_feeds(sessions[0], runner.dims_of(sessions[0], {}, dims), 0, {})
+        if args.shape:  # (models whose dims have no names)
+            import numpy as np
+            feeds = {sessions[0].get_inputs()[0].name: np.random.default_rng(0).standard_normal(
+                [int(v) for v in args.shape.split("x")]).astype(np.float32)}
+        else:
+            feeds = runner.random_feeds(sessions[0], runner.dims_of(sessions[0], {}, dims), 0, {})
         for s in sessions:
             for _ in range(20):
                 s.run(None, feeds)

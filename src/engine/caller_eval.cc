@@ -27,7 +27,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-std::atomic<uint64_t> g_arrays{0}, g_stream_arrays{0}, g_left{0}, g_replays{0};
+std::atomic<uint64_t> g_arrays{0}, g_stream_arrays{0}, g_left{0}, g_replays{0}, g_released{0};
 thread_local bool tl_keep_next = false;
 thread_local std::shared_ptr<KeptWalk> tl_kept;
 
@@ -108,10 +108,29 @@ constexpr size_t kCallerMaxElements = size_t{1} << 14;
 // A walk on the stream thread only for graphs whose arrays average at most this many elements.
 constexpr size_t kWalkMaxMeanElements = size_t{1} << 14;
 
+// An array whose buffer a kept walk holds between runs from this size only when nothing reads
+// it after the run (KeptWalk::release_after_).
+constexpr size_t kReleaseMinBytes = size_t{64} << 10;
+
+// Points `a` at an empty buffer of its own kind, letting go of the one it held (MLX's cache takes
+// it back when nothing else holds it); its next computation allocates again (ops::allocate_output).
+void let_go(mx::array& a) {
+  static const mx::array kNone = [] {
+    mx::array n(0.0f);
+    n.eval();
+    return n;
+  }();
+  if (!a.data_shared_ptr()) return;
+  a.copy_shared_buffer(kNone, a.strides(), a.flags(), 0, 0);
+  g_released.fetch_add(1, std::memory_order_relaxed);
+}
+
 // Computes what can be computed of `tape`, in order; returns the arrays computed and left.
 // `kinds`: each step's Kind, looked up once for a kept walk (else by name at each step).
+// `release_after`: a kept walk's large arrays to let go of after each step (KeptWalk).
 std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = true,
-                                   const std::vector<uint8_t>* kinds = nullptr) {
+                                   const std::vector<uint8_t>* kinds = nullptr,
+                                   const std::vector<std::vector<std::pair<uint32_t, uint32_t>>>* release_after = nullptr) {
   uint64_t done = 0, left = 0;
   for (size_t i = 0; i < tape.size(); ++i) {
     auto& a = tape[i];
@@ -126,6 +145,8 @@ std::pair<uint64_t, uint64_t> walk(std::vector<mx::array>& tape, bool detach = t
       for (auto& o : a.outputs()) o.set_status(mx::array::Status::available);
     if (detach) a.detach();
     ++done;
+    if (release_after)
+      for (const auto& [step, k] : (*release_after)[i]) let_go(tape[step].outputs()[k]);
   }
   return {done, left};
 }
@@ -253,7 +274,7 @@ bool reads_large_input(const mx::array& a) {
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
-                        std::chrono::microseconds poll_for, bool stream_thread) {
+                        std::chrono::microseconds poll_for, bool stream_thread, bool large) {
   // The arrays still to compute, inputs before the arrays that read them (siblings, the other
   // outputs of one primitive, once).
   std::vector<mx::array> tape;
@@ -261,6 +282,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
   std::vector<std::pair<mx::array, bool>> stack;
   bool on_caller = true;
   size_t total_elements = 0;
+  bool convolutions = false;  // oneDNN's primitives among the arrays
   for (const auto& o : outs) stack.emplace_back(o, false);
   while (!stack.empty()) {
     auto [a, expanded] = std::move(stack.back());
@@ -272,19 +294,23 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
     if (!pending(a) || !seen.insert(a.id()).second) continue;
     for (const auto& sib : a.siblings()) seen.insert(sib.id());
     total_elements += work_elements(a);
-    if (is_kept_segment(a))
+    if (is_kept_segment(a)) {
       on_caller = on_caller && static_cast<const KeptSegment&>(a.primitive()).on_caller();
-    else
-      on_caller = on_caller && a.size() <= kCallerMaxElements &&
-                  std::string_view(a.primitive().name()).substr(0, 4) != "Dnnl" && !reads_large_input(a);
+    } else {
+      const bool dnnl = std::string_view(a.primitive().name()).substr(0, 4) == "Dnnl";
+      convolutions = convolutions || dnnl;
+      on_caller = on_caller && a.size() <= kCallerMaxElements && !dnnl && !reads_large_input(a);
+    }
     stack.emplace_back(a, true);
     for (const auto& in : a.inputs())
       if (pending(in) && !seen.count(in.id())) stack.emplace_back(in, false);
   }
   if (tape.empty()) return true;
-  // Kernels over large arrays gain nothing from the walk, and lose MLX's overlap of the caller
-  // queueing the next primitive while the stream thread computes one.
-  if (!on_caller && total_elements > kWalkMaxMeanElements * tape.size()) return false;
+  // Kernels over large arrays gain little from the walk, and lose MLX's overlap of the caller
+  // queueing the next primitive while the stream thread computes one; a convolutional graph's
+  // (`large`: cpu_walk_large) is still walked, so that its walk is kept: then a run is its
+  // kernels alone, with no graph to build and no MLX bookkeeping of each array.
+  if (!on_caller && !(large && convolutions) && total_elements > kWalkMaxMeanElements * tape.size()) return false;
   const bool keep = std::exchange(tl_keep_next, false);
   const auto counts = run_walk([&] { return walk(tape, !keep); }, on_caller && !stream_thread, s, hold, poll_for);
   g_left.fetch_add(counts.second, std::memory_order_relaxed);
@@ -304,9 +330,28 @@ std::shared_ptr<KeptWalk> take_kept_walk() {
 KeptWalk::KeptWalk(std::vector<mx::array> tape, std::vector<mx::array> outs, bool on_caller, mx::Stream s)
     : tape_(std::move(tape)), outs_(std::move(outs)), on_caller_(on_caller), stream_(s) {
   kinds_.reserve(tape_.size());
-  for (const auto& a : tape_) {
-    bytes_ += a.nbytes();
-    kinds_.push_back(static_cast<uint8_t>(kind_of(a.primitive().name())));
+  for (const auto& a : tape_) kinds_.push_back(static_cast<uint8_t>(kind_of(a.primitive().name())));
+  // Each large array's last reader among the steps (its own step when none reads it); the
+  // outputs are read after the run and stay.
+  std::unordered_map<std::uintptr_t, std::pair<uint32_t, uint32_t>> step_of;  // id -> (step, output)
+  std::unordered_map<std::uintptr_t, size_t> last_read;
+  std::unordered_set<std::uintptr_t> outputs;
+  for (const auto& o : outs_) outputs.insert(o.id());
+  for (size_t i = 0; i < tape_.size(); ++i) {
+    for (const auto& in : tape_[i].inputs())
+      if (step_of.count(in.id())) last_read[in.id()] = i;
+    const auto outs = tape_[i].outputs();
+    for (size_t k = 0; k < outs.size(); ++k) {
+      bytes_ += outs[k].nbytes();
+      if (outs[k].nbytes() < kReleaseMinBytes || outputs.count(outs[k].id())) continue;
+      step_of[outs[k].id()] = {static_cast<uint32_t>(i), static_cast<uint32_t>(k)};
+      last_read[outs[k].id()] = i;
+    }
+  }
+  release_after_.resize(tape_.size());
+  for (const auto& [id, at] : step_of) {
+    release_after_[last_read[id]].push_back(at);
+    bytes_ -= tape_[at.first].outputs()[at.second].nbytes();
   }
 }
 
@@ -318,7 +363,7 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
   const auto counts = run_walk(
       [this] {
         ops::ReuseOutputsScope reuse;  // the same arrays again: their own buffers where nothing else holds them
-        return walk(tape_, /*detach=*/false, &kinds_);
+        return walk(tape_, /*detach=*/false, &kinds_, &release_after_);
       },
       on_caller_, stream_, hold, poll_for);
   if (counts.second) return std::nullopt;
@@ -364,7 +409,7 @@ bool KeptWalk::repoint(std::vector<mx::array>& kept_args, const std::vector<mx::
 bool KeptWalk::compute_here(std::vector<mx::array>& kept_args, const std::vector<mx::array>& args) {
   if (!repoint(kept_args, args)) return false;
   ops::ReuseOutputsScope reuse;
-  return walk(tape_, /*detach=*/false, &kinds_).second == 0;
+  return walk(tape_, /*detach=*/false, &kinds_, &release_after_).second == 0;
 }
 
 std::vector<mx::array> kept_segment(const std::shared_ptr<SegmentWalk>& walk, const std::vector<mx::array>& inputs,
@@ -438,6 +483,7 @@ bool evaluate_with_kept_segments(const std::vector<mx::array>& outs, mx::Stream 
 }
 
 uint64_t caller_eval_replays() { return g_replays.load(std::memory_order_relaxed); }
+uint64_t caller_eval_released() { return g_released.load(std::memory_order_relaxed); }
 
 uint64_t caller_eval_arrays() { return g_arrays.load(std::memory_order_relaxed); }
 uint64_t caller_eval_stream_arrays() { return g_stream_arrays.load(std::memory_order_relaxed); }

@@ -33,14 +33,18 @@ namespace ortmlx::engine {
 // first.
 // `stream_thread`: the walk runs on the stream thread whatever its arrays (a walk it keeps is
 // still replayed where they say).
+// `large`: graphs of large arrays are walked too (on the stream thread; option cpu_walk_large).
 bool evaluate_on_caller(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
-                        std::chrono::microseconds poll_for, bool stream_thread = false);
+                        std::chrono::microseconds poll_for, bool stream_thread = false, bool large = false);
 
 // A run's walk kept for its signature's later runs (option cpu_caller_replay): the graph a
 // compiled call built, its primitives and arrays held, computed again over each run's
 // arguments. Then a run needs neither the compiled call (which builds a graph of new arrays),
 // nor the walk's graph search, nor MLX's bookkeeping of each array. Only a walk that computed
-// the whole graph is kept; the intermediate arrays' buffers stay held between runs.
+// the whole graph is kept; the intermediate arrays' buffers stay held between runs, except large
+// ones (kReleaseMinBytes), which go back to MLX's cache after their last reader in each run, so
+// that later steps take them (a convolutional model's activations: its working set stays that of
+// a few layers, in the caches, as with MLX's own evaluation).
 class KeptWalk {
  public:
   KeptWalk(std::vector<mlx::core::array> tape, std::vector<mlx::core::array> outs, bool on_caller,
@@ -73,6 +77,8 @@ class KeptWalk {
   static bool repoint(std::vector<mlx::core::array>& kept_args, const std::vector<mlx::core::array>& args);
   std::vector<mlx::core::array> tape_, outs_;
   std::vector<uint8_t> kinds_;  // each step's kind (caller_eval.cc), looked up once
+  // After each step, the large arrays it read last (step, output of that step's primitive).
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> release_after_;
   bool on_caller_;
   mlx::core::Stream stream_;
   size_t bytes_ = 0;
@@ -112,6 +118,8 @@ std::shared_ptr<KeptWalk> take_kept_walk();
 // Process-wide counts: runs replayed from a kept walk; arrays computed by such walks (on the caller, on the stream thread), and
 // arrays they left to MLX.
 uint64_t caller_eval_replays();
+// Large arrays a kept walk let go of after their last reader (KeptWalk), in this process.
+uint64_t caller_eval_released();
 uint64_t caller_eval_arrays();
 uint64_t caller_eval_stream_arrays();
 uint64_t caller_eval_left();

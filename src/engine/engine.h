@@ -104,6 +104,7 @@ struct Options {
   // ... and a compiled signature's walk that computed its whole graph is kept and computed again
   // over later runs' arguments (engine/caller_eval.h, KeptWalk).
   bool cpu_caller_replay = true;
+  bool cpu_walk_large = true;      // ... convolutional graphs of large arrays walked (and kept) too, on the stream thread
   // MLX's CPU device: the stream thread's OpenMP workers each pinned to a CPU (kernels.h:
   // cpu_pin_openmp_workers); once a process, by the first session that evaluates on the CPU.
   bool cpu_pin_workers = true;

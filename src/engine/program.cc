@@ -700,7 +700,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         const auto walk_for = poll ? window : std::chrono::microseconds(0);
         if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu &&
               (walked ? evaluate_with_kept_segments(todo, s, poll && opt_.cpu_hold, walk_for)
-                      : evaluate_on_caller(todo, s, poll && opt_.cpu_hold, walk_for))))
+                      : evaluate_on_caller(todo, s, poll && opt_.cpu_hold, walk_for, false, opt_.cpu_walk_large))))
           evaluate(todo, poll, poll && opt_.cpu_hold, window, s);
       }
     }

@@ -93,6 +93,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_caller_stream_arrays\":" << engine::caller_eval_stream_arrays()
     << ",\"process_caller_left\":" << engine::caller_eval_left()
     << ",\"process_caller_replays\":" << engine::caller_eval_replays()
+    << ",\"process_caller_released\":" << engine::caller_eval_released()
     << ",\"process_pinned_workers\":" << ops::cpu_pinned_openmp_workers()
     << ",\"process_pinned_stream\":" << (ops::cpu_pinned_stream_thread() ? "true" : "false")
     << ",\"process_device_copy_skips\":{";

@@ -232,6 +232,23 @@ void reduce_into(const mx::array& x, const std::vector<int>& axes, mx::Reduce::R
   std::vector<Stored<T>> scratch;
   const auto* p = row_major(x, scratch);
   const int nd = static_cast<int>(x.ndim());
+  if (axes.size() == 1 && type == mx::Reduce::Sum) {
+    // One axis: [outer, len, inner], each output's elements still added in order (a row of
+    // inner sums at a time, which the compiler vectorizes across the row).
+    const int axis = axes[0] < 0 ? axes[0] + nd : axes[0];
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= x.shape(d);
+    for (int d = axis + 1; d < nd; ++d) inner *= x.shape(d);
+    const int64_t len = x.shape(axis);
+    for (int64_t o = 0; o < outer; ++o) {
+      T* row = y + o * inner;
+      for (int64_t k = 0; k < len; ++k) {
+        const auto* in = p + (o * len + k) * inner;
+        for (int64_t j = 0; j < inner; ++j) row[j] = row[j] + static_cast<T>(in[j]);
+      }
+    }
+    return;
+  }
   std::vector<bool> reduced(nd, false);
   for (int a : axes) reduced[a < 0 ? a + nd : a] = true;
   std::vector<int64_t> out_stride(nd, 0);
