@@ -312,7 +312,8 @@ namespace {
 // A convolution whose steps start with a residual Add (graph/fuse_conv_activation: AddInput)
 // through oneDNN with the Add as its first post-op (Sum) and the steps after it that oneDNN
 // takes: the residual added while each output block is in registers, written over the residual's
-// buffer where nothing else holds it (ORT's Conv + Add + Relu fusion does the same). std::nullopt
+// buffer where nothing reads it afterwards (kConvResidualFree) or nothing else holds it (ORT's
+// Conv + Add + Relu fusion does the same). std::nullopt
 // when oneDNN has no fast kernel with those post-ops or the residual is not in the layout the
 // convolution writes.
 std::optional<mx::array> conv_add_through_library(OpContext& c, const mx::array& x0, const mx::array& w0,
