@@ -4,6 +4,8 @@
 // kind, and chains of them), and on one thread.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "kernels/cpu/kernels.h"
 
 using namespace ortmlx::ops;
@@ -32,6 +34,7 @@ mx::array apply(const std::vector<ConvPostOp>& ops, mx::array y, mx::Stream s) {
       case ConvPostOp::Logistic: y = mx::sigmoid(y, s); break;
       case ConvPostOp::Tanh: y = mx::tanh(y, s); break;
       case ConvPostOp::Swish: y = mx::multiply(y, mx::sigmoid(mx::multiply(y, k(op.alpha), s), s), s); break;
+      case ConvPostOp::Sum: throw std::logic_error("the Sum post-op needs its residual (cpu_dnnl_conv_add)");
     }
   }
   return y;
