@@ -86,6 +86,9 @@ else:  # a convolution: the stream thread walks it ("conv"), its arrays large to
     nodes = [N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), N("Mul", ["c", "s"], ["m"]), N("Tanh", ["m"], ["t"]),
              N("Add", ["t", "c"], ["y"])]
     outs, types = ["y"], {"x": TP.FLOAT}
+    if case == "large":  # the channels' means over the blocked buffer: a float sum over one axis
+        nodes.append(N("GlobalAveragePool", ["c"], ["g"]))
+        outs.append("g")
 g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, types[k], list(v.shape)) for k, v in feeds.items()],
                       [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs], inits)
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -135,7 +138,8 @@ def test_walk_equals_mlxs_evaluation(case, where, tmp_path):
     for a small graph and on the stream thread for one with a convolution or an EP kernel
     reading a large input (a one-row product's weight: parallel regions opened from the caller
     would make a second OpenMP team, whose workers sleep between regions), its arrays large
-    (65K elements each) too (cpu_walk_large); a graph of large arrays without a convolution, or
+    (65K elements each) too (cpu_walk_large; its global average pooling a float sum over one axis,
+    four outputs at a time); a graph of large arrays without a convolution, or
     with one and cpu_walk_large=0, is left to MLX's evaluation whole (no walk). The
     outputs are the bits of MLX's own evaluation (the walk off), and, for the graphs without
     NaN and infinities, ORT's CPU EP's within 1e-5. Broken by any of the walk's kernels

@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/buffers.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace ortmlx::ops {
 namespace {
@@ -244,7 +245,12 @@ void reduce_into(const mx::array& x, const std::vector<int>& axes, mx::Reduce::R
       T* row = y + o * inner;
       for (int64_t k = 0; k < len; ++k) {
         const auto* in = p + (o * len + k) * inner;
-        for (int64_t j = 0; j < inner; ++j) row[j] = row[j] + static_cast<T>(in[j]);
+        int64_t j = 0;
+#ifdef ORTMLX_X86
+        if constexpr (std::is_same_v<T, float>)  // (SSE: every x86-64 CPU; GCC's -O2 leaves it scalar)
+          for (; j + 4 <= inner; j += 4) _mm_storeu_ps(row + j, _mm_add_ps(_mm_loadu_ps(row + j), _mm_loadu_ps(in + j)));
+#endif
+        for (; j < inner; ++j) row[j] = row[j] + static_cast<T>(in[j]);
       }
     }
     return;
