@@ -112,16 +112,21 @@ constexpr size_t kWalkMaxMeanElements = size_t{1} << 14;
 // it after the run (KeptWalk::release_after_).
 constexpr size_t kReleaseMinBytes = size_t{64} << 10;
 
-// Points `a` at an empty buffer of its own kind, letting go of the one it held (MLX's cache takes
-// it back when nothing else holds it); its next computation allocates again (ops::allocate_output).
-void let_go(mx::array& a) {
+// Points `a` at an empty buffer, letting go of the one it held (MLX's cache takes it back when
+// nothing else holds it); its next computation allocates again (ops::allocate_output).
+void point_at_nothing(mx::array& a) {
   static const mx::array kNone = [] {
     mx::array n(0.0f);
     n.eval();
     return n;
   }();
-  if (!a.data_shared_ptr()) return;
   a.copy_shared_buffer(kNone, a.strides(), a.flags(), 0, 0);
+}
+
+// A kept walk's large array after its last reader (KeptWalk::release_after_), counted.
+void let_go(mx::array& a) {
+  if (!a.data_shared_ptr()) return;
+  point_at_nothing(a);
   g_released.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -374,14 +379,8 @@ std::optional<std::vector<mx::array>> KeptWalk::replay(std::vector<mx::array>& k
 }
 
 void KeptWalk::let_go_of_small_outputs() {
-  static const mx::array kNone = [] {
-    mx::array a(0.0f);
-    a.eval();
-    return a;
-  }();
   for (auto& k : outs_)
-    if (k.has_primitive() && k.nbytes() < device_buffers::kPoolMinBytes && k.data_shared_ptr())
-      k.copy_shared_buffer(kNone, k.strides(), k.flags(), 0, 0);
+    if (k.has_primitive() && k.nbytes() < device_buffers::kPoolMinBytes && k.data_shared_ptr()) point_at_nothing(k);
 }
 
 std::vector<mx::array> KeptWalk::shared_outputs() const {

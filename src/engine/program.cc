@@ -384,17 +384,8 @@ void Program::copy_out(const mx::array& a, void* dst, int device_copies) {
   // memory's bandwidth (a 256 MiB output took a third of its run).
   constexpr size_t kPiece = size_t{4} << 20, kSplitFrom = size_t{16} << 20;
   const size_t n = a.nbytes();
-  const auto* from = a.data<char>();
-  auto* to = static_cast<char*>(dst);
-  if (n < kSplitFrom || ops::cpu_threads() < 2) {
-    std::memcpy(to, from, n);
-    return;
-  }
-  const auto pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
-  ops::cpu_parallel_for(pieces, ops::cpu_threads(), [&](int64_t p0, int64_t p1) {
-    const size_t b = static_cast<size_t>(p0) * kPiece, e = std::min(n, static_cast<size_t>(p1) * kPiece);
-    std::memcpy(to + b, from + b, e - b);
-  });
+  if (n < kSplitFrom || ops::cpu_threads() < 2) std::memcpy(dst, a.data<void>(), n);
+  else ops::cpu_copy_parallel(dst, a.data<void>(), n, kPiece, ops::cpu_threads());
 }
 
 void Program::copy_out(const mx::array& a, void* dst, DType t, int device_copies) {

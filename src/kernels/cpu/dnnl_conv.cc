@@ -308,20 +308,11 @@ CopyFloats copy_floats_fn() {
   return copy_floats_memcpy;
 }
 
-// y[0, n) = x[0, n) over the threads (a convolution's residual into its destination).
-void copy_floats_parallel(float* y, const float* x, int64_t n) {
-  const auto copy_floats = copy_floats_fn();
-  constexpr int64_t kChunk = int64_t{1} << 14;  // floats a work item
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  cpu_parallel_for(chunks, static_cast<int>(std::min<int64_t>(cpu_threads(), chunks / 4 + 1)), [&](int64_t c0, int64_t c1) {
-    copy_floats(y + c0 * kChunk, x + c0 * kChunk, std::min(n, c1 * kChunk) - c0 * kChunk);
-  });
-}
-
 // Runs on MLX's stream thread, where nothing may throw: a failure leaves NaN in the output
 // (never a plausible value) and is counted.
 std::atomic<uint64_t> g_failures{0};
 std::atomic<uint64_t> g_add_runs{0}, g_add_in_place{0};
+constexpr size_t kResidualPiece = size_t{64} << 10;  // bytes of a residual's copy a work item
 void fail_output(float* y, size_t n) {
   g_failures.fetch_add(1, std::memory_order_relaxed);
   std::fill(y, y + n, std::numeric_limits<float>::quiet_NaN());
@@ -418,7 +409,11 @@ class DnnlConv : public PlanPrimitive {
       if (r) {  // the destination starts as the residual (the Sum post-op adds what it holds)
         g_add_runs.fetch_add(1, std::memory_order_relaxed);
         if (r->rows() == yp) g_add_in_place.fetch_add(1, std::memory_order_relaxed);
-        else copy_floats_parallel(yp, r->rows(), static_cast<int64_t>(n));
+        else {
+          const size_t bytes = n * sizeof(float), pieces = (bytes + kResidualPiece - 1) / kResidualPiece;
+          cpu_copy_parallel(yp, r->rows(), bytes, kResidualPiece,
+                            static_cast<int>(std::min<size_t>(cpu_threads(), pieces / 4 + 1)));
+        }
       }
       float* s = reorder_in ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
       float* d = reorder_out ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
