@@ -108,6 +108,8 @@ OPTIONS: dict[str, tuple] = {
     "cpu_gqa_prompt": (0, 1),
     "cpu_dnnl_blocked": (0, 1),
     "cpu_dnnl_add": (0, 1),
+    "cpu_dnnl_blocked16": (0, 1),
+    "cpu_dnnl_winograd": (0, 1),
     "cpu_walk_large": (0, 1),
     "cpu_depthwise": (0, 1),
     "cpu_patch_deconv": (0, 1),

@@ -401,6 +401,55 @@ std::vector<ConvActivation> conv_activations(const Node& conv) {
   return out;
 }
 
+int mark_blocked16_convs(Graph& g) {
+  if (g.is_subgraph) return 0;
+  // Whether a Conv reads what node `from` computes, through any nodes in between.
+  const ValueUses uses(g, {});
+  auto feeds_a_conv = [&](size_t from) {
+    std::vector<size_t> todo{from};
+    std::vector<bool> seen(g.nodes.size(), false);
+    while (!todo.empty()) {
+      const Node& n = g.nodes[todo.back()];
+      todo.pop_back();
+      for (const auto& v : n.outputs) {
+        auto it = uses.readers.find(v);
+        if (v.empty() || it == uses.readers.end()) continue;
+        for (size_t r : it->second) {
+          if (seen[r]) continue;
+          seen[r] = true;
+          if (g.nodes[r].op_type == "Conv") return true;
+          todo.push_back(r);
+        }
+      }
+    }
+    return false;
+  };
+  std::vector<Node*> convs;
+  bool winograd = false;
+  for (auto& n : g.nodes) {
+    if (!(n.domain.empty() && n.op_type == "Conv")) continue;
+    const ValueInfo* w = n.has_input(1) ? g.info(n.inputs[1]) : nullptr;
+    if (!w || w->rank() != 4) return 0;
+    const auto& d = w->dims;  // [M, C / group, kh, kw]
+    const int64_t group = n.attr_int("group", 1);
+    if (d[0] <= 0 || d[1] <= 0 || (d[1] % 16 && !(group == 1 && d[1] < 16))) return 0;
+    if (group > 1 && (d[0] / group) % 16) return 0;
+    // Other output channels only where no convolution comes after (a classifier's): its input
+    // is read in blocks of 16, its output reordered once.
+    if (d[0] % 16 && feeds_a_conv(n.index)) return 0;
+    const auto ones = std::vector<int64_t>{1, 1};
+    winograd = winograd || (group == 1 && d[1] % 16 == 0 && d[2] == 3 && d[3] == 3 &&
+                            n.attr_ints("strides", ones) == ones && n.attr_ints("dilations", ones) == ones);
+    convs.push_back(&n);
+  }
+  if (!winograd) return 0;
+  Attribute one;
+  one.type = AttrType::Int;
+  one.i = 1;
+  for (Node* n : convs) n->attrs[kConvBlocked16] = one;
+  return static_cast<int>(convs.size());
+}
+
 int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs) {
   Fuser f(g, graph_outputs);
   int done = 0;

@@ -24,6 +24,9 @@ inline constexpr const char* kConvActivationParams = "_ortmlx_activation_params"
 // before, in any order that runs the graph's nodes after their inputs), and a Conv's output
 // never shares its input's buffer.
 inline constexpr const char* kConvResidualFree = "_ortmlx_residual_free";
+// Set (1) on every Conv of a graph whose convolutions can all keep their channels in blocks of 16
+// (mark_blocked16_convs).
+inline constexpr const char* kConvBlocked16 = "_ortmlx_blocked16";
 
 // One fused step, applied in order to the convolution's output y.
 struct ConvActivation {
@@ -61,5 +64,14 @@ std::vector<ConvActivation> conv_activations(const Node& conv);
 // (Clip's bounds, Mul's and Add's operand) must be scalar initializers of at most the Conv's
 // rank. Returns how many activation nodes were fused away.
 int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs);
+
+// Marks every Conv of `g` (kConvBlocked16) when all of them are 2-D with known weight shapes,
+// output channels and each group's input channels multiples of 16 (a first layer of one group
+// may read fewer than 16, a last one no other Conv reads from may write any number), and one of them is a 3 x 3, stride-1 convolution of one group (which
+// oneDNN runs as Winograd's algorithm in that layout only). Why all or none: a convolution in
+// another layout next to one in 16-channel blocks costs two reorders between them (through
+// ONNX's layout), more than Winograd saves in a mobile network's narrow layers. Returns how
+// many Convs it marked.
+int mark_blocked16_convs(Graph& g);
 
 }  // namespace ortmlx::graph

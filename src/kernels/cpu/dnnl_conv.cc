@@ -41,6 +41,7 @@ const DnnlLibrary& lib() { return dnnl_lib(); }
 std::atomic<uint64_t> g_runs{0};
 std::atomic<uint64_t> g_one_thread_runs{0};
 std::atomic<uint64_t> g_gemm_refusals{0};
+std::atomic<uint64_t> g_winograd_runs{0};
 
 dnnl_format_tag_t plain_tag(int ndims) {
   switch (ndims) {
@@ -79,6 +80,7 @@ struct DnnlConvPlan {
   Step conv, src_in, w_in, dst_out;  // the reorders' p is null where the layouts agree
   size_t w_bytes = 0, src_bytes = 0, dst_bytes = 0;  // in the convolution's layouts
   bool bias = false;
+  bool winograd = false;  // the convolution is one of oneDNN's Winograd kernels
   int threads = 0;  // DnnlConvShape::threads, for every step's creation and execution
 
   DnnlConvPlan() = default;
@@ -155,8 +157,13 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   p->w_plain = plain_md(w, w_tag);
   p->bias = g.bias;
   if (g.bias) p->bias_md = plain_md({M}, dnnl_a);
-  dnnl_memory_desc_t any_src = plain_md(x, dnnl_format_tag_any), any_w = plain_md(w, dnnl_format_tag_any),
-                     any_dst = plain_md(y, dnnl_format_tag_any);
+  // blocked16: nChw16c where a side's channels are a multiple of 16 (a first layer's few input
+  // channels: oneDNN's pick, plain), whatever layout oneDNN would pick for the geometry alone.
+  auto side = [&](const std::vector<int64_t>& dims) {
+    const bool b16 = g.blocked16 && nd == 2 && dims[1] % 16 == 0;
+    return plain_md(dims, b16 ? dnnl_nChw16c : dnnl_format_tag_any);
+  };
+  dnnl_memory_desc_t any_src = side(x), any_w = plain_md(w, dnnl_format_tag_any), any_dst = side(y);
   dnnl_dims_t stride{}, dil{}, lo{}, hi{};
   for (int d = 0; d < nd; ++d) {
     stride[d] = g.stride[d];
@@ -164,14 +171,20 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
     lo[d] = g.pad_lo[d];
     hi[d] = g.pad_hi[d];
   }
-  dnnl_convolution_desc_t cd{};  // the deconvolution descriptor has the same layout and type
   const auto* bias_md = g.bias ? &p->bias_md : nullptr;
-  const auto described =
-      g.transposed ? l.dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct,
-                                                              &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi)
-                   : l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct,
-                                                            &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi);
-  if (described != dnnl_success) throw std::runtime_error("oneDNN: convolution descriptor rejected");
+  auto describe = [&](dnnl_convolution_desc_t& cd, dnnl_alg_kind_t alg) {
+    return g.transposed
+               ? l.dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct,
+                                                          &any_src, &any_w, bias_md, &any_dst, stride, dil, lo, hi)
+               : l.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, alg, &any_src, &any_w, bias_md,
+                                                        &any_dst, stride, dil, lo, hi);
+  };
+  // (the deconvolution descriptor has the same layout and type)
+  dnnl_convolution_desc_t cd{}, wino_cd{};
+  if (describe(cd, dnnl_convolution_direct) != dnnl_success)
+    throw std::runtime_error("oneDNN: convolution descriptor rejected");
+  const bool try_wino = g.winograd && g.blocked16 && !g.transposed && nd == 2 &&
+                        describe(wino_cd, dnnl_convolution_winograd) == dnnl_success;
   // The post-ops, on top of the caller-provided scratch memory.
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t ops = nullptr;
@@ -186,7 +199,10 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
     attr_ok = attr_ok && l.primitive_attr_set_post_ops(attr, ops) == dnnl_success;
   }
   dnnl_primitive_desc_t pd = nullptr;
-  const bool made = attr_ok && l.primitive_desc_create(&pd, &cd, attr, l.engine, nullptr) == dnnl_success;
+  // Winograd where oneDNN has a kernel for the geometry and post-ops (it has none for most),
+  // else the direct convolution.
+  p->winograd = try_wino && attr_ok && l.primitive_desc_create(&pd, &wino_cd, attr, l.engine, nullptr) == dnnl_success;
+  const bool made = attr_ok && (p->winograd || l.primitive_desc_create(&pd, &cd, attr, l.engine, nullptr) == dnnl_success);
   if (ops) l.post_ops_destroy(ops);
   if (attr) l.primitive_attr_destroy(attr);
   if (!made) throw std::runtime_error("oneDNN: no convolution implementation");
@@ -204,7 +220,8 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   }
   // Post-ops some kernels lack send oneDNN to its reference loops (the deconvolutions' do):
   // slower than the convolution without them and the steps as MLX ops (the caller's retry).
-  if (!g.post_ops.empty() && std::strncmp(impl, "ref", 3) == 0) {
+  // So do 16-channel blocks some geometry has no kernel for (the caller's retry: oneDNN's pick).
+  if ((!g.post_ops.empty() || g.blocked16) && std::strncmp(impl, "ref", 3) == 0) {
     l.primitive_desc_destroy(pd);
     throw std::runtime_error("oneDNN: only a reference implementation with these post-ops");
   }
@@ -437,6 +454,7 @@ class DnnlConv : public PlanPrimitive {
           return fail_output(yp, n);
       }
       g_runs.fetch_add(1, std::memory_order_relaxed);
+      if (plan->winograd) g_winograd_runs.fetch_add(1, std::memory_order_relaxed);
       if (limit.active()) g_one_thread_runs.fetch_add(1, std::memory_order_relaxed);
     });
   }
@@ -885,6 +903,7 @@ uint64_t cpu_dnnl_conv_runs() { return g_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_one_thread_runs() { return g_one_thread_runs.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_failures() { return g_failures.load(std::memory_order_relaxed); }
 uint64_t cpu_dnnl_conv_gemm_refusals() { return g_gemm_refusals.load(std::memory_order_relaxed); }
+uint64_t cpu_dnnl_conv_winograd_runs() { return g_winograd_runs.load(std::memory_order_relaxed); }
 
 std::string DnnlConvShape::key() const {
   std::ostringstream k;
@@ -893,7 +912,7 @@ std::string DnnlConvShape::key() const {
     k << '/';
   };
   put(x), put(w), put(y), put(stride), put(pad_lo), put(pad_hi), put(dilation);
-  k << groups << '/' << bias << '/' << transposed << '/' << threads << '/';
+  k << groups << '/' << bias << '/' << transposed << '/' << threads << '/' << blocked16 << winograd << '/';
   for (const auto& op : post_ops) k << op.kind << ':' << std::hexfloat << op.alpha << ':' << op.beta << std::defaultfloat << ';';
   return k.str();
 }
@@ -1228,6 +1247,7 @@ uint64_t cpu_dnnl_conv_runs() { return 0; }
 uint64_t cpu_dnnl_conv_one_thread_runs() { return 0; }
 uint64_t cpu_dnnl_conv_failures() { return 0; }
 uint64_t cpu_dnnl_conv_gemm_refusals() { return 0; }
+uint64_t cpu_dnnl_conv_winograd_runs() { return 0; }
 std::string DnnlConvShape::key() const { return {}; }
 std::shared_ptr<const DnnlConvPlan> cpu_dnnl_conv_plan(const DnnlConvShape&, mx::Stream) { return nullptr; }
 mx::array cpu_dnnl_conv_weights(const std::shared_ptr<const DnnlConvPlan>&, const mx::array&, mx::Stream) {

@@ -364,6 +364,12 @@ struct DnnlConvShape {
   std::vector<ConvPostOp> post_ops;  // applied by the convolution itself
   bool transposed = false;
   int threads = 0;  // at most this many OpenMP threads for it (0: oneDNN's default, every core)
+  // Channels in blocks of 16 (nChw16c) on each side whose channel count is a multiple of 16,
+  // rather than the layout oneDNN picks (channels-last on AVX-512 CPUs).
+  bool blocked16 = false;
+  // With blocked16: oneDNN's Winograd algorithm where it has a kernel for the geometry (2-D,
+  // 3 x 3, stride 1, one group), its direct one otherwise.
+  bool winograd = false;
   std::string key() const;  // the geometry, for caches
 };
 struct DnnlConvPlan;  // oneDNN's objects for one geometry, shared by every program of the process
@@ -456,6 +462,8 @@ uint64_t cpu_dnnl_conv_one_thread_runs();
 // Geometries left to MLX because oneDNN offered only a GEMM-based implementation for them (its
 // JIT GEMM kernels are not safe against signals: dnnl_conv.cc).
 uint64_t cpu_dnnl_conv_gemm_refusals();
+// Runs of a oneDNN Winograd convolution (DnnlConvShape::winograd) in this process.
+uint64_t cpu_dnnl_conv_winograd_runs();
 // The CPU kernels' parallel loops run on OpenMP's threads in this process (openmp_parallel_for).
 uint64_t cpu_openmp_regions();
 // Pins each OpenMP worker of the CPU stream's team (the threads the kernels above and oneDNN

@@ -309,6 +309,17 @@ std::vector<ConvPostOp> post_ops_of(const std::vector<ConvActivation>& steps, si
 
 namespace {
 
+// The plan for `gt`; where oneDNN has no kernel in 16-channel blocks, the one in its own pick of
+// layout (gt says which).
+std::shared_ptr<const DnnlConvPlan> conv_plan(DnnlConvShape& gt, mx::Stream s) {
+  auto plan = cpu_dnnl_conv_plan(gt, s);
+  if (!plan && gt.blocked16) {
+    gt.blocked16 = gt.winograd = false;
+    plan = cpu_dnnl_conv_plan(gt, s);
+  }
+  return plan;
+}
+
 // A convolution whose steps start with a residual Add (graph/fuse_conv_activation: AddInput)
 // through oneDNN with the Add as its first post-op (Sum) and the steps after it that oneDNN
 // takes: the residual added while each output block is in registers, written over the residual's
@@ -324,7 +335,7 @@ std::optional<mx::array> conv_add_through_library(OpContext& c, const mx::array&
   const std::vector<graph::ConvActivation> after(steps.begin() + 1, steps.end());
   gt.post_ops = post_ops_of(after, covered);
   gt.post_ops.insert(gt.post_ops.begin(), ConvPostOp{ConvPostOp::Sum});
-  auto plan = cpu_dnnl_conv_plan(gt, c.s);
+  auto plan = conv_plan(gt, c.s);
   if (!plan) return std::nullopt;
   auto weights = [&] {
     return c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
@@ -356,17 +367,28 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (flops < static_cast<double>(translation_switches().cpu_conv_library_min_flops)) return std::nullopt;
   DnnlConvShape gt = g;
   if (!parallel_work(flops)) gt.threads = 1;
+  // On AVX-512 CPUs, channels in blocks of 16 (MLAS's NCHWc layout) where they are multiples of
+  // 16, so that a 3 x 3 stride-1 convolution can run as Winograd's algorithm (oneDNN's kernels
+  // read and write that layout only) with its neighbours in the same layout, no reorders between.
+  // (graph/fuse_conv_activation.h: all of a graph's convolutions or none.)
+  if (!g.transposed && g.x.size() == 4 && c.node.attr_int(graph::kConvBlocked16, 0) == 1 &&
+      translation_switches().cpu_conv_blocked16) {
+    gt.blocked16 = true;
+    gt.winograd = translation_switches().cpu_conv_winograd && g.groups == 1 && g.x[1] % 16 == 0 &&
+                  g.w[2] == 3 && g.w[3] == 3 && g.stride == std::vector<int>{1, 1} &&
+                  g.dilation == std::vector<int>{1, 1};
+  }
   const auto residual = conv_residual(c);
   if (!steps.empty() && steps[0].kind == graph::ConvActivation::Kind::AddInput && residual &&
       translation_switches().cpu_conv_add && translation_switches().cpu_conv_blocked)
     if (auto y = conv_add_through_library(c, x0, w0, gt, steps, *residual)) return y;
   size_t covered = 0;
   gt.post_ops = post_ops_of(steps, covered);
-  auto plan = cpu_dnnl_conv_plan(gt, c.s);
+  auto plan = conv_plan(gt, c.s);
   if (!plan && covered) {  // no fast kernel with those post-ops: the convolution alone, steps as MLX ops
     gt.post_ops.clear();
     covered = 0;
-    plan = cpu_dnnl_conv_plan(gt, c.s);
+    plan = conv_plan(gt, c.s);
   }
   if (!plan) return std::nullopt;
   auto w = c.prepared("dnnl_conv_w/" + gt.key(), {1}, [&] { return cpu_dnnl_conv_weights(plan, w0, c.s); });
