@@ -524,7 +524,8 @@ def _winograd_graph(rng, mid, hw, classes):
     """A VGG-like stack: a first 3 x 3 convolution of 3 channels, two 3 x 3 stride-1 ones of
     `mid` channels (the second after a max pooling, with a residual Add), a fire module's 1 x 1
     and 3 x 3 expansions concatenated, a 1 x 1 classifier of `classes` channels, each with a
-    Relu; weights scaled as a trained network's (He)."""
+    Relu, and a global average pooling of the classifier's output; weights scaled as a trained
+    network's (He)."""
     def w(name, m, c, k):
         return _init(name, rng.standard_normal((m, c, k, k)) * np.sqrt(2.0 / (c * k * k)))
     inits = [w("w0", mid, 3, 3), w("w1", mid, mid, 3), w("w2", mid, mid, 3), w("w3", mid, mid, 1), w("w4", mid, mid, 3),
@@ -539,7 +540,8 @@ def _winograd_graph(rng, mid, hw, classes):
              helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"]), helper.make_node("Relu", ["c3"], ["r3"]),
              helper.make_node("Conv", ["r2", "w4", "b4"], ["c4"], pads=p), helper.make_node("Relu", ["c4"], ["r4"]),
              helper.make_node("Concat", ["r3", "r4"], ["cat"], axis=1),
-             helper.make_node("Conv", ["cat", "w5", "b5"], ["c5"]), helper.make_node("Relu", ["c5"], ["y"])]
+             helper.make_node("Conv", ["cat", "w5", "b5"], ["c5"]), helper.make_node("Relu", ["c5"], ["y"]),
+             helper.make_node("GlobalAveragePool", ["y"], ["gap"])]
     x = rng.standard_normal((1, 3) + hw).astype(np.float32)
     return nodes, inits, x
 
@@ -565,11 +567,13 @@ def _conv_reference(nodes, inits, x):
             out = a[0] + a[1]
         elif n.op_type == "Concat":
             out = np.concatenate(a, axis=1)
+        elif n.op_type == "GlobalAveragePool":
+            out = a[0].mean(axis=(2, 3), keepdims=True)
         else:  # MaxPool 2 x 2 / 2
             v = a[0]
             out = v.reshape(v.shape[0], v.shape[1], v.shape[2] // 2, 2, v.shape[3] // 2, 2).max(axis=(3, 5))
         vals[n.output[0]] = out
-    return vals["y"]
+    return vals["y"], vals["gap"]
 
 
 @pytest.mark.skipif(not _avx512_core(), reason="oneDNN's Winograd kernels and the 16-channel blocks are AVX-512's")
@@ -578,7 +582,8 @@ def test_winograd_convolutions_in_16_channel_blocks(mid, classes, hw, tmp_path):
     """Where every convolution's channels are multiples of 16 (a first layer's input and a last
     layer's output aside: graph/fuse_conv_activation.h, mark_blocked16_convs), the 3 x 3 stride-1
     ones run as oneDNN's Winograd kernels (the report's process_dnnl_winograd_runs), all in 16-channel
-    blocks; a network with a layer of 24 channels keeps oneDNN's own layout and direct kernels
+    blocks, the run a kept walk (a classifier's padded last block pooled from its blocked buffer,
+    not left to MLX: process_caller_replays); a network with a layer of 24 channels keeps oneDNN's own layout and direct kernels
     throughout. Outputs equal ORT's CPU EP, and lie as close to a float64 reference as the direct
     kernels' (cpu_dnnl_winograd=0, cpu_dnnl_blocked16=0) do: Winograd's F(2 x 2, 3 x 3) and
     F(4 x 4, 3 x 3) transforms cost no accuracy worth the name. Broken by a Winograd kernel's
@@ -586,9 +591,9 @@ def test_winograd_convolutions_in_16_channel_blocks(mid, classes, hw, tmp_path):
     layouts."""
     rng = np.random.default_rng(mid + classes)
     nodes, inits, x = _winograd_graph(rng, mid, hw, classes)
-    ref = _conv_reference(nodes, inits, x)
+    ref, ref_gap = _conv_reference(nodes, inits, x)
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "gap")], inits)
     model = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(model))
     np.save(tmp_path / "x.npy", x)
@@ -598,36 +603,41 @@ x = np.load({str(tmp_path / "x.npy")!r})
 opts = json.loads(sys.argv[1])
 s = ort.InferenceSession({str(model)!r}, sess_options=om.session_options("cpu", fallback=False,
                          report_path={str(tmp_path / "r.jsonl")!r}, **opts))
-for _ in range(4):
-    y = s.run(None, {{"x": x}})[0]
+for _ in range(8):
+    y, gap = s.run(None, {{"x": x}})
 np.save({str(tmp_path / "y.npy")!r}, y)
+np.save({str(tmp_path / "gap.npy")!r}, gap)
 del s
 line = [json.loads(ln) for ln in open({str(tmp_path / "r.jsonl")!r}) if "process_dnnl_winograd_runs" in ln][-1]
-print(json.dumps([line["process_dnnl_winograd_runs"], line["process_dnnl_convs"]]))
+print(json.dumps([line["process_dnnl_winograd_runs"], line["process_dnnl_convs"], line["process_caller_replays"]]))
 """
 
     def run(**opts):
         out = subprocess.run([sys.executable, "-c", code, json.dumps({k: str(v) for k, v in opts.items()})],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1]), np.load(tmp_path / "y.npy").astype(np.float64)
+        return (json.loads(out.stdout.strip().splitlines()[-1]), np.load(tmp_path / "y.npy").astype(np.float64),
+                np.load(tmp_path / "gap.npy").astype(np.float64))
 
-    def rms_rel(y):
-        return float(np.sqrt(((y - ref) ** 2).mean() / (ref ** 2).mean()))
+    def rms_rel(y, r):
+        return float(np.sqrt(((y - r) ** 2).mean() / (r ** 2).mean()))
 
-    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    (wino, convs), y = run()
+    want, want_gap = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (wino, convs, replays), y, gap = run()
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5 * scale)
-    (wino_off, convs_off), y_direct = run(cpu_dnnl_winograd=0, cpu_dnnl_blocked16=0)
+    np.testing.assert_allclose(gap, want_gap, rtol=1e-4, atol=1e-5 * scale)
+    assert replays >= 4, replays  # the walk kept from the fourth run on
+    (wino_off, convs_off, _), y_direct, gap_direct = run(cpu_dnnl_winograd=0, cpu_dnnl_blocked16=0)
     assert wino_off == 0 and convs_off == convs, (wino_off, convs_off, convs)
     if mid % 16:  # a 24-channel layer: no convolution changes layout or kernel
         assert wino == 0, wino
         np.testing.assert_array_equal(y, y_direct)
         return
-    # three 3 x 3 stride-1 convolutions of `mid` channels, four runs
-    assert wino == 3 * 4, (wino, convs)
-    assert rms_rel(y) <= max(2.0 * rms_rel(y_direct), 2e-6), (rms_rel(y), rms_rel(y_direct))
+    # three 3 x 3 stride-1 convolutions of `mid` channels, eight runs
+    assert wino == 3 * 8, (wino, convs)
+    assert rms_rel(y, ref) <= max(2.0 * rms_rel(y_direct, ref), 2e-6), (rms_rel(y, ref), rms_rel(y_direct, ref))
+    assert rms_rel(gap, ref_gap) <= max(2.0 * rms_rel(gap_direct, ref_gap), 2e-6)
 
 
 @pytest.mark.parametrize("channels,hw", [(32, (12, 12)), (48, (7, 9)), (64, (3, 70))])

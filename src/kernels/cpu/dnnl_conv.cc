@@ -1085,7 +1085,18 @@ std::optional<mx::array> cpu_dnnl_blocked_steps(const mx::array& x, const std::v
 
 std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array& x, mx::Stream s) {
   auto bb = blocked_buffer(x, s);
-  if (!bb) return std::nullopt;
+  if (!bb) {
+    // A classifier's output in 16-channel blocks (cpu_dnnl_blocked16), its last block padded
+    // (oneDNN writes zeros there): the means of the padded view, the real channels sliced out.
+    const DnnlUnblock* u = unblocking(x);
+    if (!u || x.ndim() != 4 || channel_blocked(x, *u).first != dnnl_nChw16c) return std::nullopt;
+    const int N = x.shape(0), C = x.shape(1), blocks = (C + 15) / 16, positions = x.shape(2) * x.shape(3);
+    const auto& buffer = x.inputs()[0];
+    if (buffer.size() != static_cast<size_t>(N) * blocks * positions * 16) return std::nullopt;
+    auto means = mx::mean(mx::reshape(buffer, {N, blocks, positions, 16}, s), 2, false, s);  // [N, blocks, 16]
+    auto real = mx::slice(mx::reshape(means, {N, blocks * 16}, s), {0, 0}, {N, C}, s);
+    return mx::reshape(real, {N, C, 1, 1}, s);
+  }
   // The mean over the view's axis 2 is [N, C / b, 1, b]: channel k * b + lane, in order.
   return mx::reshape(mx::mean(bb->view, 2, true, s), {x.shape(0), x.shape(1), 1, 1}, s);
 }
