@@ -110,6 +110,7 @@ OPTIONS: dict[str, tuple] = {
     "cpu_dnnl_add": (0, 1),
     "cpu_dnnl_blocked16": (0, 1),
     "cpu_dnnl_winograd": (0, 1),
+    "cpu_dnnl_concat_convs": (0, 1),
     "cpu_walk_large": (0, 1),
     "cpu_depthwise": (0, 1),
     "cpu_patch_deconv": (0, 1),

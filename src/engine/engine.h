@@ -83,6 +83,7 @@ struct Options {
   bool cpu_dnnl_add = true;        // ... a residual Add after a convolution as its Sum post-op
   bool cpu_dnnl_blocked16 = true;  // ... (AVX-512) channels in blocks of 16 (nChw16c) where they are multiples of 16
   bool cpu_dnnl_winograd = true;   // ... and 3 x 3 stride-1 ones by oneDNN's Winograd kernels
+  bool cpu_dnnl_concat_convs = true;  // ... and a concatenation of such convolutions computed into its buffer
   bool cpu_depthwise = true;       // on the CPU, 2-D float32 depthwise convolutions as the EP's kernel over NCHW
   bool cpu_patch_deconv = true;    // on the CPU, 2-D float32 ConvTranspose with kernel = stride as the EP's kernel
   int int4_dense_rows = 128;       // on the GPU, MatMulNBits of this many rows as dequantize + matmul

@@ -254,7 +254,7 @@ Program::Program(std::string name, const graph::Graph& g, std::vector<std::strin
   if (opt_.fuse_matmuls) graph::fuse_sibling_matmuls(graph_);
   if (opt_.gpu && opt_.transposed_weights) graph::transpose_matmul_weights(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_dnnl && opt_.fuse_conv_activation) graph::fuse_conv_activation(graph_, output_names_);
-  if (!opt_.gpu && opt_.cpu_dnnl && opt_.cpu_dnnl_blocked16 && ops::cpu_has_avx512f()) graph::mark_blocked16_convs(graph_);
+  if (!opt_.gpu && opt_.cpu_dnnl && opt_.cpu_dnnl_blocked16 && ops::cpu_has_avx512f()) graph::mark_blocked16_convs(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_attention && opt_.cpu_avx512 && ops::cpu_has_avx512f()) graph::fuse_attention(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_gelu) graph::fuse_gelu(graph_, output_names_);
   if (!opt_.gpu && opt_.cpu_packed_matmul && opt_.cpu_product_gelu) graph::fuse_matmul_gelu(graph_, output_names_);

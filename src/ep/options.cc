@@ -39,7 +39,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                                 "index_check", "step_order", "fused_rotary", "zero_bias",
                                 "grouped_kv", "cpu_gemv", "gpu_kernels", "inplace_rows",
                                 "profile_ops", "device_copies", "fuse_matmuls", "fused_skip_norm", "step_row_writes",
-                                "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl", "cpu_dnnl_min_flops", "cpu_dnnl_parallel_min_flops", "cpu_program_parallel_min_flops", "cpu_dnnl_matmul", "fuse_conv_activation", "int4_dense_rows", "cpu_fuse", "pinned_inputs", "cpu_poll", "cpu_poll_us", "cpu_hold", "cpu_caller_eval", "cpu_caller_replay", "cpu_walk_large", "cpu_pin_workers", "cpu_attention", "cpu_gelu", "cpu_product_gelu", "cpu_int4_gemm", "cpu_in_place_io", "cpu_packed_matmul", "cpu_packed_blocks", "cpu_packed_rows", "cpu_packed_stream", "cpu_packed_ahead", "cpu_packed_depth", "cpu_packed_prepared", "cpu_skip_norm", "cpu_gqa_prompt", "cpu_swiglu", "cpu_dnnl_blocked", "cpu_dnnl_add", "cpu_dnnl_blocked16", "cpu_dnnl_winograd", "cpu_depthwise", "cpu_patch_deconv",
+                                "fused_gqa_step", "flat_products", "transposed_weights", "cpu_dnnl", "cpu_dnnl_min_flops", "cpu_dnnl_parallel_min_flops", "cpu_program_parallel_min_flops", "cpu_dnnl_matmul", "fuse_conv_activation", "int4_dense_rows", "cpu_fuse", "pinned_inputs", "cpu_poll", "cpu_poll_us", "cpu_hold", "cpu_caller_eval", "cpu_caller_replay", "cpu_walk_large", "cpu_pin_workers", "cpu_attention", "cpu_gelu", "cpu_product_gelu", "cpu_int4_gemm", "cpu_in_place_io", "cpu_packed_matmul", "cpu_packed_blocks", "cpu_packed_rows", "cpu_packed_stream", "cpu_packed_ahead", "cpu_packed_depth", "cpu_packed_prepared", "cpu_skip_norm", "cpu_gqa_prompt", "cpu_swiglu", "cpu_dnnl_blocked", "cpu_dnnl_add", "cpu_dnnl_blocked16", "cpu_dnnl_winograd", "cpu_dnnl_concat_convs", "cpu_depthwise", "cpu_patch_deconv",
                                 "gpu_graph_replay", "int4_dequantize_kernel", "gpu_attention_split_rows", "cpu_avx512"};
   for (const auto& [k, v] : entries) {
     bool ok = false;
@@ -101,6 +101,7 @@ EpOptions parse_options(const std::map<std::string, std::string>& entries) {
                            std::pair{"cpu_dnnl_add", &o.engine.cpu_dnnl_add},
                            std::pair{"cpu_dnnl_blocked16", &o.engine.cpu_dnnl_blocked16},
                            std::pair{"cpu_dnnl_winograd", &o.engine.cpu_dnnl_winograd},
+                           std::pair{"cpu_dnnl_concat_convs", &o.engine.cpu_dnnl_concat_convs},
                            std::pair{"cpu_depthwise", &o.engine.cpu_depthwise},
                            std::pair{"cpu_patch_deconv", &o.engine.cpu_patch_deconv},
                            std::pair{"gpu_graph_replay", &o.engine.gpu_graph_replay},

@@ -73,6 +73,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"process_dnnl_failures\":" << ops::cpu_dnnl_conv_failures()
     << ",\"process_dnnl_gemm_refusals\":" << ops::cpu_dnnl_conv_gemm_refusals()
     << ",\"process_dnnl_winograd_runs\":" << ops::cpu_dnnl_conv_winograd_runs()
+    << ",\"process_dnnl_convs_concats\":" << ops::cpu_dnnl_convs_concats()
     << ",\"process_dnnl_matmuls\":" << ops::cpu_dnnl_matmul_runs()
     << ",\"process_dnnl_matmul_failures\":" << ops::cpu_dnnl_matmul_failures()
     << ",\"process_openmp_regions\":" << ops::cpu_openmp_regions()

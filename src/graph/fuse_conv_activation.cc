@@ -401,10 +401,10 @@ std::vector<ConvActivation> conv_activations(const Node& conv) {
   return out;
 }
 
-int mark_blocked16_convs(Graph& g) {
+int mark_blocked16_convs(Graph& g, const std::vector<std::string>& graph_outputs) {
   if (g.is_subgraph) return 0;
   // Whether a Conv reads what node `from` computes, through any nodes in between.
-  const ValueUses uses(g, {});
+  const ValueUses uses(g, graph_outputs);
   auto feeds_a_conv = [&](size_t from) {
     std::vector<size_t> todo{from};
     std::vector<bool> seen(g.nodes.size(), false);
@@ -447,6 +447,16 @@ int mark_blocked16_convs(Graph& g) {
   one.type = AttrType::Int;
   one.i = 1;
   for (Node* n : convs) n->attrs[kConvBlocked16] = one;
+  for (auto& n : g.nodes) {
+    if (!(n.domain.empty() && n.op_type == "Concat") || n.inputs.size() < 2 || n.attr_int("axis", 0) != 1) continue;
+    const bool of_convs = std::all_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& v) {
+      auto p = uses.producer.find(v);
+      auto r = uses.readers.find(v);
+      return !v.empty() && p != uses.producer.end() && g.nodes[p->second].op_type == "Conv" && !uses.kept.count(v) &&
+             r != uses.readers.end() && r->second.size() == 1;
+    });
+    if (of_convs) n.attrs[kConcatOfConvs] = one;
+  }
   return static_cast<int>(convs.size());
 }
 

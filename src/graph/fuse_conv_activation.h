@@ -27,6 +27,10 @@ inline constexpr const char* kConvResidualFree = "_ortmlx_residual_free";
 // Set (1) on every Conv of a graph whose convolutions can all keep their channels in blocks of 16
 // (mark_blocked16_convs).
 inline constexpr const char* kConvBlocked16 = "_ortmlx_blocked16";
+// Set (1) on a channel Concat of such a graph whose every input is a Conv's output (its fused
+// activations' last) that nothing else reads and that is not a graph output: the convolutions may
+// write into the concatenation's buffer (ops: cpu_dnnl_convs_concat).
+inline constexpr const char* kConcatOfConvs = "_ortmlx_concat_of_convs";
 
 // One fused step, applied in order to the convolution's output y.
 struct ConvActivation {
@@ -71,7 +75,7 @@ int fuse_conv_activation(Graph& g, const std::vector<std::string>& graph_outputs
 // oneDNN runs as Winograd's algorithm in that layout only). Why all or none: a convolution in
 // another layout next to one in 16-channel blocks costs two reorders between them (through
 // ONNX's layout), more than Winograd saves in a mobile network's narrow layers. Returns how
-// many Convs it marked.
-int mark_blocked16_convs(Graph& g);
+// many Convs it marked. Marks such a graph's Concats of Convs too (kConcatOfConvs).
+int mark_blocked16_convs(Graph& g, const std::vector<std::string>& graph_outputs);
 
 }  // namespace ortmlx::graph

@@ -78,6 +78,9 @@ struct TranslationSwitches {
   bool cpu_conv_blocked16 = true;
   // ... and those of a 3 x 3 kernel, stride 1, one group, by oneDNN's Winograd kernels
   bool cpu_conv_winograd = true;
+  // ... and a channel Concat of such convolutions of one image computed into its buffer
+  // (cpu_dnnl_convs_concat)
+  bool cpu_concat_convs = true;
 };
 
 // The calling thread's current switches.

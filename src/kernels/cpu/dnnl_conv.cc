@@ -42,6 +42,7 @@ std::atomic<uint64_t> g_runs{0};
 std::atomic<uint64_t> g_one_thread_runs{0};
 std::atomic<uint64_t> g_gemm_refusals{0};
 std::atomic<uint64_t> g_winograd_runs{0};
+std::atomic<uint64_t> g_convs_concats{0};
 
 dnnl_format_tag_t plain_tag(int ndims) {
   switch (ndims) {
@@ -393,6 +394,35 @@ class DnnlConvWeights : public PlanPrimitive {
 // y in the plain layout, or (blocked_out) left flat in the layout the convolution writes, for
 // DnnlUnblock or the next convolution. Skipping a reorder where the neighbours agree: each one
 // is a pass over the activations (a fifth to a quarter of the CNNs' oneDNN time).
+// One execution of `plan`'s convolution (on the task's thread, under the caller's ThreadLimit):
+// x in ONNX's layout (reordered into the plan's first, `reorder_in`) or the plan's, the prepared
+// weight, the bias or null, into y in the plan's layout (or ONNX's, `reorder_out`); counted.
+// False where oneDNN failed.
+static bool run_plan(const DnnlConvPlan& plan, float* xp, float* wp, float* bp, float* yp, bool reorder_in, bool reorder_out) {
+  float* s = reorder_in ? thread_buffer(kBlockedSrc, plan.src_bytes) : xp;
+  float* d = reorder_out ? thread_buffer(kBlockedDst, plan.dst_bytes) : yp;
+  if (!s || !d) return false;
+  if (reorder_in) {
+    Memory from(plan.src_plain, xp), to(plan.src_md, s);
+    if (!from.m || !to.m || !execute(plan.src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}})) return false;
+  }
+  Memory ms(plan.src_md, s), mw(plan.w_md, wp), md(plan.dst_md, d);
+  std::unique_ptr<Memory> mb;
+  if (bp) mb = std::make_unique<Memory>(plan.bias_md, bp);
+  if (!ms.m || !mw.m || !md.m || (mb && !mb->m)) return false;
+  const bool ok = mb ? execute(plan.conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m},
+                                           {DNNL_ARG_BIAS, mb->m}, {DNNL_ARG_DST, md.m}})
+                     : execute(plan.conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m}, {DNNL_ARG_DST, md.m}});
+  if (!ok) return false;
+  if (reorder_out) {
+    Memory from(plan.dst_md, d), to(plan.dst_plain, yp);
+    if (!from.m || !to.m || !execute(plan.dst_out, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}})) return false;
+  }
+  g_runs.fetch_add(1, std::memory_order_relaxed);
+  if (plan.winograd) g_winograd_runs.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 class DnnlConv : public PlanPrimitive {
  public:
   // `add_dst`: the plan's first post-op is Sum, and the last input is the residual, in the
@@ -432,29 +462,7 @@ class DnnlConv : public PlanPrimitive {
                             static_cast<int>(std::min<size_t>(cpu_threads(), pieces / 4 + 1)));
         }
       }
-      float* s = reorder_in ? thread_buffer(kBlockedSrc, plan->src_bytes) : xp;
-      float* d = reorder_out ? thread_buffer(kBlockedDst, plan->dst_bytes) : yp;
-      if (!s || !d) return fail_output(yp, n);
-      if (reorder_in) {
-        Memory from(plan->src_plain, xp), to(plan->src_md, s);
-        if (!from.m || !to.m || !execute(plan->src_in, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
-          return fail_output(yp, n);
-      }
-      Memory ms(plan->src_md, s), mw(plan->w_md, wp), md(plan->dst_md, d);
-      std::unique_ptr<Memory> mb;
-      if (bp) mb = std::make_unique<Memory>(plan->bias_md, bp);
-      if (!ms.m || !mw.m || !md.m || (mb && !mb->m)) return fail_output(yp, n);
-      const bool ok = mb ? execute(plan->conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m},
-                                                {DNNL_ARG_BIAS, mb->m}, {DNNL_ARG_DST, md.m}})
-                         : execute(plan->conv, {{DNNL_ARG_SRC, ms.m}, {DNNL_ARG_WEIGHTS, mw.m}, {DNNL_ARG_DST, md.m}});
-      if (!ok) return fail_output(yp, n);
-      if (reorder_out) {
-        Memory from(plan->dst_md, d), to(plan->dst_plain, yp);
-        if (!from.m || !to.m || !execute(plan->dst_out, {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}}))
-          return fail_output(yp, n);
-      }
-      g_runs.fetch_add(1, std::memory_order_relaxed);
-      if (plan->winograd) g_winograd_runs.fetch_add(1, std::memory_order_relaxed);
+      if (!run_plan(*plan, xp, wp, bp, yp, reorder_in, reorder_out)) return fail_output(yp, n);
       if (limit.active()) g_one_thread_runs.fetch_add(1, std::memory_order_relaxed);
     });
   }
@@ -466,6 +474,10 @@ class DnnlConv : public PlanPrimitive {
   const char* name() const override {
     return add_dst_ ? "DnnlConvAdd" : blocked_out_ ? "DnnlConvBlocked" : "DnnlConv";
   }
+  const std::shared_ptr<const DnnlConvPlan>& plan_ptr() const { return plan_; }
+  bool blocked_in() const { return blocked_in_; }
+  bool blocked_out() const { return blocked_out_; }
+  bool adds() const { return add_dst_; }
 
  private:
   bool blocked_in_, blocked_out_, add_dst_, over_residual_;
@@ -544,6 +556,58 @@ class DnnlBlockedConcat : public PlanPrimitiveWith<BlockedConcatParams> {
     });
   }
   const char* name() const override { return "DnnlBlockedConcat"; }
+};
+
+// Convolutions of one image, each writing 16-channel blocks (nChw16c, channels a multiple of 16),
+// computed straight into their channel concatenation: in that layout an image's blocks of one
+// input are contiguous, so each convolution's output is a run of the concatenation's buffer
+// (squeezenet's fire modules, inception's branches) and no copy is left to make. The plan is the
+// output's (its unblocking); each convolution's own plan, inputs (x, weight, bias) and where its
+// run starts are the parameters.
+struct ConvsConcatParams {
+  std::vector<std::shared_ptr<const DnnlConvPlan>> plans;
+  std::vector<int> inputs;        // each convolution's count of inputs (2, or 3 with a bias)
+  std::vector<bool> blocked_in;   // ... whether its x is in its plan's layout already
+  std::vector<int64_t> offsets;   // ... the float its run starts at
+  bool operator==(const ConvsConcatParams&) const = default;
+};
+class DnnlConvsConcat : public PlanPrimitiveWith<ConvsConcatParams> {
+ public:
+  using PlanPrimitiveWith::PlanPrimitiveWith;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    struct One {
+      std::shared_ptr<const DnnlConvPlan> plan;
+      RowMajorInput x;
+      float* w;
+      std::optional<RowMajorInput> b;
+      bool reorder_in;
+      int64_t offset;
+    };
+    std::vector<One> convs;
+    size_t at = 0;
+    for (size_t k = 0; k < p_.plans.size(); ++k) {
+      const auto& w = inputs[at + 1];
+      if (!w.flags().row_contiguous) throw std::runtime_error("[DnnlConvsConcat] the prepared weights must be row-contiguous");
+      std::optional<RowMajorInput> b;
+      if (p_.inputs[k] == 3) b.emplace(inputs[at + 2]);
+      convs.push_back({p_.plans[k], RowMajorInput(inputs[at]), const_cast<float*>(w.data<float>()), std::move(b),
+                       p_.plans[k]->src_in.p && !p_.blocked_in[k], p_.offsets[k]});
+      at += static_cast<size_t>(p_.inputs[k]);
+    }
+    begin_output(inputs, out, stream());
+    dispatch_task(stream(), [convs = std::move(convs), yp = out.data<float>(), n = out.size()] {
+      for (const auto& c : convs) {
+        const ThreadLimit limit(c.plan->threads);
+        float* bp = c.b ? const_cast<float*>(c.b->rows()) : nullptr;
+        if (!run_plan(*c.plan, const_cast<float*>(c.x.rows()), c.w, bp, yp + c.offset, c.reorder_in, false))
+          return fail_output(yp, n);
+        if (limit.active()) g_one_thread_runs.fetch_add(1, std::memory_order_relaxed);
+      }
+      g_convs_concats.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+  const char* name() const override { return "DnnlConvsConcat"; }
 };
 
 // A plain NCHW tensor reordered into a layout plan's blocked layout (flat), for a channel
@@ -1182,6 +1246,43 @@ std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& x
   return mx::array(std::move(shape), mx::float32, std::make_shared<DnnlUnblock>(s, plan), {flat});
 }
 
+uint64_t cpu_dnnl_convs_concats() { return g_convs_concats.load(std::memory_order_relaxed); }
+
+std::optional<mx::array> cpu_dnnl_convs_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s) {
+  if (xs.size() < 2 || s.device != mx::Device::cpu || xs[0].ndim() != 4 || (axis != 1 && axis != -3) ||
+      xs[0].shape(0) != 1)
+    return std::nullopt;
+  ConvsConcatParams p;
+  std::vector<mx::array> inputs;
+  std::shared_ptr<const DnnlConvPlan> first;
+  int64_t channels = 0, floats = 0;
+  for (const auto& x : xs) {
+    const DnnlUnblock* u = unblocking(x);
+    if (!u || x.shape(0) != 1 || x.shape(2) != xs[0].shape(2) || x.shape(3) != xs[0].shape(3) || x.shape(1) % 16 ||
+        channel_blocked(x, *u).first != dnnl_nChw16c)
+      return std::nullopt;
+    const mx::array& flat = x.inputs()[0];
+    const auto* conv = flat.has_primitive() && !flat.is_available() ? dynamic_cast<const DnnlConv*>(&flat.primitive()) : nullptr;
+    if (!conv || conv->adds() || !conv->blocked_out() || flat.size() != x.size()) return std::nullopt;
+    p.plans.push_back(conv->plan_ptr());
+    p.inputs.push_back(static_cast<int>(flat.inputs().size()));
+    p.blocked_in.push_back(conv->blocked_in());
+    p.offsets.push_back(floats);
+    inputs.insert(inputs.end(), flat.inputs().begin(), flat.inputs().end());
+    channels += x.shape(1);
+    floats += static_cast<int64_t>(x.size());
+    if (!first) first = u->plan_ptr();
+  }
+  std::vector<int64_t> dims{1, channels, xs[0].shape(2), xs[0].shape(3)};
+  auto plan = layout_plan(dims, dnnl_nChw16c, first->threads);
+  if (!plan || plan->dst_bytes != static_cast<size_t>(floats) * sizeof(float)) return std::nullopt;
+  // Shaped as a per-channel map views a blocked buffer ([N, C / b, H * W, b]).
+  const mx::Shape view{1, static_cast<int>(channels / 16), static_cast<int>(dims[2] * dims[3]), 16};
+  auto flat = mx::array(view, mx::float32, std::make_shared<DnnlConvsConcat>(s, plan, std::move(p)), std::move(inputs));
+  return mx::array(mx::Shape{1, static_cast<int>(channels), xs[0].shape(2), xs[0].shape(3)}, mx::float32,
+                   std::make_shared<DnnlUnblock>(s, plan), {flat});
+}
+
 namespace {
 // The convolution's inputs: x as a previous convolution wrote it, where that is the layout this
 // one reads (its blocked output: the DnnlUnblock in between is never evaluated unless something
@@ -1269,6 +1370,8 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>&,
   return std::nullopt;
 }
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
+uint64_t cpu_dnnl_convs_concats() { return 0; }
+std::optional<mx::array> cpu_dnnl_convs_concat(const std::vector<mx::array>&, int, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_pool(const mx::array&, const CpuPool2d&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_global_mean(const mx::array&, mx::Stream) { return std::nullopt; }
 std::optional<mx::array> cpu_dnnl_blocked_channel_map(const mx::array&, const std::vector<mx::array>&,

@@ -415,6 +415,12 @@ std::optional<mx::array> cpu_dnnl_blocked_map(const std::vector<mx::array>& xs,
 // convolution reading that layout takes it as it is (no unblocking of each input, no reorder
 // of the result). std::nullopt otherwise.
 std::optional<mx::array> cpu_dnnl_blocked_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
+// A concatenation along the channels of one image's convolutions in 16-channel blocks (each x a
+// oneDNN convolution's blocked output, nChw16c, channels a multiple of 16, nothing else reading
+// it: graph/fuse_conv_activation.h, kConcatOfConvs) as one primitive computing each convolution
+// into its run of the concatenation's buffer, under a new unblocking. std::nullopt otherwise.
+std::optional<mx::array> cpu_dnnl_convs_concat(const std::vector<mx::array>& xs, int axis, mx::Stream s);
+uint64_t cpu_dnnl_convs_concats();  // such concatenations run in this process
 // f(x, params...) elementwise with per-channel parameters (each C float32 values shaped
 // [C, 1, 1] or [1, C, 1, 1] as ONNX broadcasts them over NCHW, or one value) of a convolution's blocked output or such a
 // concatenation (4-D, channels a multiple of the layout's block: no padding, so f need not map

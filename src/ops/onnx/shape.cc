@@ -9,7 +9,10 @@
 #include <numeric>
 #include <vector>
 
+#include "graph/fuse_conv_activation.h"
+#include "kernels/cpu/kernels.h"
 #include "ops/common.h"
+#include "ops/switches.h"
 
 namespace ortmlx::ops {
 
@@ -88,6 +91,9 @@ Outputs translate_concat(OpContext& c) {
     if (c.has(i)) xs.push_back(c.in(i));
   if (xs.empty()) c.fail("no inputs");
   int axis = norm_axis(c.node.attr_int("axis", 1), xs[0].ndim());
+  // Convolutions whose outputs only this reads, in 16-channel blocks: computed into it.
+  if (c.node.attr_int(graph::kConcatOfConvs, 0) == 1 && translation_switches().cpu_concat_convs)
+    if (auto y = cpu_dnnl_convs_concat(xs, axis, c.s)) return {*y};
   return {concat_nonempty(std::move(xs), axis, c.s)};
 }
 
