@@ -335,7 +335,10 @@ std::shared_ptr<KeptWalk> take_kept_walk() {
 KeptWalk::KeptWalk(std::vector<mx::array> tape, std::vector<mx::array> outs, bool on_caller, mx::Stream s)
     : tape_(std::move(tape)), outs_(std::move(outs)), on_caller_(on_caller), stream_(s) {
   kinds_.reserve(tape_.size());
-  for (const auto& a : tape_) kinds_.push_back(static_cast<uint8_t>(kind_of(a.primitive().name())));
+  for (const auto& a : tape_) {
+    kinds_.push_back(static_cast<uint8_t>(kind_of(a.primitive().name())));
+    if (static_cast<Kind>(kinds_.back()) == Kind::Mlx) mlx_elements_ += a.size();
+  }
   // Each large array's last reader among the steps (its own step when none reads it); the
   // outputs are read after the run and stay.
   std::unordered_map<std::uintptr_t, std::pair<uint32_t, uint32_t>> step_of;  // id -> (step, output)

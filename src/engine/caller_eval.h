@@ -61,6 +61,9 @@ class KeptWalk {
   bool compute_here(std::vector<mlx::core::array>& kept_args, const std::vector<mlx::core::array>& args);
   bool on_caller() const { return on_caller_; }
   size_t bytes() const { return bytes_; }  // held between runs
+  // The elements its steps that are MLX's own primitives (not views, not the EP's kernels)
+  // compute a run: what MLX's fused kernels could take over.
+  size_t mlx_elements() const { return mlx_elements_; }
   const std::vector<mlx::core::array>& tape() const { return tape_; }  // the steps, in order
   const std::vector<mlx::core::array>& outputs() const { return outs_; }  // computed again each replay
   // Arrays of their own over the outputs' present buffers (no graph behind them).
@@ -82,6 +85,7 @@ class KeptWalk {
   bool on_caller_;
   mlx::core::Stream stream_;
   size_t bytes_ = 0;
+  size_t mlx_elements_ = 0;
 };
 // A shape family's segment (engine/shape_family.h) replayed from the walk one of its runs kept,
 // as one array of each later run's graph (primitive "KeptSegment") in place of the graph its

@@ -161,6 +161,9 @@ struct Stats {
   // cpu_fuse=2: compiled signatures that kept MLX's fused kernels, and those that kept its
   // unfused ops, after timing both.
   std::atomic<uint64_t> fusion_kept_fused{0}, fusion_kept_unfused{0};
+  // ... and those that kept the unfused ops untimed: their kept walk had too little of MLX's own
+  // elementwise work for a fused kernel to save what its trial costs (program.cc).
+  std::atomic<uint64_t> fusion_trials_skipped{0};
   // cpu_poll: evaluations whose results the caller polled for before sleeping.
   std::atomic<uint64_t> polled_evals{0};
   std::atomic<uint64_t> after_short_evals{0};  // CPU evaluations after one under cpu_poll's window

@@ -939,6 +939,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
           e.walk = std::move(walk);
           e.walk_args = args;
           tl_last_run_walked = true;  // its outputs are the kept walk's from now on
+          skip_fusion_trial(e);
         }
       }
       if (kept) {
@@ -1042,9 +1043,23 @@ namespace {
 // then: a signature's early runs are its steady state), for one untimed call and these timed.
 constexpr int kFusionTrialAfter = 8;
 constexpr int kFusionTrialRuns = 2;
+// ... only for a kept walk with at least this many elements a run in MLX's own primitives.
+constexpr size_t kFusionTrialMinElements = size_t{1} << 20;
 }  // namespace
 
 bool Program::fusion_trial(const Entry& e) { return e.fn_fused && e.unfused_runs >= kFusionTrialAfter; }
+
+void Program::skip_fusion_trial(Entry& e) {
+  // MLX's generated kernels only merge its own elementwise primitives: a kept walk with few of
+  // their elements (a small encoder's, a CNN's of oneDNN and EP kernels) cannot repay the trial
+  // (a trace and its calls, a few slow runs), so the unfused trace stays untimed.
+  if (!e.fn_fused || !e.walk || e.walk->mlx_elements() >= kFusionTrialMinElements) return;
+  e.fn_fused = nullptr;
+  ++stats_.fusion_trials_skipped;
+  if (opt_.log_level >= 1)
+    std::cerr << "[MLX EP] fused node '" << name_ << "': kept the unfused trace untimed (" << e.walk->mlx_elements()
+              << " elements a run in MLX's own primitives)\n";
+}
 
 void Program::tune_fusion(Entry& e, bool unfused, uint64_t ns) {
   if (unfused) {  // the first run traces (untimed)

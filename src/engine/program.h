@@ -135,6 +135,8 @@ class Program final : public FusedProgram {
   }
   // cpu_fuse=2: whether this run of `e` is one of the fused trace's trial calls.
   static bool fusion_trial(const Entry& e);
+  // Drops a kept walk's fused trace untried where MLX's fused kernels have too little to take over.
+  void skip_fusion_trial(Entry& e);
   // cpu_fuse=2: one timed run of `e` (unfused: its steady state; fused: a trial call); after the
   // trial, keeps the fused trace only when clearly faster.
   void tune_fusion(Entry& e, bool unfused, uint64_t ns);

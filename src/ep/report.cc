@@ -47,6 +47,7 @@ std::string stats_line(const std::string& fused_node, const engine::Stats& st) {
     << ",\"empty_operand_runs\":" << st.empty_operand_runs
     << ",\"polled_evals\":" << st.polled_evals << ",\"after_short_evals\":" << st.after_short_evals
     << ",\"fusion_kept_fused\":" << st.fusion_kept_fused << ",\"fusion_kept_unfused\":" << st.fusion_kept_unfused
+    << ",\"fusion_trials_skipped\":" << st.fusion_trials_skipped
     << ",\"compute_ns_compiled\":" << st.compute_ns_compiled
     << ",\"eval_ns_compiled\":" << st.eval_ns_compiled
     << ",\"outputs_ns_compiled\":" << st.outputs_ns_compiled

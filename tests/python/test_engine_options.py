@@ -162,16 +162,21 @@ def test_switch_values_are_checked(capfd):
         assert f"option '{name}': '2' is not an integer in [0, 1]" in out + err
 
 
-def _hard_swish_model(c=8):
-    """A per-channel affine and a hard-swish, as PaddleOCR's exporter writes them."""
+def _hard_swish_model(c=8, blocks=1):
+    """A per-channel affine and a hard-swish, as PaddleOCR's exporter writes them (`blocks` of
+    them in a chain)."""
     inits = [numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "s"),
              numpy_helper.from_array(rng.standard_normal((1, c, 1, 1)).astype(np.float32), "b"),
              numpy_helper.from_array(np.array(3, np.float32), "three"),
              numpy_helper.from_array(np.array(0, np.float32), "zero"),
              numpy_helper.from_array(np.array(6, np.float32), "six")]
-    nodes = [helper.make_node("Mul", ["x", "s"], ["a"]), helper.make_node("Add", ["a", "b"], ["n"]),
-             helper.make_node("Add", ["n", "three"], ["p"]), helper.make_node("Clip", ["p", "zero", "six"], ["q"]),
-             helper.make_node("Mul", ["n", "q"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    nodes = []
+    for k in range(blocks):
+        x, y = ("x" if k == 0 else f"y{k}"), ("y" if k == blocks - 1 else f"y{k + 1}")
+        nodes += [helper.make_node("Mul", [x, "s"], [f"a{k}"]), helper.make_node("Add", [f"a{k}", "b"], [f"n{k}"]),
+                  helper.make_node("Add", [f"n{k}", "three"], [f"p{k}"]),
+                  helper.make_node("Clip", [f"p{k}", "zero", "six"], [f"q{k}"]),
+                  helper.make_node("Mul", [f"n{k}", f"q{k}"], [f"m{k}"]), helper.make_node("Div", [f"m{k}", "six"], [y])]
     model = _model(nodes, [_f32("x", [2, c, 16, 16])], [_f32("y", None)], inits)
     return model, {"x": rng.standard_normal((2, c, 16, 16)).astype(np.float32)}
 
@@ -204,10 +209,11 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     walk kept from the third, replayed after); its ninth run tries the fused trace (the first call
     traces it, then two timed calls), and the fused trace replaces the unfused one only when its
     best run is 5% faster than theirs. One is kept, counted in the report, and every later run
-    uses it. Outputs equal ORT's CPU EP in every run, whichever trace ran."""
+    uses it. Outputs equal ORT's CPU EP in every run, whichever trace ran. (Twelve blocks of
+    16K-element arrays: the chain's MLX ops compute 1.2M elements a run, enough for a trial.)"""
     import gc
     import json
-    model, feeds = _hard_swish_model()
+    model, feeds = _hard_swish_model(c=32, blocks=12)
     ref = run_cpu(model, feeds)[0]
     report = tmp_path / "report.jsonl"
     sess = _session(model, log_level=3, report_path=str(report))
@@ -228,6 +234,33 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     # the unfused trace's walk kept at its third call, replayed at its next five, and at the
     # three later runs if that trace is kept (the fused one's generated kernels: no walk)
     assert st["walk_replays"] == (5 if st["fusion_kept_fused"] else 8), st
+
+
+def test_cpu_fuse_auto_skips_a_small_trial(capfd, tmp_path):
+    """cpu_fuse=auto: where the kept walk's MLX primitives compute fewer than 1M elements a run
+    (8 channels here: 24K), MLX's fused kernels cannot repay their trial, so the unfused trace is
+    kept untimed when its walk is kept (the report's fusion_trials_skipped): no fused kernel in any
+    run, and the walk replayed from the fifth run on, the ninth to eleventh included. Outputs equal
+    ORT's CPU EP. Broken by a trial made regardless (fused kernels at runs 10-12) or a skip that
+    drops the walk."""
+    import gc
+    import json
+    model, feeds = _hard_swish_model()
+    ref = run_cpu(model, feeds)[0]
+    report = tmp_path / "report.jsonl"
+    sess = _session(model, log_level=3, report_path=str(report))
+    kernels = []
+    for _ in range(15):
+        capfd.readouterr()
+        (y,) = sess.run(None, feeds)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+        kernels.append(_fused_kernels([ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]))
+    del sess
+    gc.collect()
+    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    assert st["fusion_trials_skipped"] == 1 and st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 0, st
+    assert kernels == [0] * 15, kernels
+    assert st["walk_replays"] == 11, st
 
 
 @pytest.mark.parametrize("value", [1, 0])
