@@ -374,9 +374,11 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   if (!g.transposed && g.x.size() == 4 && c.node.attr_int(graph::kConvBlocked16, 0) == 1 &&
       translation_switches().cpu_conv_blocked16) {
     gt.blocked16 = true;
+    // (Not on planes under 8 x 8: a 7 x 7 plane's 2 x 2 tiles pad it to 8 x 8, and the
+    // transforms cost what the products save.)
     gt.winograd = translation_switches().cpu_conv_winograd && g.groups == 1 && g.x[1] % 16 == 0 &&
                   g.w[2] == 3 && g.w[3] == 3 && g.stride == std::vector<int>{1, 1} &&
-                  g.dilation == std::vector<int>{1, 1};
+                  g.dilation == std::vector<int>{1, 1} && g.y[2] >= 8 && g.y[3] >= 8;
   }
   const auto residual = conv_residual(c);
   if (!steps.empty() && steps[0].kind == graph::ConvActivation::Kind::AddInput && residual &&
