@@ -147,6 +147,30 @@ def cnn_head_case():
     return "cnn_head", m.SerializeToString(), {"x": x}
 
 
+def fire_case():
+    """A squeezenet fire module in 16-channel blocks on AVX-512 CPUs: a squeeze 1 x 1, its 1 x 1
+    and 3 x 3 (Winograd) expansions computed into their concatenation (DnnlConvsConcat), a max
+    pooling and a 10-channel classifier averaged from its padded last block."""
+    from onnx import TensorProto
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("ws", rng.standard_normal((16, 32, 1, 1)) * 0.25), ("e1", rng.standard_normal((32, 16, 1, 1)) * 0.35),
+        ("e3", rng.standard_normal((32, 16, 3, 3)) * 0.12), ("wc", rng.standard_normal((10, 64, 1, 1)) * 0.18))]
+    nodes = [helper.make_node("Conv", ["x", "ws"], ["s"]), helper.make_node("Relu", ["s"], ["sr"]),
+             helper.make_node("Conv", ["sr", "e1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["sr", "e3"], ["c3"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c3"], ["r3"]),
+             helper.make_node("Concat", ["r1", "r3"], ["f"], axis=1),
+             helper.make_node("MaxPool", ["f"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "wc"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 27, 27])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.standard_normal((1, 32, 27, 27)).astype(np.float32)
+    return "fire_blocked16", m.SerializeToString(), {"x": x}
+
+
 def load_cases():
     cases = []
     for name in MIXED:
@@ -165,6 +189,7 @@ def load_cases():
     cases.append(gqa_decode_case())
     cases.append(conv_case())
     cases.append(cnn_head_case())
+    cases.append(fire_case())
     demo = ROOT / "build/demo_model.onnx"
     if demo.exists():
         x = np.random.default_rng(0).standard_normal((2, 32, 128)).astype(np.float32)

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,7 @@ struct DnnlConvPlan {
   bool bias = false;
   bool winograd = false;  // the convolution is one of oneDNN's Winograd kernels
   int threads = 0;  // DnnlConvShape::threads, for every step's creation and execution
+  int w_threads() const { return winograd ? 1 : threads; }  // ... but w_in's (build_plan)
 
   DnnlConvPlan() = default;
   DnnlConvPlan(const DnnlConvPlan&) = delete;
@@ -234,7 +236,14 @@ std::shared_ptr<DnnlConvPlan> build_plan(const DnnlConvShape& g) {
   p->dst_bytes = l.memory_desc_get_size(&p->dst_md);
   p->conv = make_step(pd);
   p->src_in = make_reorder(p->src_plain, p->src_md);
-  p->w_in = make_reorder(p->w_plain, p->w_md);
+  {
+    // A Winograd weight's transform (once per program) on the calling thread alone: oneDNN's
+    // version clears its scratch memory from OpenMP's workers with memset, whose hand-off back
+    // through libgomp's barrier a thread sanitizer cannot see.
+    std::optional<ThreadLimit> one;
+    if (p->winograd) one.emplace(1);
+    p->w_in = make_reorder(p->w_plain, p->w_md);
+  }
   p->dst_out = make_reorder(p->dst_md, p->dst_plain);
   return p;
 }
@@ -377,7 +386,7 @@ class DnnlConvWeights : public PlanPrimitive {
     begin_output(inputs, out, stream());
     dispatch_task(stream(), [plan = plan_, wp = const_cast<float*>(w.data<float>()), yp = out.data<float>(), n = out.size(),
                   wn = w.nbytes()] {
-      const ThreadLimit limit(plan->threads);
+      const ThreadLimit limit(plan->w_threads());
       if (!plan->w_in.p) {
         std::memcpy(yp, wp, wn);
         return;
