@@ -204,6 +204,26 @@ def test_cpu_fuse(capfd, switch):
     assert fused[1] >= 1 and fused[0] == 0, fused
 
 
+def _fused_kernels_by_run(model_feeds, capfd, tmp_path, runs=15):
+    """A fresh session's first `runs` runs (cpu_fuse=auto): each run's count of MLX's generated
+    kernels, and the session's report line. Every output equals ORT's CPU EP."""
+    import gc
+    import json
+    model, feeds = model_feeds
+    ref = run_cpu(model, feeds)[0]
+    report = tmp_path / "report.jsonl"
+    sess = _session(model, log_level=3, report_path=str(report))
+    kernels = []
+    for _ in range(runs):
+        capfd.readouterr()
+        (y,) = sess.run(None, feeds)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+        kernels.append(_fused_kernels([ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]))
+    del sess
+    gc.collect()
+    return kernels, next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+
+
 def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     """cpu_fuse=auto (the default): a signature's compiled calls start with the unfused trace (its
     walk kept from the third, replayed after); its ninth run tries the fused trace (the first call
@@ -211,21 +231,8 @@ def test_cpu_fuse_auto_keeps_one_trace(capfd, tmp_path):
     best run is 5% faster than theirs. One is kept, counted in the report, and every later run
     uses it. Outputs equal ORT's CPU EP in every run, whichever trace ran. (Twelve blocks of
     16K-element arrays: the chain's MLX ops compute 1.2M elements a run, enough for a trial.)"""
-    import gc
-    import json
-    model, feeds = _hard_swish_model(c=32, blocks=12)
-    ref = run_cpu(model, feeds)[0]
-    report = tmp_path / "report.jsonl"
-    sess = _session(model, log_level=3, report_path=str(report))
-    kernels = []
-    for _ in range(15):  # 1 probe, 8 unfused runs, 3 fused trial calls, 3 with the kept trace
-        capfd.readouterr()
-        (y,) = sess.run(None, feeds)
-        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
-        kernels.append(_fused_kernels([ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]))
-    del sess
-    gc.collect()
-    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    # 1 probe, 8 unfused runs, 3 fused trial calls, 3 with the kept trace
+    kernels, st = _fused_kernels_by_run(_hard_swish_model(c=32, blocks=12), capfd, tmp_path)
     assert st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 1, st
     assert kernels[1:9] == [0] * 8, kernels  # the unfused trace first
     assert kernels[9] >= 1 and kernels[10:12] == [kernels[9]] * 2, kernels  # the fused trial
@@ -243,21 +250,7 @@ def test_cpu_fuse_auto_skips_a_small_trial(capfd, tmp_path):
     run, and the walk replayed from the fifth run on, the ninth to eleventh included. Outputs equal
     ORT's CPU EP. Broken by a trial made regardless (fused kernels at runs 10-12) or a skip that
     drops the walk."""
-    import gc
-    import json
-    model, feeds = _hard_swish_model()
-    ref = run_cpu(model, feeds)[0]
-    report = tmp_path / "report.jsonl"
-    sess = _session(model, log_level=3, report_path=str(report))
-    kernels = []
-    for _ in range(15):
-        capfd.readouterr()
-        (y,) = sess.run(None, feeds)
-        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
-        kernels.append(_fused_kernels([ln for ln in capfd.readouterr().err.splitlines() if "evaluates:" in ln]))
-    del sess
-    gc.collect()
-    st = next(json.loads(ln) for ln in report.read_text().splitlines() if '"fused_node"' in ln)
+    kernels, st = _fused_kernels_by_run(_hard_swish_model(), capfd, tmp_path)
     assert st["fusion_trials_skipped"] == 1 and st["fusion_kept_fused"] + st["fusion_kept_unfused"] == 0, st
     assert kernels == [0] * 15, kernels
     assert st["walk_replays"] == 11, st
