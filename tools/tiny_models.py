@@ -1,6 +1,8 @@
 """Writes the small models the per-run floor is measured on (fixed weights from a seed):
 chain10.onnx, ten nodes over a [1, 64] input (MatMul, Add, Relu, MatMul, Add, Tanh, Mul,
-Sigmoid, Mul, Softmax), the size of a wake-word head; mm_M_K_N.onnx, one MatMul of an [M, K]
+Sigmoid, Mul, Softmax), the size of a wake-word head; head3.onnx, a classifier head of that
+kind's shape (16 frames x 96 features flattened, Gemm 1536 -> 128, LayerNormalization, Relu,
+Gemm 128 -> 128, LayerNormalization, Relu, Gemm 128 -> 1, Sigmoid); mm_M_K_N.onnx, one MatMul of an [M, K]
 input by a constant [K, N] weight, for the encoder's and a prompt's product shapes;
 attention_B_S.onnx, MiniLM's attention nodes alone (q, k, v [B, S, 384] in: Reshape to 12 heads
 of 32, Transposes, MatMul, Div by sqrt(32), Add of a [B, 1, 1, S] mask, Softmax, MatMul,
@@ -35,6 +37,27 @@ def chain10():
 
 PRODUCTS = [(16, 384, 384), (16, 384, 1536), (16, 1536, 384), (128, 384, 1536), (1024, 384, 384),
             (1024, 384, 1536), (1024, 1536, 384)]
+
+
+def head3():
+    rng = np.random.default_rng(1)
+    w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(a, n) for n, a in
+             [("w1", w(1536, 128) * 0.03), ("b1", w(128) * 0.1), ("g1", np.ones(128, np.float32)),
+              ("c1", np.zeros(128, np.float32)), ("w2", w(128, 128) * 0.1), ("b2", w(128) * 0.1),
+              ("g2", np.ones(128, np.float32)), ("c2", np.zeros(128, np.float32)), ("w3", w(128, 1) * 0.1),
+              ("b3", np.zeros(1, np.float32)), ("shape", np.array([1, 1536], np.int64))]]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["f"]), helper.make_node("Gemm", ["f", "w1", "b1"], ["h1"]),
+             helper.make_node("LayerNormalization", ["h1", "g1", "c1"], ["n1"], axis=-1),
+             helper.make_node("Relu", ["n1"], ["r1"]), helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"]),
+             helper.make_node("LayerNormalization", ["h2", "g2", "c2"], ["n2"], axis=-1),
+             helper.make_node("Relu", ["n2"], ["r2"]), helper.make_node("Gemm", ["r2", "w3", "b3"], ["h3"]),
+             helper.make_node("Sigmoid", ["h3"], ["y"])]
+    g = helper.make_graph(nodes, "head3", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 16, 96])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [1, 1])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
 
 
 def product(m, k, n):
@@ -96,6 +119,8 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(chain10(), out / "chain10.onnx")
     print(out / "chain10.onnx")
+    onnx.save(head3(), out / "head3.onnx")
+    print(out / "head3.onnx")
     for m, k, n in PRODUCTS:
         onnx.save(product(m, k, n), out / f"mm_{m}_{k}_{n}.onnx")
         print(out / f"mm_{m}_{k}_{n}.onnx")

@@ -279,7 +279,7 @@ bool reads_large_input(const mx::array& a) {
 }  // namespace
 
 bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool hold,
-                        std::chrono::microseconds poll_for, bool stream_thread, bool large) {
+                        std::chrono::microseconds poll_for, bool stream_thread, bool large, bool one_thread) {
   // The arrays still to compute, inputs before the arrays that read them (siblings, the other
   // outputs of one primitive, once).
   std::vector<mx::array> tape;
@@ -304,7 +304,7 @@ bool evaluate_on_caller(const std::vector<mx::array>& outs, mx::Stream s, bool h
     } else {
       const bool dnnl = std::string_view(a.primitive().name()).substr(0, 4) == "Dnnl";
       convolutions = convolutions || dnnl;
-      on_caller = on_caller && a.size() <= kCallerMaxElements && !dnnl && !reads_large_input(a);
+      on_caller = on_caller && a.size() <= kCallerMaxElements && !dnnl && (one_thread || !reads_large_input(a));
     }
     stack.emplace_back(a, true);
     for (const auto& in : a.inputs())

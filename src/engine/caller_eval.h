@@ -34,8 +34,11 @@ namespace ortmlx::engine {
 // `stream_thread`: the walk runs on the stream thread whatever its arrays (a walk it keeps is
 // still replayed where they say).
 // `large`: graphs of large arrays are walked too (on the stream thread; option cpu_walk_large).
+// `one_thread`: the graph's kernels were made to run on one thread (ops::WorkScope): one reading
+// a large input (a one-row product's weight) may then run on the caller too.
 bool evaluate_on_caller(const std::vector<mlx::core::array>& outs, mlx::core::Stream s, bool hold,
-                        std::chrono::microseconds poll_for, bool stream_thread = false, bool large = false);
+                        std::chrono::microseconds poll_for, bool stream_thread = false, bool large = false,
+                        bool one_thread = false);
 
 // A run's walk kept for its signature's later runs (option cpu_caller_replay): the graph a
 // compiled call built, its primitives and arrays held, computed again over each run's

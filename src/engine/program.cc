@@ -620,6 +620,9 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
   args.insert(args.end(), constants_.begin(), constants_.end());
   // `keep`: the evaluation is kept as a CUDA graph (gpu_graph_replay) into it, when it can be.
   // `walked`: the graph holds kept segments (shape_family.cc), which only a walk computes.
+  // The signature's kernels run on one thread (one_thread_program): its walk may take the caller
+  // whatever their inputs' sizes (set once the signature's entry is known).
+  bool walk_one_thread = false;
   auto eval_all = [&, this](std::vector<mx::array> outs, KeptGraph* keep = nullptr, bool walked = false) {
     // Outputs that may be rows written into their own input buffer (RowUpdate) are left out of
     // the evaluation; their rows and positions are evaluated instead.
@@ -692,7 +695,8 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
         const auto walk_for = poll ? window : std::chrono::microseconds(0);
         if (!(opt_.cpu_caller_eval && s.device == mx::Device::cpu &&
               (walked ? evaluate_with_kept_segments(todo, s, poll && opt_.cpu_hold, walk_for)
-                      : evaluate_on_caller(todo, s, poll && opt_.cpu_hold, walk_for, false, opt_.cpu_walk_large))))
+                      : evaluate_on_caller(todo, s, poll && opt_.cpu_hold, walk_for, false, opt_.cpu_walk_large,
+                                           walk_one_thread))))
           evaluate(todo, poll, poll && opt_.cpu_hold, window, s);
       }
     }
@@ -820,6 +824,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
       }
     }
     ++stats_.eager_runs;
+    walk_one_thread = one_thread_program(entry, s);
     auto result = eval_all(std::move(outs));
     if (!cache_.contains(sig)) {
       entry.hits = 1;
@@ -830,6 +835,7 @@ std::vector<mx::array> Program::run(const std::vector<HostTensor>& raw) {
 
   Entry& e = *found;
   ++e.hits;
+  walk_one_thread = one_thread_program(e, s);
   if (e.on_cpu) {
     tl_last_run_path = "eager (CPU stream: zero-size operand)";
     ++stats_.eager_runs;

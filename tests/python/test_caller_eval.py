@@ -68,11 +68,14 @@ elif case == "gathers":
     inits.append(init("shp", np.array([2, 16, 4, 12], np.int64)))
     feeds["i"] = feeds["i"] % 30
     outs, types = ["y1", "y2", "y3", "y4", "y5", "xt", "xu"], {"x": TP.FLOAT, "i": TP.INT64}
-elif case == "gemv":
-    # One row by a large weight (786K elements): small arrays, but the product's kernel may
-    # split over the OpenMP threads, so the stream thread walks it.
-    feeds = {"x": f32(1, 512)}
-    inits = [init("w", f32(512, 1536) * 0.05)]
+elif case in ("gemv", "gemv_split"):
+    # One row by a large weight: small arrays, but the product's kernel may split over the
+    # OpenMP threads, so the stream thread walks it ("gemv_split", 4.2M elements); a program of
+    # less work (cpu_program_parallel_min_flops: "gemv", 786K elements) runs its kernels on one
+    # thread, and the caller walks it.
+    k, n = (2048, 2048) if case == "gemv_split" else (512, 1536)
+    feeds = {"x": f32(1, k)}
+    inits = [init("w", f32(k, n) * 0.05)]
     nodes = [N("MatMul", ["x", "w"], ["p"]), N("Tanh", ["p"], ["y"])]
     outs, types = ["y"], {"x": TP.FLOAT}
 elif case == "large_plain":  # large arrays and no convolution: left to MLX's evaluation
@@ -130,14 +133,16 @@ def _run(case, walk, tmp_path, runs=3, **env_vars):
                                         ("chain", "process_caller_arrays"),
                                         ("gathers", "process_caller_arrays"),
                                         ("conv", "process_caller_stream_arrays"),
-                                        ("gemv", "process_caller_stream_arrays"),
+                                        ("gemv", "process_caller_arrays"),
+                                        ("gemv_split", "process_caller_stream_arrays"),
                                         ("large", "process_caller_stream_arrays"),
                                         ("large_plain", None), ("large_unwalked", None)])
 def test_walk_equals_mlxs_evaluation(case, where, tmp_path):
     """With the walk on, the whole graph is computed by it (nothing left to MLX), on the caller
     for a small graph and on the stream thread for one with a convolution or an EP kernel
     reading a large input (a one-row product's weight: parallel regions opened from the caller
-    would make a second OpenMP team, whose workers sleep between regions), its arrays large
+    would make a second OpenMP team, whose workers sleep between regions) unless the program's
+    kernels all run on one thread (a wake-word head's product), its arrays large
     (65K elements each) too (cpu_walk_large; its global average pooling a float sum over one axis,
     four outputs at a time); a graph of large arrays without a convolution, or
     with one and cpu_walk_large=0, is left to MLX's evaluation whole (no walk). The
