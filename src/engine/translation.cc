@@ -189,7 +189,7 @@ void Program::run_steps(const Plan& p, Slots& slots, std::vector<Taint>& taint, 
        opt_.cpu_avx512, opt_.cpu_packed_matmul, opt_.cpu_caller_eval, opt_.cpu_int4_gemm, opt_.cpu_attention,
        opt_.fused_gqa_step, opt_.cpu_packed_blocks, opt_.cpu_skip_norm, opt_.cpu_gqa_prompt, opt_.cpu_packed_rows,
        opt_.cpu_packed_stream, opt_.cpu_packed_ahead, opt_.cpu_packed_depth, opt_.cpu_packed_prepared,
-       opt_.cpu_dnnl_add, opt_.cpu_dnnl_blocked16, opt_.cpu_dnnl_winograd,
+       opt_.cpu_dnnl_add, opt_.cpu_dnnl_winograd,
        opt_.cpu_dnnl_concat_convs});
   // Probe only: a value's taint traced through MLX's graph (a sequence: all of its items).
   auto value_taint = [&](const ops::Value& v) {

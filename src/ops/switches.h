@@ -73,10 +73,9 @@ struct TranslationSwitches {
   bool cpu_packed_prepared = true;
   // a residual Add after a oneDNN convolution as its Sum post-op (kernels.h, cpu_dnnl_conv_add)
   bool cpu_conv_add = true;
-  // on AVX-512 CPUs, oneDNN convolutions whose channels are multiples of 16 read and write them in
-  // blocks of 16 (nChw16c, the layout oneDNN's Winograd kernels take) ...
-  bool cpu_conv_blocked16 = true;
-  // ... and those of a 3 x 3 kernel, stride 1, one group, by oneDNN's Winograd kernels
+  // oneDNN convolutions in 16-channel blocks (a graph's Convs marked kConvBlocked16, which the
+  // engine does under cpu_dnnl_blocked16) of a 3 x 3 kernel, stride 1, one group, by oneDNN's
+  // Winograd kernels
   bool cpu_conv_winograd = true;
   // ... and a channel Concat of such convolutions of one image computed into its buffer
   // (cpu_dnnl_convs_concat)

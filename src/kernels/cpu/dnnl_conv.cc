@@ -363,6 +363,7 @@ class PlanPrimitive : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     return typeid(other) == typeid(*this) && static_cast<const PlanPrimitive&>(other).plan_ == plan_;
   }
+  const std::shared_ptr<const DnnlConvPlan>& plan_ptr() const { return plan_; }
 
  protected:
   std::shared_ptr<const DnnlConvPlan> plan_;
@@ -490,7 +491,6 @@ class DnnlConv : public PlanPrimitive {
   const char* name() const override {
     return add_dst_ ? "DnnlConvAdd" : blocked_out_ ? "DnnlConvBlocked" : "DnnlConv";
   }
-  const std::shared_ptr<const DnnlConvPlan>& plan_ptr() const { return plan_; }
   bool blocked_in() const { return blocked_in_; }
   bool blocked_out() const { return blocked_out_; }
   bool adds() const { return add_dst_; }
@@ -505,7 +505,6 @@ class DnnlUnblock : public PlanPrimitive {
  public:
   using PlanPrimitive::PlanPrimitive;
   const DnnlConvPlan& plan() const { return *plan_; }
-  const std::shared_ptr<const DnnlConvPlan>& plan_ptr() const { return plan_; }
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     if (!inputs[0].flags().row_contiguous) throw std::runtime_error("[DnnlUnblock] input must be row-contiguous");

@@ -371,8 +371,7 @@ std::optional<mx::array> conv_through_library(OpContext& c, const mx::array& x0,
   // 16, so that a 3 x 3 stride-1 convolution can run as Winograd's algorithm (oneDNN's kernels
   // read and write that layout only) with its neighbours in the same layout, no reorders between.
   // (graph/fuse_conv_activation.h: all of a graph's convolutions or none.)
-  if (!g.transposed && g.x.size() == 4 && c.node.attr_int(graph::kConvBlocked16, 0) == 1 &&
-      translation_switches().cpu_conv_blocked16) {
+  if (!g.transposed && g.x.size() == 4 && c.node.attr_int(graph::kConvBlocked16, 0) == 1) {
     gt.blocked16 = true;
     // (Not on planes under 8 x 8: a 7 x 7 plane's 2 x 2 tiles pad it to 8 x 8, and the
     // transforms cost what the products save.)
